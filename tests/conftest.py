@@ -1,0 +1,74 @@
+"""Shared fixtures: a real local Ray cluster, SQLite and a real PostgreSQL database."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+PG_ADMIN_URL = os.environ.get("NIGHTSHIFT_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+LIGHT_RESNET50 = (
+    Path(__import__("onnx").__file__).parent / "backend" / "test" / "data" / "light" / "light_resnet50.onnx"
+)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[None]:
+    """A real local Ray cluster for the whole session."""
+    import ray
+
+    from tuner.measure.ray_measure import connect
+
+    connect(num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def pg_server_url() -> Iterator[str]:
+    """A fresh PostgreSQL database on the local server, dropped after the session."""
+    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    name = f"nightshift_test_{uuid.uuid4().hex[:10]}"
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = admin.url.set(database=name).render_as_string(hide_password=False)
+    yield url
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path: Path) -> Iterator[str]:
+    """A database URL on each backend; the PostgreSQL one gets its own schema-free database."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'tuning.db'}"
+        return
+    base = request.getfixturevalue("pg_server_url")
+    admin = sa.create_engine(base, isolation_level="AUTOCOMMIT")
+    name = f"ns_{uuid.uuid4().hex[:12]}"
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    yield sa.make_url(base).set(database=name).render_as_string(hide_password=False)
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def light_resnet50() -> Path:
+    """ResNet-50 from the ONNX model zoo, shipped inside the onnx wheel."""
+    assert LIGHT_RESNET50.is_file(), LIGHT_RESNET50
+    return LIGHT_RESNET50
+
+
+@pytest.fixture(scope="session")
+def cpu_device():
+    """The host CPU as a Nightshift device."""
+    from tuner.device import parse_device
+
+    return parse_device("cpu")

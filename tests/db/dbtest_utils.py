@@ -1,0 +1,40 @@
+"""Small workloads and devices shared by the database tests."""
+
+from __future__ import annotations
+
+import tvm
+from tvm import te
+
+from tuner.device import Device
+
+
+def add_mod(n: int = 8, name: str = "add") -> tvm.IRModule:
+    """``b = a + 1`` on n floats: a workload that builds in milliseconds."""
+    a = te.placeholder((n,), name="a")
+    b = te.compute((n,), lambda i: a[i] + 1, name="b")
+    return tvm.IRModule({"main": te.create_prim_func([a, b]).with_attr("global_symbol", name)})
+
+
+def matmul_mod(n: int = 64) -> tvm.IRModule:
+    """An n x n x n matmul: small, with a multi-level-tiling design space."""
+    a = te.placeholder((n, n), name="A")
+    b = te.placeholder((n, n), name="B")
+    k = te.reduce_axis((0, n), name="k")
+    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    return tvm.IRModule({"main": te.create_prim_func([a, b, c]).with_attr("global_symbol", "matmul")})
+
+
+def fake_cpu(base: Device, *, mcpu: str | None = None, cores: int | None = None, model: str | None = None) -> Device:
+    """A CPU device record like ``base`` but another machine (other fingerprint and/or arch).
+
+    Only used as rows in the database: nothing is built for or run on it.
+    """
+    config = dict(base.target_config)
+    desc = dict(base.description)
+    if mcpu is not None:
+        config["mcpu"] = desc["mcpu"] = mcpu
+    if cores is not None:
+        config["num-cores"] = desc["cores"] = cores
+    if model is not None:
+        desc["model"] = model
+    return Device(kind="cpu", index=0, target_config=config, description=desc)

@@ -1,0 +1,57 @@
+"""Fixtures of the measurement tests: measurers on the local cluster, a multi-node cluster."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import workloads  # tests/measure is on sys.path (pytest's rootdir-relative "prepend" import mode)
+
+
+@pytest.fixture(scope="module")
+def task():
+    """A 64^3 float32 matmul task."""
+    return workloads.matmul_task()
+
+
+@pytest.fixture
+def make_measurer(ray_cluster, cpu_device):
+    """Build RayMeasurers on the local cluster; each is closed after the test."""
+    from tuner.measure.ray_measure import RayMeasurer
+
+    made = []
+
+    def make(config=None, device=None):
+        m = RayMeasurer(device or cpu_device, config)
+        made.append(m)
+        return m
+
+    yield make
+    for m in made:
+        m.close()
+
+
+@pytest.fixture
+def multinode(cpu_device) -> Iterator:
+    """A real multi-node Ray cluster (``ray.cluster_utils.Cluster``), the driver connected to it.
+
+    A Cluster cannot coexist with a ``ray.init`` local cluster in one process: the current
+    connection is shut down first and, if there was one, a local cluster is restored after,
+    so the session-wide ``ray_cluster`` fixture keeps working in any test order.
+    """
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from tuner.measure.ray_measure import connect
+
+    had_local = ray.is_initialized()
+    ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    connect(cluster.address)
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        if had_local:
+            connect(num_cpus=2)

@@ -1,0 +1,86 @@
+"""The Ray measurer on a real local cluster: builds, verified timings, faults as data."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import workloads
+
+from tuner.errors import UserInputError
+from tuner.measure.ray_measure import MeasureConfig, device_resource, worker_command
+from tuner.measure.results import ErrorClass
+from tuner.measure.runner import TimingConfig
+
+FAST = TimingConfig(repeat=3, min_repeat_ms=5, max_remeasure=1)
+
+
+def test_candidates_built_checked_and_timed_on_runtime_only_actor(make_measurer, task):
+    m = make_measurer(MeasureConfig(build_timeout_s=60, run_timeout_s=30, timing=FAST))
+    info = m.actor_info()
+    # The device actor imports TVM's runtime only: no compiler is needed where timing runs.
+    assert info["runtime_only"] and not info["compiler_loaded"]
+    results = m.measure(task, [workloads.tiled(task, t) for t in (8, 16, 32)])
+    for r in results:
+        assert r.error_class is None, r.error_msg
+        assert r.build.ok and r.build.size > 0 and r.build.artifact is None  # bytes stayed in Ray
+        assert len(r.run.run_secs) >= 3 and r.run.median > 0
+        assert r.run.node_id == info["node_id"]
+    assert m.stats.timed == 3 and 0.0 <= m.stats.device_idle_fraction < 1.0
+    assert m.stats.device_busy_s > 0
+
+
+def test_faults_become_error_classes_and_the_batch_completes(make_measurer, task):
+    """Crash, hang, wrong answer, build error and build timeout in one batch with good ones.
+
+    The slow build also runs while the good candidates are timed: the device actor must stop
+    it during every timing (the same node's CPUs), and the stopped build must use no CPU.
+    """
+    config = MeasureConfig(build_timeout_s=25, run_timeout_s=4, device_wait_s=30, timing=FAST)
+    m = make_measurer(config)
+    batch = {
+        "slow_build": workloads.slow_build(task),
+        "good1": workloads.tiled(task, 8),
+        "crash": workloads.crash(),
+        "good2": workloads.tiled(task, 16),
+        "hang": workloads.hang(),
+        "good3": workloads.tiled(task, 32),
+        "wrong": workloads.wrong_result(),
+        "build_error": workloads.build_error(task),
+        "good4": workloads.tiled(task, 4, vectorize=False),
+    }
+    start = time.monotonic()
+    results = dict(zip(batch, m.measure(task, list(batch.values())), strict=True))
+    assert time.monotonic() - start < 120
+    expected = {
+        "slow_build": ErrorClass.BUILD_TIMEOUT, "crash": ErrorClass.RUN_CRASH, "hang": ErrorClass.RUN_TIMEOUT,
+        "wrong": ErrorClass.WRONG_RESULT, "build_error": ErrorClass.BUILD_ERROR,
+    }  # fmt: skip
+    for name, r in results.items():
+        assert r.error_class == expected.get(name), (name, r.error_msg)
+        if name.startswith("good"):
+            assert r.run.ok and r.run.median > 0
+    paused = [r.run for n, r in results.items() if n.startswith("good") and r.run.paused_builds]
+    assert paused, "no timing overlapped the slow build: nothing was paused"
+    for run in paused:
+        assert run.paused_cpu_s <= 0.02 * run.paused_builds, run
+    # The actor came back after the crash and the hang and still times.
+    after = m.measure(task, [workloads.tiled(task, 8)])[0]
+    assert after.error_class is None, after.error_msg
+
+
+def test_missing_device_resource_names_the_ray_start_command(ray_cluster):
+    from tuner.device import parse_device
+    from tuner.measure.ray_measure import RayMeasurer
+
+    gpu = parse_device("cuda:0", target_arch="sm_90")
+    assert device_resource(gpu) == "nightshift_cuda_sm_90"
+    with pytest.raises(UserInputError, match="ray start --address"):
+        RayMeasurer(gpu)
+    assert "--num-gpus 1" in worker_command(gpu) and '"nightshift_cuda_sm_90": 1' in worker_command(gpu)
+
+
+def test_local_cluster_offers_the_host_cpu_resource(ray_cluster, cpu_device):
+    import ray
+
+    assert ray.cluster_resources().get(device_resource(cpu_device)) == 1

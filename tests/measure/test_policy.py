@@ -1,0 +1,83 @@
+"""The timing policy and the output check, run in-process on real built candidates."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+import workloads
+
+from tuner.measure.builder import build_candidate
+from tuner.measure.results import ErrorClass, relative_spread
+from tuner.measure.runner import ArgSpec, CandidateRunner, TimingConfig, compare
+
+CPU = {"kind": "llvm", "num-cores": 1}
+
+
+@pytest.fixture(scope="module")
+def runner(task) -> CandidateRunner:
+    ref = build_candidate(tvm.ir.save_json(task.mod), CPU)
+    r = CandidateRunner("cpu")
+    args = [ArgSpec((64, 64), "float32")] * 3
+    assert r.set_reference(task.workload_key, ref.artifact, "main", args).ok
+    return r
+
+
+@pytest.fixture(scope="module")
+def good(task) -> bytes:
+    return build_candidate(tvm.ir.save_json(workloads.tiled(task, 16)), CPU).artifact
+
+
+def test_spread_is_iqr_over_median():
+    assert relative_spread([1.0]) == 0.0
+    assert relative_spread([1.0, 1.0, 1.0, 1.0]) == 0.0
+    assert relative_spread([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx(2.0 / 3.0)
+
+
+def test_compare_tolerance_by_dtype():
+    want = np.linspace(-10, 10, 100).astype("float32")
+    assert compare(want + np.float32(1e-4), want) is None  # reordered float32 sums err this much
+    assert compare(want + np.float32(0.1), want) is not None
+    half = want.astype("float16")
+    assert compare(half + np.float16(0.05), half) is None
+    assert compare(np.arange(4, dtype="int32") + 1, np.arange(4, dtype="int32")) == "4 elements differ"
+    assert compare(np.full(3, np.nan, "float32"), np.zeros(3, "float32")) is not None
+
+
+def test_every_repeat_kept_and_noisy_results_remeasured(runner, task, good):
+    # max_spread=-1 makes every round count as noisy: all rounds must be taken and kept.
+    timing = TimingConfig(repeat=3, min_repeat_ms=1, max_spread=-1.0, max_remeasure=2)
+    r = runner.measure(task.workload_key, good, "main", timing)
+    assert r.ok, r.error_msg
+    assert r.remeasured == 2
+    assert len(r.run_secs) == 9
+    assert all(s > 0 for s in r.run_secs)
+    quiet = runner.measure(task.workload_key, good, "main", TimingConfig(repeat=4, max_spread=10.0))
+    assert quiet.remeasured == 0 and len(quiet.run_secs) == 4
+
+
+def test_cache_flush_times_each_call_cold(runner, task, good):
+    warm = runner.measure(task.workload_key, good, "main", TimingConfig(repeat=5, min_repeat_ms=5))
+    cold = runner.measure(task.workload_key, good, "main", TimingConfig(repeat=5, flush_cache=True))
+    assert warm.ok and cold.ok
+    assert len(cold.run_secs) >= 5
+
+
+def test_hopeless_candidate_stopped_early_with_probe_only(runner, task, good):
+    timing = TimingConfig(repeat=5, probe=2, hopeless_factor=2.0)
+    slow = runner.measure(task.workload_key, good, "main", timing, best_sec=1e-9)
+    assert slow.ok and slow.early_stopped and len(slow.run_secs) == 2
+    fine = runner.measure(task.workload_key, good, "main", timing, best_sec=10.0)
+    assert fine.ok and not fine.early_stopped and len(fine.run_secs) >= 5
+
+
+def test_wrong_answer_is_an_error_never_a_timing(runner, task):
+    wrong = build_candidate(tvm.ir.save_json(workloads.wrong_result()), CPU).artifact
+    r = runner.measure(task.workload_key, wrong, "main", TimingConfig())
+    assert r.error_class is ErrorClass.WRONG_RESULT
+    assert not r.ok and r.run_secs == []
+
+
+def test_build_error_is_data(task):
+    b = build_candidate(tvm.ir.save_json(workloads.build_error(task)), CPU)
+    assert b.error_class is ErrorClass.BUILD_ERROR and b.artifact is None

@@ -1,0 +1,112 @@
+"""Tasks and spaces shared by the search-space tests.
+
+Every space kind (``search_spaces.kinds()``: the sketch space and each registered template)
+is paired with every test task it applies to; the conformance suite runs over all pairs, so
+registering a template adds it to the suite.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import pytest
+import tvm
+from tvm import te, topi
+
+# As a user's package would: register its own template; the suite then covers it too.
+from user_templates import USER_GEMM
+
+import search_spaces
+from search_spaces import SearchSpace
+
+search_spaces.register_template(USER_GEMM, replace=True)
+
+
+def matmul(n: int = 64) -> tvm.IRModule:
+    """C = A @ B, square."""
+    a = te.placeholder((n, n), name="A")
+    b = te.placeholder((n, n), name="B")
+    k = te.reduce_axis((0, n), name="k")
+    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    return tvm.IRModule({"main": te.create_prim_func([a, b, c])})
+
+
+def conv_bias_relu() -> tvm.IRModule:
+    """A small ResNet-style 3x3 conv (pad 1) + bias + relu, as TOPI writes it."""
+    data = te.placeholder((1, 16, 14, 14), name="data")
+    weight = te.placeholder((32, 16, 3, 3), name="weight")
+    bias = te.placeholder((1, 32, 1, 1), name="bias")
+    conv = topi.nn.conv2d_nchw(data, weight, stride=1, padding=1, dilation=1)
+    out = topi.nn.relu(topi.add(conv, bias))
+    return tvm.IRModule({"main": te.create_prim_func([data, weight, bias, out])})
+
+
+def relu() -> tvm.IRModule:
+    """An elementwise op small enough that its whole space can be enumerated."""
+    x = te.placeholder((4, 8), name="x")
+    y = topi.nn.relu(x)
+    return tvm.IRModule({"main": te.create_prim_func([x, y])})
+
+
+TASKS: dict[str, Callable[[], tvm.IRModule]] = {"matmul": matmul, "conv": conv_bias_relu, "relu": relu}
+
+# Target configs by name; CUDA ones cross-build (no GPU is needed).
+TARGETS: dict[str, dict] = {
+    "llvm": {},  # filled from the host in _target()
+    "cuda-sm90": {"kind": "cuda", "arch": "sm_90"},
+}
+# The (task, target) pairs the suite covers; CUDA keeps to the two heavy patterns.
+TASK_TARGETS = [("matmul", "llvm"), ("conv", "llvm"), ("relu", "llvm"), ("matmul", "cuda-sm90"),
+                ("conv", "cuda-sm90")]
+
+
+@functools.cache
+def target(name: str) -> tvm.target.Target:
+    """A test target by name (``llvm`` is the host CPU)."""
+    if name == "llvm":
+        from tuner.device import parse_device
+
+        return parse_device("cpu").target
+    return tvm.target.Target(TARGETS[name])
+
+
+@functools.cache
+def task(name: str) -> tvm.IRModule:
+    """A test task by name (built once per session)."""
+    return TASKS[name]()
+
+
+def _cases() -> list[tuple[str, str, str]]:
+    out = []
+    for kind in search_spaces.kinds():
+        for task_name, target_name in TASK_TARGETS:
+            if kind == "sketch":
+                out.append((kind, task_name, target_name))
+                continue
+            template = search_spaces.get_template(kind)
+            tgt = target(target_name)
+            if template.knobs(task(task_name), tgt, search_spaces.limits_for(tgt)) is not None:
+                out.append((kind, task_name, target_name))
+    return out
+
+
+CASES = _cases()
+
+
+@functools.cache
+def space(kind: str, task_name: str, target_name: str) -> SearchSpace:
+    """The space of a case, built once per session (spaces cache applied points)."""
+    return search_spaces.create(task(task_name), target(target_name), kind=kind)
+
+
+@pytest.fixture(params=CASES, ids=["-".join(c) for c in CASES])
+def case(request) -> tuple[str, str, str]:
+    """One (kind, task, target) case of the conformance suite."""
+    return request.param
+
+
+@pytest.fixture
+def case_space(case) -> SearchSpace:
+    """The space of the current case."""
+    return space(*case)

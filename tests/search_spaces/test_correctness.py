@@ -1,0 +1,63 @@
+"""Sampled points build and compute what the unscheduled operator computes."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+from conftest import space, target, task
+
+import search_spaces
+from search_spaces.verify import check_point, reference, sweep_tasks
+from tuner.frontends import load_model
+from tuner.tasks import extract_tasks
+
+
+@pytest.mark.parametrize(("kind", "task_name"), [("sketch", "matmul"), ("sketch", "conv"), ("sketch", "relu"),
+                                                 ("x86-conv2d-nchw", "conv")])
+def test_sampled_points_match_the_reference(kind, task_name):
+    sp = space(kind, task_name, "llvm")
+    ref = reference(task(task_name), target("llvm"))
+    rng = np.random.default_rng(4)
+    for _ in range(4):
+        check = check_point(sp, sp.sample(rng), ref)
+        assert check.error is None, (check.point.to_json(), check.error, check.detail)
+
+
+def test_a_wrong_schedule_is_caught():
+    """The comparison fails when the outputs differ (so passing it means something)."""
+    sp = space("sketch", "matmul", "llvm")
+    ref = reference(task("matmul"), target("llvm"))
+    ref.outputs[-1][0, 0] += 1.0
+    check = check_point(sp, sp.sample(np.random.default_rng(0)), ref)
+    assert check.error == "wrong"
+
+
+def test_every_task_of_the_tiny_model():
+    tgt = target("llvm")
+    tasks = extract_tasks(load_model("tiny").bound(), tgt)
+    results = sweep_tasks("tiny", tasks, tgt, points=2)
+    assert {r.task for r in results} == {t.name for t in tasks}
+    for r in results:
+        assert r.reference_error is None
+        assert r.checks and all(c.error is None for c in r.checks), [(c.point.to_json(), c.detail) for c in r.checks]
+
+
+@functools.cache
+def _zoo_tasks(name: str) -> list:
+    return extract_tasks(load_model(name).bound(), target("llvm"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["resnet50", "mobilenet_v2", "bert-base"])
+def test_full_sweep_every_zoo_task(model, request):
+    """Every task of the model, every applicable space kind: 3 points each build and match."""
+    if "slow" not in request.config.getoption("markexpr", ""):
+        pytest.skip("builds hundreds of kernels: run with -m slow")
+    results = sweep_tasks(model, _zoo_tasks(model), target("llvm"), points=3)
+    failed = [(r.task, r.kind, c.point.to_json(), c.error, c.detail) for r in results for c in r.checks if c.error]
+    assert not [r for r in results if r.reference_error]
+    assert not failed
+    assert {"sketch"} <= {r.kind for r in results}
+    assert search_spaces.kinds()

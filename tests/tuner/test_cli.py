@@ -1,0 +1,90 @@
+"""The command line as a user runs it: real subprocesses of the installed console scripts."""
+
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+
+
+def run(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = os.environ | {"COLUMNS": "200", "NO_COLOR": "1"}
+    env.pop("NIGHTSHIFT_DB", None)
+    return subprocess.run([str(BIN / args[0]), *args[1:]], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=timeout)
+
+
+def _one_line_error(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(("args", "expect"), [
+    (["--model", "resnet51"], "resnet50"),
+    (["--model", "missing.onnx"], "not found"),
+    (["--model", "tiny", "--device", "tpu:0"], "cuda:N"),
+    (["--model", "tiny", "--trials", "0"], "--trials must be a positive"),
+    (["--model", "tiny", "--trials", "-3"], "--trials must be a positive"),
+    (["--model", "tiny", "--db", "/proc/nightshift.db"], "cannot write"),
+    (["--model", "tiny", "--db", "/no/such/folder/t.db"], "does not exist"),
+    (["--model", "tiny", "--batch-size", "0"], "--batch-size"),
+])  # fmt: skip
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, expect):
+    line = _one_line_error(run("tune", *args, cwd=tmp_path))
+    assert expect in line
+
+
+def test_unknown_model_lists_known_ones(tmp_path):
+    line = _one_line_error(run("nightshift", "tasks", "--model", "nope", cwd=tmp_path))
+    for name in ("resnet18", "resnet50", "mobilenet_v2", "bert-base", "tiny"):
+        assert name in line
+
+
+def test_corrupt_onnx(tmp_path):
+    (tmp_path / "broken.onnx").write_bytes(b"garbage" * 50)
+    line = _one_line_error(run("tune", "--model", "broken.onnx", cwd=tmp_path))
+    assert "not a valid ONNX model" in line
+
+
+def test_corrupt_database(tmp_path):
+    (tmp_path / "bad.db").write_bytes(b"not sqlite" * 100)
+    line = _one_line_error(run("tune", "--model", "tiny", "--db", "bad.db", cwd=tmp_path))
+    assert "cannot open tuning database" in line
+
+
+def test_tasks_table(tmp_path):
+    proc = run("nightshift", "tasks", "--model", "tiny", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "fused_conv2d" in proc.stdout and "GFLOP per inference" in proc.stdout
+
+
+def test_whole_loop_on_tiny(tmp_path):
+    """tasks -> candidates -> Ray builds and timings -> XGBoost -> SQLite -> compile -> check."""
+    proc = run("tune", "--model", "tiny", "--device", "cpu", "--trials", "8",
+               "--trials-per-batch", "4", "--db", "t.db", "-o", "tiny.so", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "speed-up" in proc.stdout and "max relative output difference" in proc.stdout
+    assert (tmp_path / "tiny.so").stat().st_size > 0
+    with sqlite3.connect(tmp_path / "t.db") as conn:
+        assert conn.execute("SELECT count(*) FROM records").fetchone()[0] == 8
+        ok = conn.execute("SELECT count(*) FROM records WHERE error_class IS NULL").fetchone()[0]
+        assert ok >= 4
+        assert conn.execute("SELECT state, trials_done FROM jobs").fetchall() == [("done", 8)]
+        assert conn.execute("SELECT count(*) FROM cost_models").fetchone()[0] == 1
+    # The compiler reads the same database without tuning again.
+    proc = run("nightshift", "compile", "--model", "tiny", "--db", "t.db", "-o", "again.so", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "operators tuned" in proc.stdout and not proc.stdout.startswith("0 operators tuned")
+
+
+def test_config_file_unknown_key_and_missing_model(tmp_path):
+    (tmp_path / "bad.toml").write_text('model = "tiny"\ntrails = 5\n')
+    assert "trails" in _one_line_error(run("tune", "--config", "bad.toml", cwd=tmp_path))
+    assert "no model" in _one_line_error(run("tune", cwd=tmp_path))

@@ -1,0 +1,239 @@
+"""Compiling a model with the best schedules of the tuning database, and running it.
+
+Every fused operator gets, in order: its best record on this device; else the best record of
+another device of the same architecture (flagged); else a fallback schedule made from TVM's
+own design space with fixed, conservative decisions (parallel outer loops, a vectorizable
+inner tile); only if even that fails, TVM's default lowering (a naive loop nest, which made
+ResNet-50 take seconds per image here).
+"""
+
+from __future__ import annotations
+
+import inspect
+import linecache
+import logging
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from functools import cache
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.s_tir import Schedule
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.database import TuningRecord, Workload
+from tvm.s_tir.schedule import Trace
+
+from tuner.db import TuningDatabase
+from tuner.db.database import FallbackPolicy
+from tuner.db.tvm_adapter import Decision, MetaScheduleDatabase
+from tuner.device import Device
+from tuner.frontends import ModelSpec
+
+logger = logging.getLogger(__name__)
+
+FALLBACK_DESCRIPTION = "fallback schedule: parallel outer loops, vectorized inner tile"
+
+# The widest vector tile the fallback asks for: 16 fp32 lanes fill an AVX-512 register;
+# narrower ISAs split it, which LLVM does well.
+_VECTOR_TILE = 16
+# SampleCategorical of ParallelizeVectorizeUnroll offers (0, 16, 64, 512) unroll steps;
+# index 2 (64) unrolls the small inner tiles; 512 inflates LLVM build time.
+_UNROLL_CHOICE = 2
+
+
+@dataclass
+class Compiled:
+    """A compiled model and what each of its fused operators got.
+
+    ``tuned`` and ``fallback`` map workload keys to function names (``tuned`` includes
+    same-architecture records); ``decisions`` says exactly what each function got.
+    """
+
+    executable: relax.VMExecutable
+    tuned: dict[str, str]
+    fallback: dict[str, str]
+    compile_s: float
+    decisions: dict[str, Decision] = field(default_factory=dict)
+
+
+def compile_model(
+    spec: ModelSpec,
+    device: Device,
+    db: TuningDatabase | None,
+    *,
+    policy: FallbackPolicy = "same-arch",
+    fallback: bool = True,
+) -> Compiled:
+    """Build ``spec`` for ``device``; with ``db``, every tuned operator gets its best schedule.
+
+    Args:
+        spec: the model.
+        device: the device to build for; its records are looked up in ``db``.
+        db: the tuning database, or None for TVM's default build (the untuned reference).
+        policy: whether records of another device of the same architecture may stand in.
+        fallback: give untuned operators the fallback schedule (else TVM's default lowering).
+    """
+    start = time.perf_counter()
+    mod = spec.bound()
+    if db is None:
+        with device.target, tvm.transform.PassContext(opt_level=3):
+            ex = tvm.compile(mod, target=device.target)
+        return Compiled(ex, {}, {}, time.perf_counter() - start)
+    target = device.target
+    adapter = MetaScheduleDatabase(
+        db, db.device_id(device), policy=policy, read_only=True,
+        fallback=(lambda w: fallback_record(w, target)) if fallback else None,
+    )  # fmt: skip
+    ex = ms.relax_integration.compile_relax(adapter, mod, target, params=None)
+    decisions = dict(adapter.decisions)
+    return Compiled(ex, adapter.hits, adapter.misses, time.perf_counter() - start, decisions)
+
+
+def fallback_schedule(mod: tvm.IRModule, target: tvm.target.Target) -> Schedule | None:
+    """A sensible untuned schedule of a PrimFunc module, or None if TVM's space has none.
+
+    Takes TVM's own design space (``post-order-apply``: multi-level tiling, auto-inline,
+    parallel-vectorize-unroll) and fixes every sampling decision instead of drawing it: all
+    of each loop's extent in the outermost tile (so the postprocessor parallelizes the fused
+    outer loops over the cores) except the innermost spatial loop, whose innermost tile is the
+    largest divisor up to 16 (preferring 16, 8, 4) for LLVM to vectorize; a modest unroll;
+    producers computed at root. The first sketch that passes TVM's postprocessors wins.
+    Deterministic: the same module and target give the same schedule.
+    """
+    preload_tensor_intrinsics()
+    ctx = ms.TuneContext(
+        mod=mod, target=target, space_generator="post-order-apply", task_name="fallback",
+        rand_state=1, num_threads=1,
+    )  # fmt: skip
+    postprocs = list(ctx.space_generator.postprocs)
+    for sketch in ctx.space_generator.generate_design_space(mod):
+        insts = list(sketch.trace.insts)
+        samples = [i for i in insts if i.kind.name.startswith("Sample")]
+        decisions = {inst: _fallback_decision(inst, sketch.trace.decisions[inst], samples[k + 1:k + 2])
+                     for k, inst in enumerate(samples)}  # fmt: skip
+        sch = Schedule(mod, seed=1)
+        try:
+            Trace(insts, decisions).apply_to_schedule(sch, remove_postproc=True)
+            sch.enter_postproc()
+            if all(p.apply(sch) for p in postprocs):
+                return sch
+        except (RuntimeError, ValueError, TypeError) as err:  # TVM's schedule errors are of all three kinds
+            logger.debug("fallback sketch rejected: %s", str(err).splitlines()[0] if str(err) else err)
+    return None
+
+
+_PRELOAD_LOCK = threading.Lock()
+
+
+@cache
+def preload_tensor_intrinsics() -> None:
+    """Import ``tvm.s_tir.tensor_intrin`` (which every TuneContext needs) in seconds, not a minute.
+
+    Its ~500 TVMScript prim_funcs each call ``inspect.stack()``, which resolves source files
+    and modules for every frame of the stack: 25 to 100 s on this project's 2-core machines,
+    paid by the first compile of every process. TVM only reads each frame's locals and its
+    current line, so for the length of that one import ``inspect.stack`` is swapped for a
+    walk of the frames that reads the line straight from ``linecache``: about 4 s here.
+    """
+    if "tvm.s_tir.tensor_intrin" in sys.modules:
+        return
+    with _PRELOAD_LOCK:
+        original = inspect.stack
+        inspect.stack = _quick_stack
+        try:
+            import tvm.s_tir.tensor_intrin  # noqa: F401
+        finally:
+            inspect.stack = original
+
+
+def _quick_stack(context: int = 1) -> list[inspect.FrameInfo]:
+    frames = []
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename, lineno = frame.f_code.co_filename, frame.f_lineno
+        line = linecache.getline(filename, lineno) if context > 0 else ""
+        frames.append(inspect.FrameInfo(frame, filename, lineno, frame.f_code.co_name,
+                                        [line] if line else None, 0 if line else None, positions=None))  # fmt: skip
+        frame = frame.f_back
+    return frames
+
+
+def _fallback_decision(inst, sampled, following: list):
+    kind = inst.kind.name
+    if kind == "SamplePerfectTile":
+        n, max_inner = int(inst.attrs[0]), int(inst.attrs[1])
+        extent = int(np.prod([int(x) for x in sampled]))
+        # Multi-level tiling samples a block's loops in order, spatial ones (n > 2 tiles on
+        # CPU) first; the last of a run of n-way spatial tiles is the innermost spatial loop.
+        nxt = following[0] if following else None
+        innermost = n > 2 and not (
+            nxt is not None and nxt.kind.name == "SamplePerfectTile" and int(nxt.attrs[0]) == n
+        )
+        if innermost:
+            lanes = _inner_tile(extent, min(_VECTOR_TILE, max_inner if max_inner > 0 else _VECTOR_TILE))
+            return [extent // lanes] + [1] * (n - 2) + [lanes]
+        return [extent] + [1] * (n - 1)
+    if kind == "SampleCategorical":
+        return min(_UNROLL_CHOICE, len(inst.attrs[0]) - 1)
+    if kind == "SampleComputeLocation":
+        return -1  # at root: always valid
+    return sampled
+
+
+def _inner_tile(extent: int, cap: int) -> int:
+    for lanes in (16, 8, 4):
+        if lanes <= cap and extent % lanes == 0:
+            return lanes
+    return max(d for d in range(1, min(extent, cap) + 1) if extent % d == 0)
+
+
+def fallback_record(workload: Workload, target: tvm.target.Target) -> tuple[TuningRecord, str] | None:
+    """The fallback schedule of ``workload`` as a MetaSchedule record (no timings), described."""
+    mod = workload.mod
+    try:
+        sch = fallback_schedule(mod, target)
+    except Exception as err:  # whatever TVM raises, a missing fallback only costs speed
+        logger.warning("no fallback schedule for %s: %s", _name(mod), str(err).splitlines()[0] if str(err) else err)
+        return None
+    if sch is None:
+        logger.info("no fallback schedule for %s; TVM's default lowering is used", _name(mod))
+        return None
+    args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"]) if _has_main(mod) else None
+    return TuningRecord(sch.trace, workload, None, target, args_info), FALLBACK_DESCRIPTION
+
+
+def _has_main(mod: tvm.IRModule) -> bool:
+    return any(g.name_hint == "main" for g in mod.get_global_vars())
+
+
+def _name(mod: tvm.IRModule) -> str:
+    return mod.get_global_vars()[0].name_hint
+
+
+def run_model(
+    compiled: Compiled, device: Device, inputs: list[np.ndarray], *, budget_s: float = 3.0
+) -> tuple[list[np.ndarray], float]:
+    """Run the compiled model on ``inputs``: its outputs and the median latency in seconds.
+
+    The first call gives the outputs and warms up; then as many timed runs as fit in
+    ``budget_s`` (at least one, at most 50), since an untuned model can take 25 s a run.
+    """
+    dev = device.tvm_device()
+    vm = relax.VirtualMachine(compiled.executable, dev)
+    args = [tvm.runtime.tensor(x, dev) for x in inputs]
+    first = time.perf_counter()
+    out = _flatten(vm["main"](*args))
+    first = time.perf_counter() - first
+    vm.set_input("main", *args)
+    repeat = int(min(max(budget_s / max(first, 1e-6), 1), 50))
+    timer = vm.time_evaluator("invoke_stateful", dev, number=1, repeat=repeat)
+    return out, float(np.median(timer("main").results))
+
+
+def _flatten(out) -> list[np.ndarray]:
+    if isinstance(out, tvm.runtime.Tensor):
+        return [out.numpy()]
+    return [x for o in out for x in _flatten(o)]

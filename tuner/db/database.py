@@ -1,0 +1,635 @@
+"""The tuning database: engine, sessions, and the queries the tuner and compiler make."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import tvm
+from sqlalchemy import create_engine as sa_create_engine
+from sqlalchemy import delete, event, func, select
+from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from tuner.db import migrate
+from tuner.db.keys import record_key
+from tuner.db.schema import (
+    CostModelRow,
+    DeviceRow,
+    JobRow,
+    RecordRow,
+    WorkloadRow,
+    _now,
+)
+from tuner.device import Device
+from tuner.errors import DatabaseError, UserInputError
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+FallbackPolicy = Literal["device", "same-arch"]
+
+# Retries of a write that lost a race (PostgreSQL deadlock or serialization failure, SQLite
+# busy past its timeout). Writes are idempotent, so repeating one is safe.
+_WRITE_ATTEMPTS = 6
+_TRANSIENT_SQLSTATES = {"40001", "40P01"}
+_SQLITE_BUSY_TIMEOUT_S = 60
+
+
+@dataclass(frozen=True)
+class NewRecord:
+    """A measurement to store; ``mean_sec`` is None when ``error_class`` is set."""
+
+    workload_key: str
+    point: str
+    record_json: str
+    run_secs: Sequence[float]
+    error_class: str | None = None
+    error_msg: str | None = None
+    build_sec: float | None = None
+    run_wall_sec: float | None = None
+
+    @property
+    def mean_sec(self) -> float | None:
+        if self.error_class is not None or not self.run_secs:
+            return None
+        return float(sum(self.run_secs) / len(self.run_secs))
+
+
+@dataclass(frozen=True)
+class BestRecord:
+    """A record found by :meth:`TuningDatabase.lookup`, with where it came from.
+
+    Attributes:
+        row: the record.
+        source: ``"device"`` (measured on the device asked for) or ``"same-arch"`` (another
+            device of the same kind and architecture; its speed may differ).
+        device_fingerprint: fingerprint of the device that measured it.
+        same_tvm: whether it was written by this TVM version.
+    """
+
+    row: RecordRow
+    source: FallbackPolicy
+    device_fingerprint: str
+    same_tvm: bool
+
+
+def database_url(text: str) -> URL:
+    """A SQLAlchemy URL from a URL or a plain file path (SQLite).
+
+    Raises:
+        UserInputError: the URL is malformed or the SQLite file's folder is not writable.
+    """
+    try:
+        url = make_url(text) if "://" in text else make_url(f"sqlite:///{Path(text).resolve()}")
+    except ArgumentError as err:
+        raise UserInputError(f"--db {_redact_text(text)!r} is not a database URL or file path") from err
+    backend = url.get_backend_name()
+    if backend not in ("sqlite", "postgresql"):
+        raise UserInputError(
+            f"--db {redact(url)}: unsupported database {backend!r}; use a SQLite file path or "
+            "postgresql+psycopg://user@host/db"
+        )
+    if backend == "postgresql" and url.drivername == "postgresql":
+        # psycopg 3 is what Nightshift installs; plain postgresql:// would ask for psycopg2.
+        url = url.set(drivername="postgresql+psycopg")
+    if backend == "sqlite" and url.database not in (None, "", ":memory:"):
+        folder = Path(url.database).resolve().parent
+        if not folder.is_dir():
+            raise UserInputError(f"database folder {folder} does not exist; create it or pass another --db")
+        try:
+            # A unique name: several processes open the same database at once.
+            with tempfile.NamedTemporaryFile(dir=folder, prefix=".nightshift-write-test-"):
+                pass
+        except OSError as err:
+            raise UserInputError(
+                f"cannot write the database in {folder} ({err.strerror}); pass a writable --db path"
+            ) from err
+    return url
+
+
+def redact(url: URL | str) -> str:
+    """The URL as text with any password hidden."""
+    if isinstance(url, str):
+        try:
+            url = make_url(url)
+        except ArgumentError:
+            return _redact_text(url)
+    return url.render_as_string(hide_password=True)
+
+
+def _redact_text(text: str) -> str:
+    # A string that does not parse as a URL may still carry user:password@.
+    scheme, sep, rest = text.partition("://")
+    if sep and "@" in rest:
+        creds, _, host = rest.rpartition("@")
+        user = creds.split(":", 1)[0]
+        return f"{scheme}://{user}:***@{host}" if ":" in creds else text
+    return text
+
+
+def create_engine(url: URL) -> Engine:
+    """An engine set up for several processes writing at once.
+
+    SQLite: WAL journal, foreign keys, a busy timeout, and write transactions opened with
+    ``BEGIN IMMEDIATE`` so that two writers queue on the lock instead of one failing when it
+    upgrades a read transaction (SQLITE_BUSY_SNAPSHOT in WAL mode). PostgreSQL: a connect
+    timeout, so an unreachable server fails in seconds.
+    """
+    if url.get_backend_name() == "sqlite":
+        engine = sa_create_engine(url, connect_args={"timeout": _SQLITE_BUSY_TIMEOUT_S})
+        event.listen(engine, "connect", _sqlite_connect)
+        event.listen(engine, "begin", _sqlite_begin)
+        return engine
+    return sa_create_engine(url, connect_args={"connect_timeout": 10}, pool_pre_ping=True)
+
+
+def _sqlite_connect(dbapi_conn, _record) -> None:
+    # Take transaction control from the sqlite3 module, which would otherwise BEGIN lazily
+    # (deferred) and commit implicitly before DDL; _sqlite_begin issues BEGIN itself.
+    dbapi_conn.isolation_level = None
+    cur = dbapi_conn.cursor()
+    # WAL lets readers and one writer of several local processes proceed together.
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute(f"PRAGMA busy_timeout={_SQLITE_BUSY_TIMEOUT_S * 1000}")
+    cur.close()
+
+
+def _sqlite_begin(conn) -> None:
+    write = conn.get_execution_options().get("nightshift_write", True)
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+
+class TuningDatabase:
+    """Nightshift's SQL tuning database (SQLite file or PostgreSQL).
+
+    Thread- and process-safe: every method runs in its own transaction; several processes
+    on one or several machines may write at once. Writes are idempotent (a record is keyed
+    by workload, device, job and point) and retried when they lose a race, so none is lost
+    or duplicated. Opening a database checks its schema; an empty one is created.
+
+    Args:
+        url: a SQLAlchemy URL or a SQLite file path.
+        create: create the schema in an empty database (else raise).
+
+    Raises:
+        UserInputError: the URL is malformed or names an unsupported backend.
+        DatabaseError: the database cannot be reached or opened, or its schema is not
+            this Nightshift's (the message says what to run).
+    """
+
+    def __init__(self, url: str | URL, *, create: bool = True) -> None:
+        self.url = database_url(url) if isinstance(url, str) else url
+        self.engine: Engine = create_engine(self.url)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._read_sessions = sessionmaker(
+            self.engine.execution_options(nightshift_write=False), expire_on_commit=False
+        )
+        self._device_ids: dict[str, int] = {}
+        self._workload_ids: dict[str, int] = {}
+        self._device_rows: dict[int, tuple[str, str, str]] = {}  # id -> fingerprint, kind, arch
+        try:
+            self.schema = migrate.check(self.engine, self.url, create=create)
+        except DBAPIError as err:
+            self.engine.dispose()
+            raise DatabaseError(f"cannot open tuning database {redact(self.url)}: {_describe(err)}") from err
+        except DatabaseError:
+            self.engine.dispose()
+            raise
+
+    @property
+    def backend(self) -> str:
+        """``sqlite`` or ``postgresql``."""
+        return self.url.get_backend_name()
+
+    def close(self) -> None:
+        """Release the connections."""
+        self.engine.dispose()
+
+    @contextmanager
+    def session(self, *, write: bool = True) -> Iterator[Session]:
+        """A session that commits on success, rolls back on error, translates DB errors.
+
+        Args:
+            write: False for read-only work (SQLite then takes no write lock).
+
+        Raises:
+            DatabaseError: the database failed; the message has the URL without password.
+        """
+        session = (self._sessions if write else self._read_sessions)()
+        try:
+            yield session
+            session.commit()
+        except SQLAlchemyError as err:
+            session.rollback()
+            raise DatabaseError(f"tuning database {redact(self.url)} failed: {_describe(err)}") from err
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
+
+    def _write(self, work: Callable[[Session], T]) -> T:
+        """Run ``work`` in a write transaction, retrying it when it loses a race."""
+        for attempt in range(_WRITE_ATTEMPTS):
+            try:
+                with self.session() as s:
+                    return work(s)
+            except DatabaseError as err:
+                if attempt == _WRITE_ATTEMPTS - 1 or not _transient(err.__cause__):
+                    raise
+                delay = 0.05 * 2**attempt * (1 + random.random())
+                logger.info("write to %s lost a race (%s); retry in %.2f s", redact(self.url), err, delay)
+                time.sleep(delay)
+        raise AssertionError("unreachable")
+
+    def _insert(self, table):
+        if self.backend == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert
+        return insert(table)
+
+    # --- devices, workloads, jobs -----------------------------------------------------------
+
+    def device_id(self, device: Device) -> int:
+        """The id of ``device``'s fingerprint, registering it if new."""
+        cached = self._device_ids.get(device.fingerprint)
+        if cached is not None:
+            return cached
+
+        def work(s: Session) -> int:
+            s.execute(
+                self._insert(DeviceRow.__table__).values(
+                    fingerprint=device.fingerprint, kind=device.kind, arch=device.arch,
+                    target=json.dumps(device.target_config, sort_keys=True),
+                    description=json.dumps(device.description, sort_keys=True), created_at=_utcnow(),
+                ).on_conflict_do_nothing(index_elements=["fingerprint"])
+            )  # fmt: skip
+            return int(s.scalar(select(DeviceRow.id).where(DeviceRow.fingerprint == device.fingerprint)))
+
+        self._device_ids[device.fingerprint] = dev_id = self._write(work)
+        return dev_id
+
+    def find_device_id(self, device: Device) -> int | None:
+        """The id of ``device``'s fingerprint if the database knows it (registers nothing)."""
+        with self.session(write=False) as s:
+            return s.scalar(select(DeviceRow.id).where(DeviceRow.fingerprint == device.fingerprint))
+
+    def workload_id(self, key: str, name: str, mod: tvm.IRModule, flops: float) -> int:
+        """The id of workload ``key``, storing the module if new."""
+        cached = self._workload_ids.get(key)
+        if cached is not None:
+            return cached
+        with self.session(write=False) as s:
+            found = s.scalar(select(WorkloadRow.id).where(WorkloadRow.key == key))
+        if found is None:
+            from tvm.s_tir.meta_schedule.database import Workload
+
+            values = {
+                "key": key, "name": name, "flops": flops, "workload_json": json.dumps(Workload(mod).as_json()),
+                "summary": workload_summary(name, mod), "tvm_version": tvm.__version__, "created_at": _utcnow(),
+            }  # fmt: skip
+
+            def work(s: Session) -> int:
+                s.execute(self._insert(WorkloadRow.__table__).values(**values).on_conflict_do_nothing(
+                    index_elements=["key"]))
+                return int(s.scalar(select(WorkloadRow.id).where(WorkloadRow.key == key)))
+
+            found = self._write(work)
+        self._workload_ids[key] = found
+        return found
+
+    def get_workload(self, key: str) -> WorkloadRow | None:
+        """The stored workload ``key`` (name, FLOPs, MetaSchedule's JSON), if any."""
+        with self.session(write=False) as s:
+            return s.scalar(select(WorkloadRow).where(WorkloadRow.key == key))
+
+    def start_job(self, model: str, device_id: int, config: dict, trials_total: int) -> int:
+        """Record a new running job and return its id."""
+
+        def work(s: Session) -> int:
+            job = JobRow(
+                model=model, device_id=device_id, config=json.dumps(config, sort_keys=True),
+                trials_total=trials_total, host=socket.gethostname(), tvm_version=tvm.__version__,
+            )  # fmt: skip
+            s.add(job)
+            s.flush()
+            return job.id
+
+        # Not retried: a retry after a lost commit acknowledgement would start a second job.
+        with self.session() as s:
+            return work(s)
+
+    def update_job(self, job_id: int, *, trials_done: int | None = None, state: str | None = None) -> None:
+        """Update a job's progress or state."""
+
+        def work(s: Session) -> None:
+            job = s.get(JobRow, job_id)
+            if job is None:
+                raise DatabaseError(f"job {job_id} is not in the database")
+            if trials_done is not None:
+                job.trials_done = trials_done
+            if state is not None:
+                job.state = state
+
+        self._write(work)
+
+    # --- records ----------------------------------------------------------------------------
+
+    def add_records(self, device_id: int, job_id: int | None, records: Sequence[NewRecord]) -> int:
+        """Store measurements of one device in one transaction; return how many were new.
+
+        Idempotent: a record already stored (same workload, device, job and point) is
+        skipped, so a retried batch never duplicates.
+
+        Raises:
+            DatabaseError: a record names a workload not stored yet, or the write failed.
+        """
+        if not records:
+            return 0
+        host = socket.gethostname()
+        version = tvm.__version__
+        keys = {r.workload_key for r in records}
+        ids = self._workload_ids_of(keys)
+        missing = keys - ids.keys()
+        if missing:
+            raise DatabaseError(f"records for unknown workloads {sorted(missing)}; store the workload first")
+        now = _utcnow()
+        rows: dict[str, dict[str, Any]] = {}
+        for r in records:
+            wid = ids[r.workload_key]
+            rkey = record_key(wid, device_id, job_id, r.point)
+            rows[rkey] = {
+                "record_key": rkey, "workload_id": wid, "device_id": device_id, "job_id": job_id,
+                "point": r.point, "record_json": r.record_json, "run_secs": json.dumps(list(r.run_secs)),
+                "mean_sec": r.mean_sec, "error_class": r.error_class, "error_msg": r.error_msg,
+                "build_sec": r.build_sec, "run_wall_sec": r.run_wall_sec, "tvm_version": version,
+                "host": host, "created_at": now,
+            }  # fmt: skip
+        # One key order for every writer: PostgreSQL then locks index entries in the same
+        # order in every transaction, which rules out deadlocks between batches.
+        ordered = [rows[k] for k in sorted(rows)]
+        stmt = self._insert(RecordRow.__table__).on_conflict_do_nothing(index_elements=["record_key"])
+
+        def work(s: Session) -> int:
+            # RETURNING yields only the rows actually inserted (conflicts return nothing).
+            return len(s.execute(stmt.returning(RecordRow.id), ordered).all())
+
+        return self._write(work)
+
+    def _workload_ids_of(self, keys: set[str]) -> dict[str, int]:
+        ids = {k: self._workload_ids[k] for k in keys if k in self._workload_ids}
+        todo = keys - ids.keys()
+        if todo:
+            with self.session(write=False) as s:
+                for key, wid in s.execute(select(WorkloadRow.key, WorkloadRow.id).where(WorkloadRow.key.in_(todo))):
+                    ids[key] = self._workload_ids[key] = wid
+        return ids
+
+    def best(self, workload_key: str, device_id: int, k: int = 1) -> list[RecordRow]:
+        """The ``k`` fastest successful records of a workload on one device (any TVM version)."""
+        with self.session(write=False) as s:
+            wid = s.scalar(select(WorkloadRow.id).where(WorkloadRow.key == workload_key))
+            if wid is None:
+                return []
+            return list(s.scalars(_best_stmt(wid, [device_id]).limit(k)))
+
+    def lookup(
+        self,
+        workload_key: str,
+        device_id: int,
+        k: int = 1,
+        *,
+        policy: FallbackPolicy = "same-arch",
+        replays: Callable[[RecordRow], bool] | None = None,
+    ) -> list[BestRecord]:
+        """The ``k`` best usable records of a workload for a device, with the fallback policy.
+
+        Records of this device come first; only when it has none, and ``policy`` is
+        ``"same-arch"``, records of other devices of the same kind and architecture (flagged
+        ``source="same-arch"``). A different architecture is never used. Records written by
+        another TVM version are used only when ``replays(row)`` says they replay cleanly on
+        this one (without ``replays`` they are skipped).
+        """
+        wid = self._workload_ids_of({workload_key}).get(workload_key)
+        if wid is None:
+            return []
+        with self.session(write=False) as s:
+            me = self._device_rows.get(device_id)
+            if me is None:
+                row = s.get(DeviceRow, device_id)
+                if row is None:
+                    return []
+                me = self._device_rows[device_id] = (row.fingerprint, row.kind, row.arch)
+            found = self._usable(s, wid, {device_id: me[0]}, k, "device", replays)
+            if found or policy == "device":
+                return found
+            # Not cached: a same-architecture device may register at any time.
+            peers = dict(s.execute(select(DeviceRow.id, DeviceRow.fingerprint).where(
+                DeviceRow.kind == me[1], DeviceRow.arch == me[2], DeviceRow.id != device_id)).all())  # fmt: skip
+            return self._usable(s, wid, peers, k, "same-arch", replays) if peers else []
+
+    @staticmethod
+    def _usable(
+        s: Session,
+        wid: int,
+        devices: dict[int, str],
+        k: int,
+        source: FallbackPolicy,
+        replays: Callable[[RecordRow], bool] | None,
+    ) -> list[BestRecord]:
+        out: list[BestRecord] = []
+        # Usually every record is usable: fetch k, then more only if some were skipped.
+        page, offset = k, 0
+        while len(out) < k:
+            rows = list(s.scalars(_best_stmt(wid, list(devices)).offset(offset).limit(page)))
+            for row in rows:
+                same = row.tvm_version == tvm.__version__
+                if same or (replays is not None and replays(row)):
+                    out.append(BestRecord(row, source, devices[row.device_id], same))
+                    if len(out) == k:
+                        break
+            if len(rows) < page:
+                break
+            offset += page
+            page = min(page * 4, 1024)
+        return out
+
+    def count_records(self, workload_key: str | None = None, device_id: int | None = None) -> int:
+        """Number of records, optionally of one workload and/or device."""
+        with self.session(write=False) as s:
+            stmt = select(func.count(RecordRow.id))
+            if workload_key is not None:
+                stmt = stmt.join(WorkloadRow).where(WorkloadRow.key == workload_key)
+            if device_id is not None:
+                stmt = stmt.where(RecordRow.device_id == device_id)
+            return int(s.scalar(stmt) or 0)
+
+    # --- cost models ------------------------------------------------------------------------
+
+    def save_cost_model(self, device_id: int, kind: str, blob: bytes, num_samples: int) -> None:
+        """Store a trained cost model (XGBoost UBJSON bytes; never a pickle)."""
+        with self.session() as s:
+            s.add(CostModelRow(device_id=device_id, kind=kind, format="ubj", num_samples=num_samples, blob=blob))
+
+    def load_cost_model(self, device_id: int, kind: str) -> bytes | None:
+        """The newest cost model of ``kind`` trained on ``device_id``, or None."""
+        with self.session(write=False) as s:
+            return s.scalar(
+                select(CostModelRow.blob).where(CostModelRow.device_id == device_id, CostModelRow.kind == kind)
+                .order_by(CostModelRow.id.desc()).limit(1)
+            )  # fmt: skip
+
+    # --- operations -------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Counts for ``nightshift db stats``: tables, records per device, jobs per state."""
+        with self.session(write=False) as s:
+            per_device = s.execute(
+                select(DeviceRow.fingerprint, DeviceRow.kind, DeviceRow.arch, func.count(RecordRow.id),
+                       func.count(RecordRow.mean_sec))
+                .join(RecordRow, RecordRow.device_id == DeviceRow.id, isouter=True)
+                .group_by(DeviceRow.id, DeviceRow.fingerprint, DeviceRow.kind, DeviceRow.arch)
+                .order_by(DeviceRow.id)
+            ).all()  # fmt: skip
+            jobs = dict(s.execute(select(JobRow.state, func.count(JobRow.id)).group_by(JobRow.state)).all())
+            versions = dict(s.execute(select(RecordRow.tvm_version, func.count(RecordRow.id))
+                                      .group_by(RecordRow.tvm_version)).all())  # fmt: skip
+            return {
+                "url": redact(self.url),
+                "schema": self.schema.revision,
+                "workloads": int(s.scalar(select(func.count(WorkloadRow.id))) or 0),
+                "records": int(s.scalar(select(func.count(RecordRow.id))) or 0),
+                "failed_records": int(s.scalar(select(func.count(RecordRow.id))
+                                               .where(RecordRow.error_class.is_not(None))) or 0),
+                "cost_models": int(s.scalar(select(func.count(CostModelRow.id))) or 0),
+                "jobs": {str(k): int(v) for k, v in jobs.items()},
+                "tvm_versions": {str(k): int(v) for k, v in versions.items()},
+                "devices": [
+                    {"fingerprint": fp, "kind": kind, "arch": arch, "records": int(n), "ok": int(ok)}
+                    for fp, kind, arch, n, ok in per_device
+                ],
+            }
+
+    def best_per_workload(self, device_id: int) -> list[tuple[WorkloadRow, RecordRow, int]]:
+        """For every workload measured on the device: its best record and its record count."""
+        with self.session(write=False) as s:
+            counts = dict(s.execute(select(RecordRow.workload_id, func.count(RecordRow.id))
+                                    .where(RecordRow.device_id == device_id)
+                                    .group_by(RecordRow.workload_id)).all())  # fmt: skip
+            out = []
+            for wid, n in counts.items():
+                row = s.scalar(_best_stmt(wid, [device_id]).limit(1))
+                if row is not None:
+                    out.append((s.get(WorkloadRow, wid), row, int(n)))
+            out.sort(key=lambda t: t[0].name)
+            return out
+
+    def prune(self, *, keep_top: int, keep_failed: bool = False, device_id: int | None = None,
+              dry_run: bool = False) -> int:  # fmt: skip
+        """Delete all but the ``keep_top`` fastest successful records of each workload and device.
+
+        Failed records go too unless ``keep_failed``. Returns how many records were (or, with
+        ``dry_run``, would be) deleted.
+
+        Raises:
+            UserInputError: ``keep_top`` is negative.
+        """
+        if keep_top < 0:
+            raise UserInputError(f"--keep-top must be 0 or more, got {keep_top}")
+        ranked = select(
+            RecordRow.id,
+            func.row_number().over(
+                partition_by=(RecordRow.workload_id, RecordRow.device_id),
+                order_by=(RecordRow.mean_sec, RecordRow.id),
+            ).label("rank"),
+        ).where(RecordRow.mean_sec.is_not(None), RecordRow.error_class.is_(None))
+        if device_id is not None:
+            ranked = ranked.where(RecordRow.device_id == device_id)
+        sub = ranked.subquery()
+        doomed = select(sub.c.id).where(sub.c.rank > keep_top)
+        failed = select(RecordRow.id).where((RecordRow.error_class.is_not(None)) | RecordRow.mean_sec.is_(None))
+        if device_id is not None:
+            failed = failed.where(RecordRow.device_id == device_id)
+
+        def work(s: Session) -> int:
+            n = int(s.scalar(select(func.count()).select_from(doomed.subquery())) or 0)
+            if not keep_failed:
+                n += int(s.scalar(select(func.count()).select_from(failed.subquery())) or 0)
+            if not dry_run:
+                s.execute(delete(RecordRow).where(RecordRow.id.in_(doomed)))
+                if not keep_failed:
+                    s.execute(delete(RecordRow).where(RecordRow.id.in_(failed)))
+            return n
+
+        return self._write(work)
+
+
+def _best_stmt(workload_id: int, device_ids: list[int]):
+    return (
+        select(RecordRow)
+        .where(RecordRow.workload_id == workload_id, RecordRow.device_id.in_(device_ids),
+               RecordRow.error_class.is_(None), RecordRow.mean_sec.is_not(None))
+        .order_by(RecordRow.mean_sec, RecordRow.id)
+    )  # fmt: skip
+
+
+def workload_summary(name: str, mod: tvm.IRModule) -> str:
+    """``name(float32[1, 64, 56, 56], ...)``: a readable one-liner of a PrimFunc workload."""
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    try:
+        func_ = mod["main"] if any(g.name_hint == "main" for g in mod.get_global_vars()) else None
+        args = ArgInfo.from_prim_func(func_ if func_ is not None else mod[mod.get_global_vars()[0]])
+        shown = ", ".join(f"{a.dtype}[{', '.join(str(int(d)) for d in a.shape)}]" for a in args)
+    except (RuntimeError, TypeError, ValueError, AttributeError):
+        # Dynamic shapes or a non-tensor argument: the name alone still says what it is.
+        return name
+    return f"{name}({shown})"
+
+
+def _utcnow() -> datetime:
+    return _now()
+
+
+def _transient(err: BaseException | None) -> bool:
+    orig = getattr(err, "orig", None)
+    if getattr(orig, "sqlstate", None) in _TRANSIENT_SQLSTATES:
+        return True
+    text = str(orig or "").lower()
+    return "database is locked" in text or "database is busy" in text
+
+
+def _describe(err: BaseException) -> str:
+    """One line about a database error, with a hint for the usual causes."""
+    orig = getattr(err, "orig", None) or err
+    line = _first_line(orig)
+    low = line.lower()
+    if "password authentication failed" in low or "no password supplied" in low:
+        return f"{line}; check the user and password in --db or $NIGHTSHIFT_DB"
+    if "connection refused" in low or "could not translate host" in low or "timeout expired" in low:
+        return f"{line}; is the PostgreSQL server running and reachable?"
+    if "file is not a database" in low or "malformed" in low:
+        return f"{line}; the file is not a healthy SQLite database: pass another --db or restore a backup"
+    if "does not exist" in low and "database" in low:
+        return f"{line}; create it (createdb) or fix the database name in --db"
+    return line
+
+
+def _first_line(err: object) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__

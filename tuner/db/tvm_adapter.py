@@ -1,0 +1,163 @@
+"""TVM MetaSchedule's Database interface over the tuning database, for one device.
+
+``compile_relax`` and ``MetaScheduleApplyDatabase`` call ``has_workload``,
+``commit_workload`` and ``get_top_k`` for every fused function. Lookups follow the
+database's fallback policy (this device; else the same architecture, flagged; never another
+architecture), so a schedule tuned on one machine never leaks onto a different one (unlike
+TVM's JSONDatabase, which ignores the target: apache/tvm#15549). Records of another TVM
+version are used only after their trace replays cleanly on this one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import tvm
+from tvm.ir.utils import derived_object
+from tvm.s_tir import Schedule
+from tvm.s_tir.meta_schedule.database import PyDatabase, TuningRecord, Workload
+
+from tuner.db.database import FallbackPolicy, NewRecord, TuningDatabase
+from tuner.db.schema import RecordRow
+from tuner.tasks import workload_key
+
+logger = logging.getLogger(__name__)
+
+# A schedule for a workload no record covers: its record (run_secs None) and what it is.
+Fallback = Callable[[Workload], tuple[TuningRecord, str] | None]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the compiler got for one fused function.
+
+    Attributes:
+        name: the function's name.
+        kind: ``"tuned"`` (a record of this device), ``"same-arch"`` (a record of another
+            device of the same architecture), ``"fallback"`` (no record; the fallback
+            schedule), or ``"tvm-default"`` (no record and no fallback: TVM's lowering).
+        detail: the record's time, the other device, or the fallback's description.
+    """
+
+    name: str
+    kind: str
+    detail: str
+
+
+@derived_object
+class MetaScheduleDatabase(PyDatabase):
+    """Read (and write) best schedules of one device through TVM's Database API.
+
+    Args:
+        db: the tuning database.
+        device_id: the device whose records are looked up (and written).
+        policy: ``"same-arch"`` lets another device of the same architecture stand in.
+        fallback: schedules a workload that has no usable record; without it such a
+            workload is left to TVM's default lowering.
+        read_only: do not store workloads TVM commits (compiling must not write).
+    """
+
+    def __init__(
+        self,
+        db: TuningDatabase,
+        device_id: int,
+        *,
+        policy: FallbackPolicy = "same-arch",
+        fallback: Fallback | None = None,
+        read_only: bool = False,
+    ) -> None:
+        super().__init__()
+        self.db = db
+        self.device_id = device_id
+        self.policy: FallbackPolicy = policy
+        self.fallback = fallback
+        self.read_only = read_only
+        self.decisions: dict[str, Decision] = {}  # workload key -> what was used
+        self._replays: dict[int, bool] = {}
+
+    # Kept for callers of the first version: workload key -> name, tuned or not.
+    @property
+    def hits(self) -> dict[str, str]:
+        return {k: d.name for k, d in self.decisions.items() if d.kind in ("tuned", "same-arch")}
+
+    @property
+    def misses(self) -> dict[str, str]:
+        return {k: d.name for k, d in self.decisions.items() if d.kind not in ("tuned", "same-arch")}
+
+    def has_workload(self, mod: tvm.IRModule) -> bool:
+        # Compiling (read-only) or with a fallback, TVM must ask get_top_k about every
+        # workload: so that each gets the fallback, and each gets a reported decision.
+        if self.read_only or self.fallback is not None:
+            return True
+        return self.db.get_workload(workload_key(mod)) is not None
+
+    def commit_workload(self, mod: tvm.IRModule) -> Workload:
+        if not self.read_only:
+            self.db.workload_id(workload_key(mod), _func_name(mod), mod, 0.0)
+        return Workload(mod)
+
+    def commit_tuning_record(self, record: TuningRecord) -> None:
+        key = workload_key(record.workload.mod)
+        self.db.workload_id(key, _func_name(record.workload.mod), record.workload.mod, 0.0)
+        run_secs = [float(x) for x in (record.run_secs or [])]
+        record_json = json.dumps(record.as_json())
+        # A record from TVM has no knobs; its trace's digest stands in as its point.
+        point = json.dumps({"trace_sha256": hashlib.sha256(record_json.encode()).hexdigest()})
+        self.db.add_records(self.device_id, None, [
+            NewRecord(workload_key=key, point=point, record_json=record_json, run_secs=run_secs)
+        ])
+
+    def get_top_k(self, workload: Workload, top_k: int) -> list[TuningRecord]:
+        key = workload_key(workload.mod)
+        stored = self.db.get_workload(key)
+        name = stored.name if stored is not None else _func_name(workload.mod)
+        found = self.db.lookup(key, self.device_id, top_k, policy=self.policy,
+                               replays=lambda row: self._replays_cleanly(row, workload))  # fmt: skip
+        if found:
+            first = found[0]
+            detail = f"{first.row.mean_sec * 1e3:.3f} ms" if first.row.mean_sec is not None else ""
+            if first.source == "same-arch":
+                detail += f", measured on device {first.device_fingerprint}"
+            if not first.same_tvm:
+                detail += f", TVM {first.row.tvm_version}"
+            self.decisions[key] = Decision(name, "tuned" if first.source == "device" else "same-arch", detail)
+            return [TuningRecord.from_json(json.loads(b.row.record_json), workload) for b in found]
+        made = self.fallback(workload) if self.fallback is not None else None
+        if made is None:
+            self.decisions[key] = Decision(name, "tvm-default", "TVM's default lowering (no schedule)")
+            return []
+        record, what = made
+        self.decisions[key] = Decision(name, "fallback", what)
+        return [record]
+
+    def _replays_cleanly(self, row: RecordRow, workload: Workload) -> bool:
+        """Whether a record written by another TVM version replays on this one."""
+        ok = self._replays.get(row.id)
+        if ok is None:
+            try:
+                record = TuningRecord.from_json(json.loads(row.record_json), workload)
+                record.trace.apply_to_schedule(Schedule(workload.mod), remove_postproc=False)
+                ok = True
+            except (RuntimeError, ValueError, TypeError, KeyError, IndexError, AttributeError) as err:
+                logger.info("record %d from TVM %s does not replay on TVM %s: %s",
+                            row.id, row.tvm_version, tvm.__version__, str(err).splitlines()[0] if str(err) else err)
+                ok = False
+            self._replays[row.id] = ok
+        return ok
+
+    def get_all_tuning_records(self) -> list[TuningRecord]:
+        raise NotImplementedError("export through `nightshift db export`, not this adapter")
+
+    def __len__(self) -> int:
+        return self.db.count_records(device_id=self.device_id)
+
+
+def _func_name(mod: tvm.IRModule) -> str:
+    func = mod["main"] if "main" in [g.name_hint for g in mod.get_global_vars()] else None
+    if func is not None and func.attrs and "global_symbol" in func.attrs:
+        return str(func.attrs["global_symbol"])
+    return mod.get_global_vars()[0].name_hint

@@ -1,0 +1,184 @@
+"""Devices: parse ``--device``, build the TVM target and a stable device fingerprint.
+
+The fingerprint keys the tuning database: two machines share tuning records only when their
+fingerprints match (same CPU model, ISA flags and core count; or same GPU name, SM version).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import platform
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import psutil
+import tvm
+
+from tuner.errors import UnknownDeviceError
+
+logger = logging.getLogger(__name__)
+
+# ISA flags that change code generation or speed; the rest of /proc/cpuinfo is noise that
+# would split one machine type into many fingerprints (e.g. "hypervisor", microcode bugs).
+_ISA_FLAGS = (
+    "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl",
+    "avx512cd", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_int8",
+    "amx_bf16", "avx_vnni", "neon", "asimd", "sve", "sve2",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device that candidates are built for and timed on.
+
+    Attributes:
+        kind: ``"cpu"`` or ``"cuda"``.
+        index: device index (GPU ordinal; 0 for the host CPU).
+        target: the TVM target as its JSON dict form.
+        description: human-readable fields (CPU model, flags, cores; GPU name, SM, driver).
+        present: whether the device is on this machine (False when cross-building).
+    """
+
+    kind: str
+    index: int
+    target_config: dict[str, Any]
+    description: dict[str, Any] = field(hash=False, compare=False)
+    present: bool = True
+
+    @property
+    def target(self) -> tvm.target.Target:
+        """The TVM target for this device."""
+        return tvm.target.Target(self.target_config)
+
+    @property
+    def name(self) -> str:
+        """``cpu`` or ``cuda:N``."""
+        return "cpu" if self.kind == "cpu" else f"{self.kind}:{self.index}"
+
+    @property
+    def arch(self) -> str:
+        """Architecture family: the LLVM mcpu or the CUDA sm version."""
+        return str(self.target_config.get("mcpu") or self.target_config.get("arch"))
+
+    @property
+    def fingerprint(self) -> str:
+        """A stable 16-hex-digit hash of what determines a schedule's speed on this device."""
+        keys = ("model", "isa_flags", "cores") if self.kind == "cpu" else ("gpu", "arch")
+        ident = {k: self.description.get(k) for k in keys} | {"kind": self.kind}
+        blob = json.dumps(ident, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def tvm_device(self) -> tvm.runtime.Device:
+        """The runtime device handle (``tvm.cpu(0)`` or ``tvm.cuda(N)``)."""
+        return tvm.cpu(0) if self.kind == "cpu" else tvm.cuda(self.index)
+
+
+def parse_device(spec: str, *, target_arch: str | None = None, num_cores: int | None = None) -> Device:
+    """Parse ``cpu``, ``llvm``, ``cuda``, ``cuda:N`` or ``gpu:N`` into a Device.
+
+    Args:
+        spec: the ``--device`` string.
+        target_arch: for CUDA, an ``sm_XX`` to cross-build for when no GPU is present (or to
+            override the detected one); for CPU, an LLVM ``mcpu`` to build for instead of
+            the host's.
+        num_cores: CPU threads to tune for; defaults to the host's physical cores.
+
+    Raises:
+        UnknownDeviceError: the string names no supported device, or the GPU is absent and no
+            ``target_arch`` was given.
+    """
+    text = spec.strip().lower()
+    if text in ("cpu", "llvm", "host"):
+        return _cpu_device(target_arch, num_cores)
+    m = re.fullmatch(r"(?:cuda|gpu)(?::(\d+))?", text)
+    if m:
+        return _cuda_device(int(m.group(1) or 0), target_arch)
+    raise UnknownDeviceError(
+        f"unknown device {spec!r}: use 'cpu' or 'cuda:N' (e.g. --device cuda:0)"
+    )
+
+
+def _cpu_device(mcpu: str | None, num_cores: int | None) -> Device:
+    from tvm.target import codegen
+
+    info = host_cpu_info()
+    if mcpu is not None and not codegen.llvm_is_valid_cpu(mcpu, codegen.llvm_get_system_triple()):
+        raise UnknownDeviceError(f"--target-arch {mcpu!r} is not a CPU that LLVM knows")
+    cores = num_cores or info["cores"]
+    config = {"kind": "llvm", "mcpu": mcpu or info["mcpu"], "num-cores": int(cores)}
+    desc = dict(info) | {"cores": int(cores)}
+    return Device(kind="cpu", index=0, target_config=config, description=desc)
+
+
+@cache
+def host_cpu_info() -> dict[str, Any]:
+    """The host CPU's model, LLVM mcpu, ISA flags and physical core count."""
+    from tvm.target import codegen
+
+    model, flags = platform.processor() or platform.machine(), set()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key == "model name" and model in ("", platform.machine(), platform.processor()):
+                model = value.strip()
+            elif key in ("flags", "Features") and not flags:
+                flags = set(value.split())
+    return {
+        "model": model,
+        "mcpu": str(codegen.llvm_get_system_cpu()),
+        "isa_flags": sorted(f for f in _ISA_FLAGS if f in flags),
+        "cores": psutil.cpu_count(logical=False) or psutil.cpu_count() or 1,
+        "machine": platform.machine(),
+    }
+
+
+def _cuda_device(index: int, arch: str | None) -> Device:
+    if arch is not None and not re.fullmatch(r"sm_\d+[a-z]?", arch):
+        raise UnknownDeviceError(f"--target-arch {arch!r} is not a CUDA arch; use e.g. sm_90")
+    gpu = _query_gpu(index)
+    if gpu is None and arch is None:
+        raise UnknownDeviceError(
+            f"no CUDA GPU {index} on this machine; pass --target-arch sm_XX to cross-build "
+            "for one, or use --device cpu"
+        )
+    desc: dict[str, Any] = dict(gpu or {})
+    arch = arch or desc["arch"]
+    desc.setdefault("gpu", f"unknown ({arch})")
+    desc["arch"] = arch
+    config: dict[str, Any] = {"kind": "cuda", "arch": arch}
+    for key in ("max_num_threads", "max_shared_memory_per_block", "thread_warp_size"):
+        if key in desc:
+            config[key] = desc[key]
+    return Device(kind="cuda", index=index, target_config=config, description=desc, present=gpu is not None)
+
+
+def _query_gpu(index: int) -> dict[str, Any] | None:
+    """The GPU's name, SM version, limits and driver, or None if absent."""
+    dev = tvm.cuda(index)
+    if not dev.exist:
+        return None
+    major, _, minor = str(dev.compute_version).partition(".")
+    info: dict[str, Any] = {
+        "gpu": str(dev.device_name),
+        "arch": f"sm_{major}{minor}",
+        "max_num_threads": int(dev.max_threads_per_block),
+        "max_shared_memory_per_block": int(dev.max_shared_memory_per_block),
+        "thread_warp_size": int(dev.warp_size),
+    }
+    if shutil.which("nvidia-smi"):
+        out = subprocess.run(
+            ["nvidia-smi", f"--id={index}", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        if out.returncode == 0:
+            info["driver"] = out.stdout.strip()
+    return info

@@ -1,0 +1,58 @@
+"""Building one candidate into a shared library, returned as bytes."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import tvm
+
+from tuner.measure.pause import pausable
+from tuner.measure.results import BuildResult, ErrorClass
+
+logger = logging.getLogger(__name__)
+
+
+def build_candidate(mod_json: str, target_config: dict) -> BuildResult:
+    """Compile a scheduled PrimFunc module (TVM JSON) and export it as a .so's bytes.
+
+    Runs wherever the compiler is; the bytes travel to a measuring node that needs only the
+    TVM runtime. Errors become a ``BuildResult`` with ``BUILD_ERROR``.
+    """
+    start = time.perf_counter()
+    try:
+        mod = tvm.ir.load_json(mod_json)
+        lib = tvm.compile(mod, target=tvm.target.Target(target_config))
+        with tempfile.TemporaryDirectory(prefix="nightshift-build-") as tmp:
+            path = Path(tmp) / "candidate.so"
+            lib.export_library(str(path))
+            data = path.read_bytes()
+    except Exception as err:  # TVM raises many error types for unbuildable schedules
+        return BuildResult(None, time.perf_counter() - start, ErrorClass.BUILD_ERROR, _short(err))
+    return BuildResult(data, time.perf_counter() - start, size=len(data))
+
+
+def build_task(mod_json: str, target_config: dict) -> Iterator[float | bytes | BuildResult | None]:
+    """The Ray task body, a streaming generator: start time, metadata, then the bytes.
+
+    The start is reported once the process is up and TVM imported, so the driver's build
+    timeout counts compilation, not a cold worker's start. The driver reads only the small
+    metadata; the bytes go from the object store straight to the device actor. While it
+    builds, the process can be stopped by its node's device actor (see ``pause``).
+    """
+    import ray
+
+    yield time.time()
+    node_id = ray.get_runtime_context().get_node_id()
+    with pausable(node_id):
+        result = build_candidate(mod_json, target_config)
+    yield BuildResult(None, result.build_sec, result.error_class, result.error_msg, node_id, result.size)
+    yield result.artifact
+
+
+def _short(err: BaseException, limit: int = 2000) -> str:
+    text = f"{type(err).__name__}: {err}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."

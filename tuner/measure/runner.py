@@ -1,0 +1,264 @@
+"""Timing built candidates on a device and checking their outputs against a reference.
+
+Needs only the TVM runtime (the device actor runs with ``TVM_USE_RUNTIME_LIB=1``): artifacts
+arrive as bytes of a shared library. Import nothing from the compiler side here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tvm
+
+from tuner.measure.pause import BuildPauser
+from tuner.measure.results import ErrorClass, RunResult, relative_spread
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    """Shape and dtype of one argument of a task's PrimFunc."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimingConfig:
+    """How to time a candidate.
+
+    The first (checked) call warms the caches up; then ``repeat`` repeats, each made of as
+    many calls as it takes to last ``min_repeat_ms``. If the repeats' spread (IQR / median)
+    exceeds ``max_spread``, up to ``max_remeasure`` more rounds are taken and all are kept.
+    With ``flush_cache`` (CPU) every repeat starts with the inputs flushed from the caches
+    and counts one call. A candidate whose short probe is more than ``hopeless_factor`` times
+    the task's best so far is stopped there and recorded with the probe only (0 disables).
+    """
+
+    repeat: int = 5
+    min_repeat_ms: int = 20
+    flush_cache: bool = False
+    max_spread: float = 0.05
+    max_remeasure: int = 2
+    hopeless_factor: float = 4.0
+    probe: int = 3
+    cooldown_ms: int = 0
+
+
+@dataclass(frozen=True)
+class Reference:
+    """How to compute a task's reference output: its unscheduled build and arguments.
+
+    ``artifact`` is a one-element list holding the ObjectRef of the bytes, so that Ray does
+    not fetch them with every call; the actor fetches them only when it lacks the reference.
+    """
+
+    artifact: list[Any]
+    entry: str
+    args: list[ArgSpec] = field(default_factory=list)
+
+
+def tolerance(dtype: str) -> tuple[float, float]:
+    """(rtol, atol) for comparing a candidate's output to the reference.
+
+    ``atol`` is relative to the largest magnitude in the reference output, since a reordered
+    float reduction errs in proportion to the values summed, not to each output element.
+    """
+    return {"float16": (1e-2, 1e-2), "bfloat16": (2e-2, 2e-2), "float64": (1e-7, 1e-9)}.get(
+        dtype, (1e-4, 1e-4) if dtype == "float32" else (0.0, 0.0)
+    )
+
+
+def random_args(args: list[ArgSpec], seed: int = 0) -> list[np.ndarray]:
+    """Deterministic inputs for a task: floats in [-1, 1); integers 0 or 1 (safe indices)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for a in args:
+        if np.dtype(a.dtype).kind in "iub":
+            out.append(rng.integers(0, 2, size=a.shape).astype(a.dtype))
+        else:
+            out.append(rng.uniform(-1, 1, size=a.shape).astype(a.dtype))
+    return out
+
+
+def compare(got: np.ndarray, want: np.ndarray) -> str | None:
+    """None if ``got`` matches ``want`` within the dtype's tolerance, else what differs."""
+    rtol, atol = tolerance(str(want.dtype))
+    if got.shape != want.shape:
+        return f"shape {got.shape} != {want.shape}"
+    if np.dtype(want.dtype).kind not in "fc":
+        bad = int(np.count_nonzero(got != want))
+        return f"{bad} elements differ" if bad else None
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    scale = max(float(np.max(np.abs(w))) if w.size else 0.0, 1.0)
+    if not np.all(np.isfinite(g) == np.isfinite(w)):
+        return "non-finite values where the reference has none"
+    err = np.abs(g - w)
+    limit = atol * scale + rtol * np.abs(w)
+    finite = np.isfinite(w)
+    if np.any(err[finite] > limit[finite]):
+        worst = float(np.max(err[finite]))
+        return f"max abs error {worst:.3g} (rtol {rtol}, atol {atol} x {scale:.3g})"
+    return None
+
+
+class CandidateRunner:
+    """Loads artifacts, checks them against a reference, and times them on one device.
+
+    One instance per device, run as a Ray actor pinned to the device's node; not thread-safe
+    (a device times one candidate at a time). References are computed lazily from the
+    task's unscheduled build, so a restarted actor rebuilds its state on demand.
+    """
+
+    def __init__(self, device_kind: str = "cpu", device_index: int = 0, *, pause_builds: bool = False,
+                 pause_lease_s: float = 30.0) -> None:
+        if device_kind == "cuda":
+            _load_cuda_runtime()
+        self.dev = tvm.cpu(0) if device_kind == "cpu" else tvm.cuda(device_index)
+        self._inputs: dict[str, list[np.ndarray]] = {}
+        self._reference: dict[str, list[np.ndarray]] = {}
+        self._pauser: BuildPauser | None = None
+        if pause_builds:
+            import ray
+
+            self._pauser = BuildPauser(ray.get_runtime_context().get_node_id(), lease_s=pause_lease_s)
+
+    def info(self) -> dict[str, Any]:
+        """Where the actor runs: Ray node id, pid, whether TVM's compiler library is loaded."""
+        import ray
+        from tvm import base
+
+        maps = Path("/proc/self/maps")
+        compiler = "libtvm_compiler" in maps.read_text() if maps.exists() else None
+        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
+                "runtime_only": bool(base._RUNTIME_ONLY), "compiler_loaded": compiler, "device": str(self.dev)}
+
+    def has_reference(self, task_key: str) -> bool:
+        """Whether this actor holds the task's reference output."""
+        return task_key in self._reference
+
+    def set_reference(self, task_key: str, artifact: bytes, entry: str, args: list[ArgSpec]) -> RunResult:
+        """Run the unscheduled (reference) build once and keep its outputs for the task."""
+        inputs = random_args(args)
+        try:
+            outs = self._run(_load(artifact)[entry], inputs)
+        except Exception as err:  # the reference itself failing is reported, not raised
+            return RunResult(error_class=ErrorClass.RUN_ERROR, error_msg=f"reference: {err}")
+        self._inputs[task_key] = inputs
+        self._reference[task_key] = outs
+        return RunResult(run_secs=[0.0])
+
+    def measure(
+        self,
+        task_key: str,
+        artifact: bytes,
+        entry: str,
+        timing: TimingConfig,
+        reference: Reference | None = None,
+        best_sec: float | None = None,
+    ) -> RunResult:
+        """Check the candidate's outputs against the task's reference, then time it."""
+        start = time.perf_counter()
+        node = self._node_id()
+        if task_key not in self._reference:
+            if reference is None:
+                return RunResult(error_class=ErrorClass.RUN_ERROR, error_msg="no reference output for the task",
+                                 node_id=node)
+            import ray
+
+            ref = self.set_reference(task_key, ray.get(reference.artifact[0]), reference.entry, reference.args)
+            if not ref.ok:
+                return RunResult(error_class=ref.error_class, error_msg=ref.error_msg, node_id=node,
+                                 busy_s=time.perf_counter() - start)
+        try:
+            lib = _load(artifact)
+            outs = self._run(lib[entry], self._inputs[task_key])
+        except Exception as err:  # runtime faults of a candidate are data
+            return RunResult(error_class=ErrorClass.RUN_ERROR, error_msg=f"{type(err).__name__}: {err}"[:2000],
+                             node_id=node, busy_s=time.perf_counter() - start)
+        for k, (got, want) in enumerate(zip(outs, self._reference[task_key], strict=True)):
+            diff = compare(got, want)
+            if diff is not None:
+                return RunResult(error_class=ErrorClass.WRONG_RESULT, error_msg=f"argument {k}: {diff}",
+                                 node_id=node, busy_s=time.perf_counter() - start)
+        arrays = [tvm.runtime.tensor(a, self.dev) for a in self._inputs[task_key]]
+        if self._pauser is not None:
+            self._pauser.pause()
+        try:
+            result = self._time(lib, entry, arrays, timing, best_sec)
+        except Exception as err:
+            result = RunResult(error_class=ErrorClass.RUN_ERROR, error_msg=f"{type(err).__name__}: {err}"[:2000])
+        finally:
+            report = self._pauser.resume() if self._pauser is not None else None
+        return RunResult(
+            run_secs=result.run_secs, error_class=result.error_class, error_msg=result.error_msg,
+            early_stopped=result.early_stopped, remeasured=result.remeasured,
+            paused_builds=report.paused if report else 0, paused_cpu_s=report.cpu_s if report else 0.0,
+            busy_s=time.perf_counter() - start, node_id=node,
+        )  # fmt: skip
+
+    def _time(self, lib, entry: str, arrays: list, timing: TimingConfig, best_sec: float | None) -> RunResult:
+        if best_sec and timing.hopeless_factor > 0 and timing.probe > 0:
+            probe = lib.time_evaluator(entry, self.dev, number=1, repeat=timing.probe)
+            secs = [float(s) for s in probe(*arrays).results]
+            if min(secs) > timing.hopeless_factor * best_sec:
+                return RunResult(run_secs=secs, early_stopped=True)
+        flush = timing.flush_cache and self.dev.dlpack_device_type() == tvm.cpu(0).dlpack_device_type()
+        evaluator = lib.time_evaluator(
+            entry, self.dev, number=1, repeat=timing.repeat,
+            min_repeat_ms=0 if flush else timing.min_repeat_ms,
+            cooldown_interval_ms=timing.cooldown_ms,
+            f_preproc="cache_flush_cpu_non_first_arg" if flush else "",
+        )  # fmt: skip
+        secs = [float(s) for s in evaluator(*arrays).results]
+        rounds = 0
+        while relative_spread(secs) > timing.max_spread and rounds < timing.max_remeasure:
+            secs += [float(s) for s in evaluator(*arrays).results]
+            rounds += 1
+        logger.debug("median %.3g s over %d repeats, %d re-measurements", statistics.median(secs), len(secs), rounds)
+        return RunResult(run_secs=secs, remeasured=rounds)
+
+    def _run(self, func, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        arrays = [tvm.runtime.tensor(a, self.dev) for a in inputs]
+        func(*arrays)
+        self.dev.sync()
+        return [a.numpy() for a in arrays]
+
+    @staticmethod
+    def _node_id() -> str | None:
+        try:
+            import ray
+
+            return ray.get_runtime_context().get_node_id()
+        except Exception:  # outside Ray (plain use in a process)
+            return None
+
+
+def _load(artifact: bytes) -> tvm.runtime.Module:
+    with tempfile.NamedTemporaryFile(suffix=".so", prefix="nightshift-run-") as f:
+        Path(f.name).write_bytes(artifact)
+        # The loaded library stays mapped after the file is unlinked.
+        return tvm.runtime.load_module(f.name)
+
+
+def _load_cuda_runtime() -> None:
+    """Load TVM's CUDA runtime sidecar, which a runtime-only import does not load by itself."""
+    from tvm import base
+
+    if "tvm_runtime_cuda" in base._LOADED_LIBS:
+        return
+    from tvm_ffi.libinfo import load_lib_ctypes
+
+    runtime_dir = Path(base._LOADED_LIBS["tvm_runtime"]._name).resolve().parent
+    base._LOADED_LIBS["tvm_runtime_cuda"] = load_lib_ctypes(
+        package="tvm", target_name="tvm_runtime_cuda", extra_lib_paths=[runtime_dir], mode="RTLD_GLOBAL"
+    )

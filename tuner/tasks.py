@@ -1,0 +1,90 @@
+"""Tasks: the fused operators of a model, each with its weight, FLOPs and workload key."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.relax import pipeline as relax_pipeline
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.analysis import estimate_tir_flops
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One fused operator to tune.
+
+    Attributes:
+        name: TVM's readable name (``fused_conv2d_add_relu``); not unique across shapes.
+        mod: an IRModule whose ``main`` is the fused PrimFunc, as TVM's compiler sees it.
+        weight: how many times the operator occurs in the model.
+        flops: floating-point operations of one call.
+        workload_key: stable hex key of the PrimFunc's structure, the database's workload id.
+    """
+
+    name: str
+    mod: tvm.IRModule
+    weight: int
+    flops: float
+    workload_key: str
+
+
+def workload_key(mod: tvm.IRModule) -> str:
+    """Stable key of a PrimFunc module: TVM's structural hash, as hex."""
+    return hashlib.sha256(str(tvm_ffi.structural_hash(mod)).encode()).hexdigest()[:32]
+
+
+def fuse(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+    """The graph passes that turn a Relax model into fused TIR functions.
+
+    The sequence is the one ``meta_schedule.relax_integration.compile_relax`` runs before it
+    consults the database, so the tasks tuned here are exactly the functions it looks up.
+    """
+    try:
+        dispatch = list(relax_pipeline.library_dispatch_passes(target))
+    except (ValueError, AttributeError):
+        dispatch = []
+    seq = tvm.transform.Sequential([
+        *dispatch,
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+    ])  # fmt: skip
+    with target, tvm.transform.PassContext(opt_level=3):
+        return seq(mod)
+
+
+def extract_tasks(mod: tvm.IRModule, target: tvm.target.Target) -> list[Task]:
+    """Fused-operator tasks of a Relax module, heaviest (weight x FLOPs) first.
+
+    Identical workloads (same PrimFunc structure) are merged into one task whose weight is
+    the number of occurrences.
+    """
+    fused = fuse(mod, target)
+    extracted = ms.relax_integration.extract_tasks(fused, target)
+    by_key: dict[str, Task] = {}
+    for ext in extracted:
+        task_mod = ext.dispatched[0]
+        if task_mod["main"].attrs and task_mod["main"].attrs.get("tirx.is_scheduled", False):
+            continue
+        key = workload_key(task_mod)
+        if key in by_key:
+            old = by_key[key]
+            by_key[key] = Task(old.name, old.mod, old.weight + int(ext.weight), old.flops, key)
+            continue
+        try:
+            flops = float(estimate_tir_flops(task_mod))
+        except (RuntimeError, ValueError):  # TVM 0.27 raises RuntimeError subclasses
+            flops = 0.0
+        by_key[key] = Task(str(ext.task_name), task_mod, int(ext.weight), flops, key)
+    tasks = sorted(by_key.values(), key=lambda t: (-t.weight * t.flops, t.name))
+    logger.info("%d tasks from %d extracted functions", len(tasks), len(extracted))
+    return tasks
