@@ -7,6 +7,10 @@ processes (SIGSTOP) for the few hundred milliseconds a timing takes and resumes 
 (SIGCONT) after. A watchdog subprocess resumes them if the actor dies or hangs while they
 are stopped, so a crashing candidate cannot leave builds frozen.
 
+A build's children (the linker) are stopped with it; a driver that registers its search
+thread does so without its children, which on a local cluster are Ray itself (GCS, raylet
+and every worker, the device actor included).
+
 Linux only (``/proc``). Run as ``python -m tuner.measure.pause`` it is the watchdog.
 """
 
@@ -68,9 +72,26 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def _ancestors(pid: int) -> set[int]:
+    out = set()
+    while pid > 1:
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        out.add(pid)
+    return out
+
+
 @contextlib.contextmanager
-def pausable(node_id: str | None) -> Iterator[None]:
-    """Let the device actor of node ``node_id`` stop this process while it times."""
+def pausable(node_id: str | None, *, with_children: bool = True) -> Iterator[None]:
+    """Let the device actor of node ``node_id`` stop this process while it times.
+
+    Args:
+        node_id: the Ray node whose device actor may stop this process; None: no pausing.
+        with_children: stop this process's descendants too (a build's linker). A Ray driver
+            passes False: its children are the local cluster's own processes.
+    """
     if node_id is None or not Path("/proc/self/stat").exists():
         yield
         return
@@ -78,7 +99,7 @@ def pausable(node_id: str | None) -> Iterator[None]:
     directory = registry(node_id)
     directory.mkdir(parents=True, exist_ok=True)
     entry = directory / str(pid)
-    entry.write_text(_start_ticks(pid) or "")
+    entry.write_text(f"{_start_ticks(pid) or ''} {'children' if with_children else 'alone'}")
     try:
         yield
     finally:
@@ -112,16 +133,22 @@ class BuildPauser:
 
     def pause(self) -> None:
         """Stop every live registered process (but this one) and wait until they are stopped."""
-        pids = []
+        pids, parents = [], []
+        # Never this process nor what it runs in: stopping either would freeze the timing
+        # until the watchdog's lease ran out.
+        mine = {os.getpid(), *_ancestors(os.getpid())}
         for entry in self.directory.glob("*") if self.directory.is_dir() else []:
             with contextlib.suppress(ValueError, OSError):
                 pid = int(entry.name)
-                if pid == os.getpid():
+                if pid in mine:
                     continue
-                if _start_ticks(pid) != entry.read_text() or not entry.read_text():
+                ticks, _, scope = entry.read_text().partition(" ")
+                if not ticks or _start_ticks(pid) != ticks:
                     entry.unlink()  # the process is gone (or its pid was reused)
                     continue
                 pids.append(pid)
+                if scope != "alone":
+                    parents.append(pid)
         if not pids:
             return
         watchdog = self._ensure_watchdog()
@@ -134,7 +161,7 @@ class BuildPauser:
                 os.kill(pid, signal.SIGSTOP)
         # Then their children: a stopped build cannot start new ones, but a linker it already
         # runs would keep a core busy during the timing.
-        kids = [k for pid in pids for k in _descendants(pid)]
+        kids = [k for pid in parents for k in _descendants(pid) if k not in mine]
         if kids:
             watchdog.stdin.write(f"stop {self.lease_s} {' '.join(map(str, pids + kids))}\n")
             watchdog.stdin.flush()

@@ -297,7 +297,7 @@ class RayMeasurer:
             node_id = ray.get_runtime_context().get_node_id()
         except Exception:  # a ray:// client driver is not on any node: nothing to pause
             node_id = None
-        with pausable(node_id):
+        with pausable(node_id, with_children=False):  # its children are Ray's own processes
             yield
 
     def close(self) -> None:
