@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import platform
 import statistics
 import tempfile
@@ -221,6 +222,12 @@ def main() -> None:
 
     device = parse_device("cpu")
     target = device.target
+    # MetaSchedule's builder and runner processes inherit this. Without it TVM runs kernels on
+    # half the logical CPUs (it assumes hyper-threading; 1 thread on a 2-core machine), while
+    # Nightshift's device actor runs them on the target's num-cores: both peers must time the
+    # candidates on the threads they were built for.
+    threads = int(device.target_config["num-cores"])
+    os.environ["TVM_NUM_THREADS"] = str(threads)
     t = time.monotonic()
     task = conv_task(device)
     mods, points = candidates(task, target, args.candidates, args.seed)
@@ -258,6 +265,7 @@ def main() -> None:
         "benchmark": "measure_vs_metaschedule",
         "command": f"nice -n 10 .venv/bin/python benchmarks/measure_vs_metaschedule.py --candidates {args.candidates}",
         "machine": {"cpu": device.description.get("model"), "cores": device.description.get("cores"),
+                    "tvm_num_threads": threads, "load_avg_after": os.getloadavg(),
                     "python": platform.python_version(), "tvm": tvm.__version__},
         "task": {"name": task.name, "gflop": task.flops / 1e9, "workload_key": task.workload_key},
         "candidates": len(mods), "seed": args.seed, "points": points,

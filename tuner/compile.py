@@ -221,6 +221,7 @@ def run_model(
     The first call gives the outputs and warms up; then as many timed runs as fit in
     ``budget_s`` (at least one, at most 50), since an untuned model can take 25 s a run.
     """
+    device.use_threads()
     dev = device.tvm_device()
     vm = relax.VirtualMachine(compiled.executable, dev)
     args = [tvm.runtime.tensor(x, dev) for x in inputs]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import platform
 import re
 import shutil
@@ -78,6 +79,20 @@ class Device:
     def tvm_device(self) -> tvm.runtime.Device:
         """The runtime device handle (``tvm.cpu(0)`` or ``tvm.cuda(N)``)."""
         return tvm.cpu(0) if self.kind == "cpu" else tvm.cuda(self.index)
+
+    def use_threads(self) -> None:
+        """Run this process's TVM kernels on the target's ``num-cores`` threads (CPU only).
+
+        Without ``TVM_NUM_THREADS``, TVM's thread pool takes half the logical CPUs on x86
+        (it assumes hyper-threading): one thread on a 2-core machine, while candidates were
+        tuned and timed on ``num-cores`` threads. Call before running a compiled model.
+        """
+        cores = int(self.target_config.get("num-cores", 0))
+        if self.kind != "cpu" or cores <= 0:
+            return
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+        # Affinity mode kSpecifyThreadShareAllCore: every worker may run on any of ``cpus``.
+        tvm.get_global_func("runtime.config_threadpool")(-3, cores, [str(c) for c in cpus])
 
 
 def parse_device(spec: str, *, target_arch: str | None = None, num_cores: int | None = None) -> Device:

@@ -51,3 +51,25 @@ def test_missing_gpu_without_arch_says_what_to_do():
         pytest.skip("this machine has a GPU 3")
     with pytest.raises(UnknownDeviceError, match="--target-arch"):
         parse_device("cuda:3")
+
+
+THREADS = """
+import os, sys
+import tvm
+from tuner.device import parse_device
+parse_device("cpu", num_cores=int(sys.argv[1])).use_threads()
+print(tvm.get_global_func("runtime.NumThreads")())
+"""
+
+
+def test_use_threads_sizes_the_thread_pool_to_the_target():
+    """TVM alone takes half the logical CPUs on x86; a model tuned for N cores runs on N."""
+    import os
+    import subprocess
+    import sys
+
+    cpus = len(os.sched_getaffinity(0))
+    env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", THREADS, str(cpus)], capture_output=True, text=True,
+                         env=env, check=True, timeout=120)
+    assert int(out.stdout.split()[-1]) == cpus
