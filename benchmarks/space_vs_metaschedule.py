@@ -90,6 +90,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     device = parse_device("cpu")
+    device.use_threads()  # time on the target's num-cores threads, as the tuner does
     target = device.target
     tasks = [t for t in extract_tasks(load_model("resnet50").bound(), target) if "conv2d" in t.name]
     chosen = args.tasks or [1, 2, 4]
