@@ -34,6 +34,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--points", type=int, default=16, help="points built per task, kind and target")
     parser.add_argument("--rate-points", type=int, default=64, help="points drawn to measure sampling rates")
+    parser.add_argument("--targets", nargs="+", default=["llvm", "cuda-sm_80", "cuda-sm_90"],
+                        help="targets to run (default: all)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results file")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     cpu = parse_device("cpu")
@@ -42,6 +45,7 @@ def main() -> None:
         "cuda-sm_80": parse_device("cuda:0", target_arch="sm_80").target,
         "cuda-sm_90": parse_device("cuda:0", target_arch="sm_90").target,
     }
+    targets = {name: targets[name] for name in args.targets}
     tasks = [t for t in extract_tasks(load_model("resnet50").bound(), cpu.target) if "conv2d" in t.name]
     tasks = [tasks[i] for i in (1, 2, 4)]
     report: dict = {"benchmark": "space_throughput", "device": cpu.description, "points": args.points,
@@ -83,8 +87,8 @@ def main() -> None:
                 }
                 logger.info("%s", json.dumps(row))
                 report["rows"].append(row)
-                RESULTS.parent.mkdir(parents=True, exist_ok=True)
-                RESULTS.write_text(json.dumps(report, indent=1))
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from tvm.s_tir.schedule import Instruction, Trace
 from search_spaces.base import MAX_TRIES, InvalidPointError, Point, SearchSpace
 from search_spaces.constraints import Limits, limits_for, target_with_limits
 from search_spaces.knobs import Knob, tile_choices
+from search_spaces.thread_bounds import ThreadBound, count_within, thread_bounds
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +27,9 @@ _ANNOTATION_KNOBS = ("meta_schedule.parallel", "meta_schedule.vectorize")
 # What TVM raises when a schedule primitive or a replayed trace fails (its errors map to
 # Python's built-in exception types; ScheduleError derives from RuntimeError).
 _TVM_ERRORS = (RuntimeError, ValueError)
+
+# Draws per replay attempt in ``sample`` until one passes the static (thread-extent) bounds.
+_STATIC_DRAWS = 1000
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,11 @@ class SketchSpace(SearchSpace):
             self._insts.append(insts)
             self._sites.append(self._read_knobs(insts, design.trace.decisions))
         self._knobs = [tuple(s.knob for s in sites) for sites in self._sites]
+        max_threads = self.limits.gpu.get("max_threads_per_block", 0)
+        self._bounds: list[tuple[ThreadBound, ...]] = [
+            thread_bounds(insts, {site.inst: n for n, site in enumerate(sites)}, max_threads) if max_threads else ()
+            for insts, sites in zip(self._insts, self._sites, strict=True)
+        ]
         logger.debug("sketch space: %d sketches, grid %d", len(self._insts), self.grid_size())
 
     @property
@@ -80,14 +89,18 @@ class SketchSpace(SearchSpace):
     def sample(self, rng: np.random.Generator) -> Point:
         """Each unconditional knob uniformly from its domain; compute locations from TVM's
         own candidates for the tiling drawn (so they are always valid)."""
-        # GPU limits reject most uniform tilings of large loops; allow more draws there.
+        # GPU limits reject most uniform tilings of large loops; allow more draws there. A draw
+        # that breaks a static bound costs microseconds, a replay milliseconds: only replays count.
         tries = MAX_TRIES * (4 if self.limits.gpu else 1)
         for _ in range(tries):
-            sketch = int(rng.integers(self.num_sketches))
-            values: list[Any] = [
-                None if k.conditional else k.choices[int(rng.integers(len(k)))] for k in self.knobs(sketch)
-            ]
-            if self._constraint_violation(Point(sketch, tuple(v if v is not None else 0 for v in values))):
+            for _ in range(_STATIC_DRAWS):
+                sketch = int(rng.integers(self.num_sketches))
+                values: list[Any] = [
+                    None if k.conditional else k.choices[int(rng.integers(len(k)))] for k in self.knobs(sketch)
+                ]
+                if not self._constraint_violation(Point(sketch, tuple(v if v is not None else 0 for v in values))):
+                    break
+            else:
                 continue
             sch = Schedule(self.mod, seed=int(rng.integers(1, 2**31 - 1)))
             try:
@@ -101,8 +114,18 @@ class SketchSpace(SearchSpace):
 
     def _constraint_violation(self, point: Point) -> str | None:
         # The unroll and vector-width bounds are applied to the knob domains themselves (see
-        # _read_knobs), so the grid holds only points that respect them.
+        # _read_knobs); GPU thread extents depend on several knobs at once.
+        knobs = self.knobs(point.sketch)
+        for bound in self._bounds[point.sketch]:
+            why = bound.violation(point.decisions, knobs)
+            if why is not None:
+                return why
         return None
+
+    def _static_count(self, sketch: int) -> int:
+        if not self._bounds[sketch]:
+            return super()._static_count(sketch)
+        return count_within(self._bounds[sketch], self.knobs(sketch))
 
     def _schedule(self, point: Point) -> Schedule:
         sch = Schedule(self.mod, seed=1)

@@ -100,3 +100,45 @@ def test_cuda_limits_from_the_target_shape_the_space():
     for _ in range(4):
         func = _lower_for_verify(sp.apply(sp.sample(rng)).mod)
         assert tvm.s_tir.analysis.verify_gpu_code(func, limits)
+
+
+@pytest.mark.parametrize("task_name", ["matmul", "conv"])
+def test_cuda_thread_bounds_refuse_only_what_tvm_refuses(task_name):
+    """Static thread-extent bounds (checked before any replay) never refuse a point that TVM's
+    postprocessors accept, and they catch most of the points those refuse."""
+    sp = SketchSpace(task(task_name), tvm.target.Target({"kind": "cuda", "arch": "sm_90"}))
+    assert all(sp._bounds), "every CUDA sketch binds threads"
+    rng = np.random.default_rng(0)
+    refused_statically = refused_by_tvm = 0
+    for _ in range(60):
+        s = int(rng.integers(sp.num_sketches))
+        point = search_spaces.Point(s, tuple(k.choices[int(rng.integers(len(k)))] for k in sp.knobs(s)))
+        static = sp.static_violation(point)
+        try:
+            sp._schedule(point)
+            accepted = True
+        except search_spaces.InvalidPointError:
+            accepted = False
+        assert not (static and accepted), f"{point.to_json()} refused statically ({static}) but TVM accepts it"
+        refused_statically += static is not None
+        refused_by_tvm += not accepted
+    assert refused_statically >= 0.8 * refused_by_tvm > 0
+
+
+def test_cuda_size_counts_the_points_within_thread_bounds():
+    """``size`` is exact: the dynamic-programming count equals a brute-force count."""
+    import itertools
+    import math
+
+    sp = SketchSpace(task("matmul"), tvm.target.Target({"kind": "cuda", "arch": "sm_90"}))
+    knobs = sp.knobs(0)
+    involved = sorted({t[0] for b in sp._bounds[0] for t in b.terms})
+    free = math.prod(len(k) for i, k in enumerate(knobs) if i not in involved)
+    base = [k.choices[0] for k in knobs]
+    within = 0
+    for values in itertools.product(*(knobs[i].choices for i in involved)):
+        for i, v in zip(involved, values, strict=True):
+            base[i] = v
+        within += sp.static_violation(search_spaces.Point(0, tuple(base))) is None
+    assert sp._static_count(0) == within * free
+    assert 0 < sp.size() < sp.grid_size()
