@@ -56,6 +56,17 @@ def test_every_repeat_kept_and_noisy_results_remeasured(runner, task, good):
     assert quiet.remeasured == 0 and len(quiet.run_secs) == 4
 
 
+def test_slow_candidate_gets_fewer_repeats_within_the_timing_budget(runner, task, good):
+    """The first candidate of a task has no best to stop it early; the budget bounds it."""
+    noisy = TimingConfig(repeat=5, min_repeat_ms=1, max_spread=-1.0, max_remeasure=2, max_timing_s=1e-9)
+    r = runner.measure(task.workload_key, good, "main", noisy)
+    assert r.ok and r.run_secs and len(r.run_secs) == 1 and r.remeasured == 0
+    unbounded = runner.measure(task.workload_key, good, "main",
+                               TimingConfig(repeat=5, min_repeat_ms=1, max_spread=-1.0, max_remeasure=2,
+                                            max_timing_s=0))  # fmt: skip
+    assert len(unbounded.run_secs) == 15 and unbounded.remeasured == 2
+
+
 def test_cache_flush_times_each_call_cold(runner, task, good):
     warm = runner.measure(task.workload_key, good, "main", TimingConfig(repeat=5, min_repeat_ms=5))
     cold = runner.measure(task.workload_key, good, "main", TimingConfig(repeat=5, flush_cache=True))

@@ -42,6 +42,10 @@ class TimingConfig:
     With ``flush_cache`` (CPU) every repeat starts with the inputs flushed from the caches
     and counts one call. A candidate whose short probe is more than ``hopeless_factor`` times
     the task's best so far is stopped there and recorded with the probe only (0 disables).
+    Timing a candidate takes about ``max_timing_s`` at most: a slow candidate (the first of a
+    task has no best to be compared with) gets fewer repeats, at least one, and no extra rounds
+    that would not fit, so it is recorded with its real time instead of running into the run
+    timeout (0 disables).
     """
 
     repeat: int = 5
@@ -52,6 +56,7 @@ class TimingConfig:
     hopeless_factor: float = 4.0
     probe: int = 3
     cooldown_ms: int = 0
+    max_timing_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -181,7 +186,9 @@ class CandidateRunner:
                                  busy_s=time.perf_counter() - start)
         try:
             lib = _load(artifact)
+            check_start = time.perf_counter()
             outs = self._run(lib[entry], self._inputs[task_key])
+            check_s = time.perf_counter() - check_start
         except Exception as err:  # runtime faults of a candidate are data
             return RunResult(error_class=ErrorClass.RUN_ERROR, error_msg=f"{type(err).__name__}: {err}"[:2000],
                              node_id=node, busy_s=time.perf_counter() - start)
@@ -194,7 +201,7 @@ class CandidateRunner:
         if self._pauser is not None:
             self._pauser.pause()
         try:
-            result = self._time(lib, entry, arrays, timing, best_sec)
+            result = self._time(lib, entry, arrays, timing, best_sec, check_s)
         except Exception as err:
             result = RunResult(error_class=ErrorClass.RUN_ERROR, error_msg=f"{type(err).__name__}: {err}"[:2000])
         finally:
@@ -206,7 +213,14 @@ class CandidateRunner:
             busy_s=time.perf_counter() - start, node_id=node,
         )  # fmt: skip
 
-    def _time(self, lib, entry: str, arrays: list, timing: TimingConfig, best_sec: float | None) -> RunResult:
+    def _time(self, lib, entry: str, arrays: list, timing: TimingConfig, best_sec: float | None,
+              check_s: float = 0.0) -> RunResult:
+        start = time.perf_counter()
+        budget = timing.max_timing_s if timing.max_timing_s > 0 else float("inf")
+        repeat = timing.repeat
+        if check_s * repeat > budget:  # the checked call (copies included) bounds one call's time
+            repeat = max(1, int(budget // check_s))
+            logger.debug("slow candidate (%.3g s a call): %d repeats instead of %d", check_s, repeat, timing.repeat)
         if best_sec and timing.hopeless_factor > 0 and timing.probe > 0:
             probe = lib.time_evaluator(entry, self.dev, number=1, repeat=timing.probe)
             secs = [float(s) for s in probe(*arrays).results]
@@ -214,14 +228,16 @@ class CandidateRunner:
                 return RunResult(run_secs=secs, early_stopped=True)
         flush = timing.flush_cache and self.dev.dlpack_device_type() == tvm.cpu(0).dlpack_device_type()
         evaluator = lib.time_evaluator(
-            entry, self.dev, number=1, repeat=timing.repeat,
+            entry, self.dev, number=1, repeat=repeat,
             min_repeat_ms=0 if flush else timing.min_repeat_ms,
             cooldown_interval_ms=timing.cooldown_ms,
             f_preproc="cache_flush_cpu_non_first_arg" if flush else "",
         )  # fmt: skip
         secs = [float(s) for s in evaluator(*arrays).results]
+        round_s = time.perf_counter() - start
         rounds = 0
-        while relative_spread(secs) > timing.max_spread and rounds < timing.max_remeasure:
+        while (relative_spread(secs) > timing.max_spread and rounds < timing.max_remeasure
+               and time.perf_counter() - start + round_s <= budget):
             secs += [float(s) for s in evaluator(*arrays).results]
             rounds += 1
         logger.debug("median %.3g s over %d repeats, %d re-measurements", statistics.median(secs), len(secs), rounds)
