@@ -39,20 +39,25 @@ def registry(node_id: str) -> Path:
     return _ROOT / node_id
 
 
-def _start_ticks(pid: int) -> str | None:
-    """The process's start time in clock ticks (identifies it across pid reuse)."""
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (state first), or None."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     # The command name may hold spaces and parentheses: split after the last ')'.
-    return stat.rsplit(")", 1)[1].split()[19]
+    return stat.rsplit(")", 1)[1].split()
+
+
+def _start_ticks(pid: int) -> str | None:
+    """The process's start time in clock ticks (identifies it across pid reuse)."""
+    fields = _stat(pid)
+    return fields[19] if fields else None
 
 
 def _state_and_cpu(pid: int) -> tuple[str, float] | None:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
+    fields = _stat(pid)
+    if not fields:
         return None
     ticks = os.sysconf("SC_CLK_TCK")
     return fields[0], (int(fields[11]) + int(fields[12])) / ticks
@@ -73,12 +78,10 @@ def _descendants(pid: int) -> list[int]:
 
 
 def _ancestors(pid: int) -> set[int]:
+    """The parent of ``pid``, its parent, and so on up to init."""
     out = set()
-    while pid > 1:
-        try:
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            break
+    while pid > 1 and (fields := _stat(pid)):
+        pid = int(fields[1])
         out.add(pid)
     return out
 
