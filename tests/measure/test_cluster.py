@@ -51,17 +51,15 @@ def test_lost_build_node_mid_batch_is_retried_elsewhere(multinode, cpu_device, t
         # Unrolled builds take seconds: some are on the doomed node when it goes.
         futures = m.submit(task, [workloads.unrolled(task, t) for t in (4, 8, 16, 32, 4, 8)])
         time.sleep(2.0)
-        removed_at = time.time()
         multinode.remove_node(doomed, allow_graceful=False)
         start = time.monotonic()
         results = [f.result(timeout=240) for f in futures]
         assert time.monotonic() - start < 240
+    # Builds in flight on the doomed node are rebuilt elsewhere or marked LOST. One it had
+    # finished (or finishes as its raylet dies: the worker reports to the driver directly) is
+    # a valid result: every result without an error was checked against the reference.
     for r in results:
         assert r.error_class in (None, ErrorClass.LOST), r.error_msg
-        # A build the doomed node finished before it went is a valid result; one it had in
-        # flight must have been rebuilt elsewhere or be marked LOST.
-        if r.build.node_id == doomed.node_id and r.error_class is None:
-            assert r.build.finished_at is not None and r.build.finished_at < removed_at
     assert sum(r.error_class is None for r in results) >= 4
 
 

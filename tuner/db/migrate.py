@@ -8,7 +8,9 @@ existed (recognised by its ``nightshift_meta`` row and treated as revision 0001)
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -107,12 +109,28 @@ def check(engine: Engine, url: URL, *, create: bool) -> SchemaState:
     """
     with engine.connect() as conn:
         state = schema_state(conn.execution_options(nightshift_write=False))
-    if state.revision is None:
-        if not create:
-            raise DatabaseError(f"{_shown(url)} has no tuning schema; run `nightshift db init --db {_db_arg(url)}`")
+    if state.current:
+        return state
+    # Anything else is decided again under the migration lock: another process's first use
+    # may commit the schema between the reads of schema_state (seen as a bogus legacy state).
+    if create:
         return upgrade(engine, url, only_if_empty=True)
+    with _locked(engine) as conn:
+        state = schema_state(conn)
+    if state.revision is None:
+        raise DatabaseError(f"{_shown(url)} has no tuning schema; run `nightshift db init --db {_db_arg(url)}`")
     _refuse_unusable(state, url)
     return state
+
+
+@contextlib.contextmanager
+def _locked(engine: Engine) -> Iterator[Connection]:
+    """A transaction that holds the migration lock of the database."""
+    with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:id)"), {"id": _PG_LOCK_ID})
+        # SQLite: the engine opens write transactions with BEGIN IMMEDIATE, which is the lock.
+        yield conn
 
 
 def _refuse_unusable(state: SchemaState, url: URL) -> None:
@@ -137,10 +155,7 @@ def upgrade(engine: Engine, url: URL, *, only_if_empty: bool = False, to: str = 
     Raises:
         DatabaseError: the schema is newer than this Nightshift, or not Nightshift's.
     """
-    with engine.begin() as conn:
-        if conn.dialect.name == "postgresql":
-            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:id)"), {"id": _PG_LOCK_ID})
-        # SQLite: the engine opens write transactions with BEGIN IMMEDIATE, which is the lock.
+    with _locked(engine) as conn:
         state = schema_state(conn)
         if state.revision is not None and only_if_empty:
             _refuse_unusable(state, url)

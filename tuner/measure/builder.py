@@ -49,7 +49,7 @@ def build_task(mod_json: str, target_config: dict) -> Iterator[float | bytes | B
     node_id = ray.get_runtime_context().get_node_id()
     with pausable(node_id):
         result = build_candidate(mod_json, target_config)
-    yield BuildResult(None, result.build_sec, result.error_class, result.error_msg, node_id, result.size, time.time())
+    yield BuildResult(None, result.build_sec, result.error_class, result.error_msg, node_id, result.size)
     yield result.artifact
 
 

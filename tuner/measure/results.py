@@ -24,8 +24,7 @@ class BuildResult:
     """A built candidate: a shared library as bytes, or why it did not build.
 
     ``artifact`` is None both for failed builds and for builds whose bytes stayed in Ray's
-    object store (the measurer passes those to the device actor by reference). ``node_id`` and
-    ``finished_at`` (epoch seconds on that node's clock) say where and when it was built.
+    object store (the measurer passes those to the device actor by reference).
     """
 
     artifact: bytes | None
@@ -34,7 +33,6 @@ class BuildResult:
     error_msg: str | None = None
     node_id: str | None = None
     size: int = 0
-    finished_at: float | None = None
 
     @property
     def ok(self) -> bool:
