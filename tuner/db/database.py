@@ -6,6 +6,7 @@ import json
 import logging
 import random
 import socket
+import sqlite3
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -161,8 +162,20 @@ def _sqlite_connect(dbapi_conn, _record) -> None:
     # (deferred) and commit implicitly before DDL; _sqlite_begin issues BEGIN itself.
     dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
-    # WAL lets readers and one writer of several local processes proceed together.
-    cur.execute("PRAGMA journal_mode=WAL")
+    # WAL lets readers and one writer of several local processes proceed together. The mode
+    # is stored in the file: set it once. Switching needs an exclusive lock, for which SQLite
+    # may answer "locked" at once, without the busy timeout, when processes open a new file
+    # together: retry until the timeout.
+    if str(cur.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+        deadline = time.monotonic() + _SQLITE_BUSY_TIMEOUT_S
+        while True:
+            try:
+                cur.execute("PRAGMA journal_mode=WAL")
+                break
+            except sqlite3.OperationalError as err:
+                if "locked" not in str(err) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
     cur.execute("PRAGMA foreign_keys=ON")
     cur.execute(f"PRAGMA busy_timeout={_SQLITE_BUSY_TIMEOUT_S * 1000}")
     cur.close()
