@@ -1,6 +1,6 @@
 """Static bounds on the GPU thread extents of a sketch, checked before anything is replayed.
 
-A CUDA sketch binds fused, split loops to ``threadIdx`` and ``vthread``; the split factors are
+A CUDA sketch binds fused, split loops to ``blockIdx``, ``vthread`` and ``threadIdx``; the split factors are
 its tile knobs (and, for auto-bound loops, categorical knobs). Following the trace's dataflow
 (``SamplePerfectTile``/``SampleCategorical`` -> ``Split`` -> ``Fuse`` -> ``Bind``) gives each
 bound loop's extent as a product of knob values, so the limits TVM's ``VerifyGPUCode``
@@ -37,7 +37,7 @@ class ThreadBound:
     """One bound loop: its extent is ``const`` times the knob values ``terms`` name.
 
     Attributes:
-        axis: the thread axis (``threadIdx.x``, ``vthread.x``...).
+        axis: the thread axis (``threadIdx.x``...).
         terms: ``(knob, level)`` pairs: level ``k >= 0`` is the k-th factor of a tile knob,
             ``-1`` the candidate a categorical knob's index stands for.
         const: constant factors of the extent.
@@ -53,7 +53,8 @@ class ThreadBound:
     low: int
     high: int
 
-    def factor(self, term: tuple[int, int], value: Any, knob: Knob) -> int:
+    @staticmethod
+    def factor(term: tuple[int, int], value: Any, knob: Knob) -> int:
         """What one term contributes for a knob value."""
         level = term[1]
         return int(knob.candidates[int(value)]) if level < 0 else int(value[level])

@@ -233,8 +233,9 @@ class CandidateRunner:
             cooldown_interval_ms=timing.cooldown_ms,
             f_preproc="cache_flush_cpu_non_first_arg" if flush else "",
         )  # fmt: skip
+        round_start = time.perf_counter()
         secs = [float(s) for s in evaluator(*arrays).results]
-        round_s = time.perf_counter() - start
+        round_s = time.perf_counter() - round_start  # one round, without the probe before it
         rounds = 0
         while (relative_spread(secs) > timing.max_spread and rounds < timing.max_remeasure
                and time.perf_counter() - start + round_s <= budget):
