@@ -63,6 +63,8 @@ def _add_tune_args(p: argparse.ArgumentParser) -> None:
                    help="candidates proposed, built and timed together (default 16)")
     p.add_argument("--build-timeout", type=float, default=None, help="seconds per build (60)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default 0)")
+    p.add_argument("--strategy", default=None,
+                   help="search strategy: evolutionary (default), random, grid, optuna-tpe, optuna-cmaes")
     p.add_argument("--ray-address", default=None,
                    help="existing Ray cluster (auto, ray://host:10001); default: start one locally")
     p.add_argument("-o", "--output", type=Path, default=None, help="write the tuned module (.so)")
@@ -70,7 +72,8 @@ def _add_tune_args(p: argparse.ArgumentParser) -> None:
                    help="skip compiling and checking the whole model after tuning")
 
 
-_TUNE_DEFAULTS = {"device": "cpu", "trials": 64, "trials_per_batch": 16, "build_timeout": 60.0, "seed": 0}
+_TUNE_DEFAULTS = {"device": "cpu", "trials": 64, "trials_per_batch": 16, "build_timeout": 60.0, "seed": 0,
+                  "strategy": "evolutionary"}
 
 
 def _apply_config(args: argparse.Namespace) -> None:
@@ -138,7 +141,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     _apply_config(args)
     config = TuneConfig(
-        trials=args.trials, batch_size=args.trials_per_batch, seed=args.seed,
+        trials=args.trials, batch_size=args.trials_per_batch, seed=args.seed, strategy=args.strategy,
         measure=MeasureConfig(build_timeout_s=args.build_timeout),
     )  # fmt: skip
     device, spec = _load(args)

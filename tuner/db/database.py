@@ -646,3 +646,18 @@ def _describe(err: BaseException) -> str:
 def _first_line(err: object) -> str:
     lines = str(err).strip().splitlines()
     return lines[0] if lines else type(err).__name__
+
+
+def measured_points(
+    db: TuningDatabase, workload_key: str, device_id: int
+) -> list[tuple[str, float | None, str | None]]:
+    """Every record of a workload on one device as ``(point JSON, mean_sec, error_class)``,
+    oldest first: what a search strategy is told when a job starts or resumes (read-only)."""
+    with db.session(write=False) as s:
+        wid = s.scalar(select(WorkloadRow.id).where(WorkloadRow.key == workload_key))
+        if wid is None:
+            return []
+        rows = s.execute(select(RecordRow.point, RecordRow.mean_sec, RecordRow.error_class)
+                         .where(RecordRow.workload_id == wid, RecordRow.device_id == device_id)
+                         .order_by(RecordRow.id))  # fmt: skip
+        return [(p, m, e) for p, m, e in rows]
