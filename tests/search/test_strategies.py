@@ -211,17 +211,19 @@ def test_evolutionary_crossover_mixes_parents_of_one_sketch():
 
 
 @pytest.mark.parametrize("name", ["optuna-tpe", "optuna-cmaes"])
-def test_optuna_study_resumes_from_the_database(name, tmp_path):
-    """A killed job's study is in the database: the rerun loads it, and replaying the
-    stored records completes the trials left running instead of adding them again."""
+def test_optuna_study_resumes_from_the_database(name, db_url, tmp_path):
+    """A killed job's study is in the database (SQLite and PostgreSQL): the rerun loads it,
+    and replaying the stored records completes the trials left running instead of adding
+    them again."""
     import optuna
 
-    url = f"sqlite:///{tmp_path / 'tuning.db'}"
+    url = db_url
     space = search_tasks.space("x86-conv2d-nchw", "conv")
     first = make(name, space, seed=0, storage_url=url, study_name="job/conv")
     done = run(first, 8, 4)
     killed = first.propose(4).candidates  # asked, never measured: the job was killed here
-    assert (tmp_path / "tuning.optuna.db").exists()
+    if url.startswith("sqlite"):
+        assert (tmp_path / "tuning.optuna.db").exists()
 
     again = make(name, space, seed=0, storage_url=url, study_name="job/conv")
     assert len(again.study.trials) >= len(done) + len(killed)
@@ -235,3 +237,24 @@ def test_optuna_study_resumes_from_the_database(name, tmp_path):
     assert states[finished.id] == optuna.trial.TrialState.COMPLETE
     assert not {c.id for c in again.propose(4).candidates} & set(done)
     assert again.study.best_value <= min(math.log(first.results[c].sec) for c in done)
+
+
+def test_proposes_with_a_trained_cost_model(name):
+    """With a model trained on measured points, proposals still obey the contract (the
+    evolutionary strategy ranks its pool with it)."""
+    import cost_models
+
+    space = search_tasks.space("x86-conv2d-nchw", "conv")
+    warm = make("random", space, seed=7)
+    cands = warm.propose(24).candidates
+    feats = cost_models.extract_features(space.mod, space.target, [c.schedule for c in cands])
+    model = cost_models.create("xgb", seed=0)
+    model.update(feats, np.array([1.0 / synthetic_sec(space, c.point) for c in cands]), np.zeros(len(cands)))
+    strategy = make(name, space, seed=7)
+    for c in cands:
+        strategy.tell(c.id, Result(synthetic_sec(space, c.point)))
+    prop = strategy.propose(6, model)
+    ids = [c.id for c in prop.candidates]
+    assert 1 <= len(ids) <= 6 and len(set(ids)) == len(ids)
+    assert not set(ids) & {c.id for c in cands}
+    assert all(space.is_valid(c.point) for c in prop.candidates)

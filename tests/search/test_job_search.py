@@ -1,0 +1,82 @@
+"""A real job (Ray builds and timings, SQLite) searching with the evolutionary strategy: the
+second job seeds from the first one's records and never measures a point again."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import search_tasks  # tests/search is on sys.path (pytest's rootdir-relative "prepend" import mode)
+
+from search_spaces import Point
+from tuner.db import TuningDatabase
+from tuner.job import TuneConfig, TuningJob, parse_record_point, record_point
+
+
+def test_record_point_keeps_the_kind_and_reads_old_records():
+    p = Point(1, ((2, 8), 3, -1))
+    text = record_point("x86-conv2d-nchw", p)
+    assert json.loads(text)["kind"] == "x86-conv2d-nchw"
+    assert parse_record_point(text) == ("x86-conv2d-nchw", p.to_json())
+    # Records written before spaces had kinds are sketch points.
+    assert parse_record_point(p.to_json()) == ("sketch", p.to_json())
+    with pytest.raises(ValueError):
+        parse_record_point('{"decisions": []}')
+
+
+def _records(db_path) -> list[tuple[int, str, str, float | None]]:
+    import sqlite3
+
+    with sqlite3.connect(db_path) as conn:
+        return conn.execute("SELECT r.job_id, w.key, r.point, r.mean_sec FROM records r "
+                            "JOIN workloads w ON w.id = r.workload_id ORDER BY r.id").fetchall()  # fmt: skip
+
+
+def _bred_from(child: Point, parents: list[Point]) -> bool:
+    """A one-knob mutation of a parent, or a per-knob mix of two parents of its sketch."""
+    same = [p for p in parents if p.sketch == child.sketch]
+    for a in same:
+        if sum(x != y for x, y in zip(child.decisions, a.decisions, strict=True)) == 1:
+            return True
+        for b in same:
+            if a != b and all(x in (y, z) for x, y, z in zip(child.decisions, a.decisions, b.decisions, strict=True)):
+                return True
+    return False
+
+
+def test_second_job_seeds_from_the_first_and_never_remeasures(ray_cluster, cpu_device, tmp_path):
+    db_path = tmp_path / "t.db"
+    db = TuningDatabase(f"sqlite:///{db_path}")
+    tasks = [search_tasks.task("matmul"), search_tasks.task("conv")]
+    first = TuningJob(tasks, cpu_device, db, TuneConfig(trials=8, batch_size=4, seed=0), model_name="t")
+    s1 = first.run()
+    assert s1.trials == 8
+    job1 = _records(db_path)
+    assert len(job1) == 8
+
+    second = TuningJob(tasks, cpu_device, db, TuneConfig(trials=8, batch_size=4, seed=0), model_name="t")
+    s2 = second.run()
+    assert s2.trials == 8
+    rows = _records(db_path)
+    assert len(rows) == 16
+    # Never measured twice: (workload, kind, point) is unique across both jobs.
+    keys = [(w, *parse_record_point(p)) for _, w, p, _ in rows]
+    assert len(set(keys)) == len(keys)
+
+    # The second job's strategies were told every record of the first before proposing.
+    matmul, conv = tasks[0].workload_key, tasks[1].workload_key
+    told = second.searches[0].strategies[0].results
+    first_ids = {parse_record_point(p)[1] for j, w, p, _ in job1 if w == matmul}
+    assert first_ids <= set(told)
+    # Its population came from them: the matmul points of job 2 are mostly bred from the
+    # measured points of job 1 (in a space of 5 million points, random draws never are).
+    parents = [Point.from_json(p) for j, w, p, sec in job1 if w == matmul and sec is not None]
+    children = [Point.from_json(p) for j, w, p, _ in rows if j == s2.job_id and w == matmul]
+    assert parents and children
+    assert sum(_bred_from(c, parents) for c in children) >= 2, (children, parents)
+
+    # Both spaces of the conv were searched (the bandit gives each a first share), and the
+    # records say which space each point belongs to.
+    conv_kinds = {parse_record_point(p)[0] for _, w, p, _ in rows if w == conv}
+    assert conv_kinds == {"sketch", "x86-conv2d-nchw"}
+    db.close()
