@@ -47,16 +47,19 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--strategies", nargs="+", default=["evolutionary", "random"])
+    p.add_argument("--keep", type=Path, default=None, help="keep each run's SQLite file in this folder")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     connect(num_cpus=2)
     device = parse_device("cpu")
     task = conv_task()
     runs = []
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
     for seed in args.seeds:
         for strategy in args.strategies:
             with tempfile.TemporaryDirectory() as tmp:
-                db = TuningDatabase(f"sqlite:///{tmp}/bench.db")
+                db = TuningDatabase(f"sqlite:///{args.keep or tmp}/{strategy}-{seed}.db")
                 t0 = time.perf_counter()
                 summary = tune_tasks([task], device, db, TuneConfig(trials=args.trials, batch_size=args.batch,
                                                                     seed=seed, strategy=strategy),

@@ -235,6 +235,9 @@ class TuningJob:
             if feats is None:
                 feats = cost_models.extract_features(task.mod, self.device.target,
                                                      [c.schedule for c in proposal.candidates])  # fmt: skip
+        # Counted when proposed, so the next batch, proposed while this one is in flight,
+        # already sees this space's share (every space gets a first batch before a second).
+        ts.bandit.update(k, len(proposal.candidates), None)
         futures = self.measurer.submit(task, [c.schedule.mod for c in proposal.candidates])
         return _Batch(i, k, proposal.candidates, feats, futures)
 
@@ -278,7 +281,7 @@ class TuningJob:
                 best = sec if best is None else min(best, sec)
         self.db.add_records(self.device_id, self.job_id, records)
         self.model.update(batch.features, gflops, np.full(len(batch.candidates), i))
-        ts.bandit.update(batch.space, len(batch.candidates), best)
+        ts.bandit.update(batch.space, 0, best)
         self.scheduler.update(i, len(batch.candidates), best)
         self.done += len(batch.candidates)
         self.db.update_job(self.job_id, trials_done=self.done)
@@ -302,7 +305,10 @@ class TuningJob:
         if i in self.searches:
             return self.searches[i]
         task, config, target = self.tasks[i], self.config, self.device.target
-        kinds = search_spaces.applicable_kinds(task.mod, target)
+        # Templates first: on a small budget a task's first share may be all it gets, and a
+        # hand-written template's points are better on average than the sketches' (the x86
+        # conv template beat MetaSchedule's initial population 1.6-2.8x, benchmarks/README.md).
+        kinds = sorted(search_spaces.applicable_kinds(task.mod, target), key=lambda kind: kind == "sketch")
         spaces, strategies = [], []
         for k, kind in enumerate(kinds):
             space = search_spaces.create(task.mod, target, kind=kind, seed=config.seed + 1)

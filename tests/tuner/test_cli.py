@@ -35,6 +35,7 @@ def _one_line_error(proc: subprocess.CompletedProcess) -> str:
     (["--model", "tiny", "--db", "/proc/nightshift.db"], "cannot write"),
     (["--model", "tiny", "--db", "/no/such/folder/t.db"], "does not exist"),
     (["--model", "tiny", "--batch-size", "0"], "--batch-size"),
+    (["--model", "tiny", "--strategy", "annealing"], "--strategy must be one of evolutionary"),
 ])  # fmt: skip
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, expect):
     line = _one_line_error(run("tune", *args, cwd=tmp_path))
