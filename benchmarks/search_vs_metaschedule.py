@@ -86,8 +86,12 @@ def _save(result: dict) -> None:
     OUT.write_text(json.dumps(result, indent=1))
 
 
+def _cores(device) -> int:
+    return int(device.target_config.get("num-cores", 1))
+
+
 def _machine(device) -> dict:
-    return {"cpu": device.description.get("model"), "arch": device.arch, "cores": int(device.target_config.get("num-cores", 1)),
+    return {"cpu": device.description.get("model"), "arch": device.arch, "cores": _cores(device),
             "load_avg": os.getloadavg(), "python": platform.python_version(), "tvm": tvm.__version__}
 
 
@@ -97,7 +101,7 @@ def phase_metaschedule(args, device) -> dict:
     from tuner.compile import preload_tensor_intrinsics
 
     preload_tensor_intrinsics()
-    os.environ["TVM_NUM_THREADS"] = str(int(device.target_config.get("num-cores", 1)))  # MetaSchedule's runner processes inherit it
+    os.environ["TVM_NUM_THREADS"] = str(_cores(device))  # MetaSchedule's runner processes inherit it
     out = {}
     for name in args.tasks:
         task, _ = _task(name)
@@ -201,7 +205,7 @@ def phase_compare(args, device, result: dict) -> dict:
                    for b in task.mod["main"].buffer_map.values()]  # fmt: skip
         tensors = [tvm.runtime.tensor(a, dev) for a in args_np]
         timers = {k: m.time_evaluator("main", dev, number=5, repeat=1, min_repeat_ms=50) for k, m in builds.items()}
-        torch_fn = _torch_op(torch_op, int(device.target_config.get("num-cores", 1)))
+        torch_fn = _torch_op(torch_op, _cores(device))
         samples: dict[str, list[float]] = {k: [] for k in [*timers, "pytorch"]}
         for _ in range(args.rounds):  # interleaved: noise hits every entry alike
             for k, timer in timers.items():
