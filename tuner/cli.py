@@ -234,6 +234,28 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Benchmark the database's build and the fallback build against the installed peers."""
+    import json
+
+    from tuner.bench import BenchConfig, bench, render
+
+    config = BenchConfig(rounds=args.rounds)
+    device, spec = _load(args)
+    db = _open_db(args.db)
+    with console.status("benchmarking") as status:
+        result = bench(spec, device, db, source=args.model, config=config,
+                       on_stage=lambda text: status.update(text))  # fmt: skip
+    out.print(render(result))
+    if args.json is not None:
+        args.json.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+        out.print(f"wrote {args.json}")
+    if not result.ok:
+        console.print("[red]error:[/] outputs differ beyond tolerance (max error column)")
+        return 1
+    return 0
+
+
 def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description="Nightshift: tune models with TVM on Ray.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -250,6 +272,12 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--policy", choices=("same-arch", "device"), default="same-arch",
                    help="same-arch (default): records of another device of the same architecture may stand in")
     p.set_defaults(func=cmd_compile)
+    p = sub.add_parser("bench", help="time the tuned and fallback builds against ONNX Runtime, OpenVINO, PyTorch")
+    _add_model_args(p)
+    _add_db_arg(p)
+    p.add_argument("--json", type=Path, default=None, help="also write the results as JSON to this file")
+    p.add_argument("--rounds", type=int, default=10, help="interleaved timed rounds (default 10)")
+    p.set_defaults(func=cmd_bench)
     from tuner.cli_db import add_db_commands
 
     add_db_commands(sub, _add_db_arg)
