@@ -433,3 +433,41 @@ def render(result: BenchResult) -> Any:
         table.add_row(e.label, e.precision, median, f"{(e.spread or 0) * 100:.0f}%",
                       "" if ratio is None else f"{ratio:.2f}x", error, e.note)  # fmt: skip
     return table
+
+
+@dataclass(frozen=True)
+class ClosingComparison:
+    """What ``tune``'s closing table adds: the fallback build and the fastest peer, in seconds.
+
+    ``fallback`` is None when nothing was tuned (the tuned build is the fallback build);
+    ``peer`` is None when no peer ran (``summary`` says why).
+    """
+
+    fallback: float | None
+    tuned: float
+    peer: float | None
+    peer_label: str
+    summary: str
+    agree: bool
+
+
+def closing_comparison(
+    spec: ModelSpec, device: Device, db: Any, compiled: Any, *, source: str, config: BenchConfig
+) -> ClosingComparison:
+    """Benchmark the tuned build ``compiled`` against the fallback build and ``config.peers``."""
+    result = bench(spec, device, db, source=source, config=config, compiled=compiled)
+    tuned = result.entry(TVM_DB).median_s or float("nan")
+    fallback = next((e.median_s for e in result.entries if e.key == TVM_FALLBACK), None)
+    peers = [e for e in result.entries if e.kind == "peer"]
+    if result.fastest_peer is None:
+        why = "; ".join(f"{e.key}: {e.reason}" for e in peers) or "none asked for"
+        summary = f"no peer ran ({why}); {BENCH_EXTRA} to compare with ONNX Runtime and OpenVINO"
+        return ClosingComparison(fallback, tuned, None, "", summary, result.ok)
+    best = result.entry(result.fastest_peer)
+    peer = best.median_s or float("nan")  # the fastest peer is chosen among entries with samples
+    parts = [f"tuned / {best.label}: {tuned / peer:.2f}x"]
+    if fallback is not None:
+        parts.append(f"tuned is {fallback / tuned:.2f}x faster than the fallback build")
+    parts.append(f"interleaved medians of {config.rounds} rounds; max error vs {result.reference} "
+                 f"{max((e.max_error or 0.0) for e in result.entries if e.agrees is not None):.1e}")  # fmt: skip
+    return ClosingComparison(fallback, tuned, peer, best.label, "; ".join(parts), result.ok)
