@@ -16,7 +16,9 @@ import argparse
 import datetime
 import json
 import logging
+import os
 import platform
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -44,6 +46,8 @@ def main() -> None:
     db = TuningDatabase(args.db)
     config = BenchConfig(rounds=args.rounds, peers=tuple(args.peers))
     results = []
+    # The machines are shared: the load around the run says how far its milliseconds carry.
+    load_before = os.getloadavg()
     for name in args.models:
         spec = load_model(name)
         with console.status(f"{name}") as status:
@@ -54,7 +58,9 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     doc = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "host": platform.node(), "db": args.db, "models": results,
+        "host": platform.node(), "cpu": device.description.get("model"), "db": args.db,
+        "load_average_1_5_15min": {"before": load_before, "after": os.getloadavg()},
+        "command": " ".join(sys.argv), "models": results,
     }  # fmt: skip
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     console.print(f"wrote {args.out}")

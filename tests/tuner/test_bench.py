@@ -213,3 +213,18 @@ def test_torch_twin_computes_what_the_zoo_does(name, options, device):
     from tuner.bench import scaled_max_error
 
     assert scaled_max_error(expected, [got]) < 1e-4
+
+
+def test_closing_comparison_for_tune(spec, device, empty_db):
+    """tune's closing rows: nothing tuned, so no separate fallback row; the faster quick peer."""
+    from tuner.bench import QUICK_PEERS, closing_comparison
+
+    compiled = compile_model(spec, device, empty_db)
+    row = closing_comparison(spec, device, empty_db, compiled, source="tiny",
+                             config=BenchConfig(rounds=2, peers=QUICK_PEERS))  # fmt: skip
+    assert row.fallback is None and row.agree
+    assert row.peer is not None and row.peer > 0 and row.tuned > 0
+    assert row.peer_label.startswith(("ONNX Runtime", "OpenVINO")) and "tuned / " in row.summary
+    missing = closing_comparison(spec, device, empty_db, compiled, source="tiny",
+                                 config=BenchConfig(rounds=1, peers=(NotInstalledPeer(),)))  # fmt: skip
+    assert missing.peer is None and "not installed" in missing.summary and "nightshift[bench]" in missing.summary
