@@ -461,13 +461,14 @@ def closing_comparison(
     peers = [e for e in result.entries if e.kind == "peer"]
     if result.fastest_peer is None:
         why = "; ".join(f"{e.key}: {e.reason}" for e in peers) or "none asked for"
-        summary = f"no peer ran ({why}); {BENCH_EXTRA} to compare with ONNX Runtime and OpenVINO"
+        missing = any(e.status == "skipped" and e.install for e in peers)
+        summary = f"no peer ran ({why})" + (f"; {BENCH_EXTRA} to compare with the peers" if missing else "")
         return ClosingComparison(fallback, tuned, None, "", summary, result.ok)
     best = result.entry(result.fastest_peer)
     peer = best.median_s or float("nan")  # the fastest peer is chosen among entries with samples
     parts = [f"tuned / {best.label}: {tuned / peer:.2f}x"]
     if fallback is not None:
-        parts.append(f"tuned is {fallback / tuned:.2f}x faster than the fallback build")
-    parts.append(f"interleaved medians of {config.rounds} rounds; max error vs {result.reference} "
+        parts.append(f"tuned / fallback build: {tuned / fallback:.2f}x")
+    parts.append(f"latency ratios of interleaved medians ({config.rounds} rounds); max error vs {result.reference} "
                  f"{max((e.max_error or 0.0) for e in result.entries if e.agrees is not None):.1e}")  # fmt: skip
     return ClosingComparison(fallback, tuned, peer, best.label, "; ".join(parts), result.ok)

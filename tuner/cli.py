@@ -266,6 +266,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from tuner.bench import BenchConfig, bench, render
 
     config = BenchConfig(rounds=args.rounds, peers=tuple(args.peers))
+    if args.json is not None and not args.json.parent.is_dir():
+        raise UserInputError(f"--json {args.json}: folder {args.json.parent} does not exist")
     device, spec = _load(args)
     db = _open_db(args.db)
     with console.status("benchmarking") as status:
@@ -273,7 +275,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
                        on_stage=lambda text: status.update(text))  # fmt: skip
     out.print(render(result))
     if args.json is not None:
-        args.json.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+        try:
+            args.json.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+        except OSError as err:
+            raise UserInputError(f"cannot write --json {args.json}: {err.strerror}") from err
         out.print(f"wrote {args.json}")
     if not result.ok:
         console.print("[red]error:[/] outputs differ beyond tolerance (max error column)")
