@@ -228,3 +228,24 @@ def test_closing_comparison_for_tune(spec, device, empty_db):
     missing = closing_comparison(spec, device, empty_db, compiled, source="tiny",
                                  config=BenchConfig(rounds=1, peers=(NotInstalledPeer(),)))  # fmt: skip
     assert missing.peer is None and "not installed" in missing.summary and "nightshift[bench]" in missing.summary
+
+
+def test_a_different_network_is_caught(spec, device, empty_db, tmp_path):
+    """A peer fed other weights than TVM's disagrees, and the result is not ok."""
+    pytest.importorskip("torch")
+    from tuner.frontends.model import ModelSpec
+    from tuner.peers.torch_zoo import torch_zoo_model
+
+    other = ModelSpec(spec.name, spec.mod, {k: v * np.float32(1.1) for k, v in spec.params.items()})
+    path = tmp_path / "other.onnx"
+    export_onnx(torch_zoo_model(other), spec.random_inputs(), ["x"], path)
+    res = bench(spec, device, empty_db, source=str(path), config=BenchConfig(rounds=1, peers=("onnxruntime",)))
+    assert res.entry(TVM_DB).agrees is False and res.entry(TVM_DB).max_error > 1e-2
+    assert not res.ok
+
+
+def test_cli_rejects_bad_rounds(tmp_path):
+    from tuner.cli import main
+
+    assert main(["bench", "--model", "tiny", "--db", str(tmp_path / "t.db"), "--rounds", "0"]) == 2
+    assert main(["bench", "--model", "tiny", "--db", str(tmp_path / "t.db"), "--json", "/no/such/dir/b.json"]) == 2
