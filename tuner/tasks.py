@@ -40,6 +40,16 @@ def workload_key(mod: tvm.IRModule) -> str:
     return hashlib.sha256(str(tvm_ffi.structural_hash(mod)).encode()).hexdigest()[:32]
 
 
+def program_hash(mod: tvm.IRModule) -> str:
+    """Key of a scheduled program: TVM's structural hash of ``sch.mod``, as 16 hex digits.
+
+    Equal programs get equal keys whatever knobs produced them (names of loop variables do
+    not count, structure does), in any process: what the database uses to never measure the
+    same program twice on one device.
+    """
+    return f"{tvm_ffi.structural_hash(mod) & 0xFFFF_FFFF_FFFF_FFFF:016x}"
+
+
 def fuse(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
     """The graph passes that turn a Relax model into fused TIR functions.
 
