@@ -62,14 +62,15 @@ class TaskScheduler:
     A task stops getting trials (:meth:`is_done`) when it has converged (its best latency did
     not improve by more than ``min_improvement`` over its last ``patience`` trials), when it
     has only failed for ``max_failed_trials`` trials without a single success, or when the
-    caller :meth:`retire`\\ s it (space exhausted, no reference output).
+    caller calls :meth:`retire` (space exhausted, no reference output).
 
     How a job drives it::
 
-        i = scheduler.next_task(exclude=busy)      # NoTaskAvailable when all are done
-        n = scheduler.first_batch_size(i, batch)   # or batch, after the task's first update
-        ... measure n candidates of task i ...
-        scheduler.update(i, n_measured, best_sec_of_batch)   # best None: nothing worked
+        while budget_left and not scheduler.all_done:
+            i = scheduler.next_task(exclude=busy)   # busy: first batches in flight
+            n = min(scheduler.first_batch_size(i, batch), budget_left)
+            ... measure n candidates of task i ...
+            scheduler.update(i, n_measured, best_sec_of_batch, failed=n_failed)
 
     The state is plain lists, so a resumed job can replay its history through ``update``.
     Not thread-safe: one job loop owns it.
@@ -146,7 +147,8 @@ class TaskScheduler:
             exclude: indices not to choose now (e.g. tasks whose first batch is in flight).
 
         Raises:
-            NoTaskAvailable: every task is done or excluded.
+            NoTaskAvailable: every task is done or excluded; when :attr:`all_done` is false,
+                only excluded, so collect a batch in flight and ask again.
         """
         live = [i for i in range(len(self.tasks)) if i not in self._done and i not in exclude]
         if not live:
