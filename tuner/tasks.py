@@ -10,8 +10,10 @@ import tvm
 import tvm_ffi
 from tvm import relax
 from tvm.relax import pipeline as relax_pipeline
+from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.analysis import estimate_tir_flops
+from tvm.s_tir.schedule import Trace
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +50,21 @@ def program_hash(mod: tvm.IRModule) -> str:
     same program twice on one device.
     """
     return f"{tvm_ffi.structural_hash(mod) & 0xFFFF_FFFF_FFFF_FFFF:016x}"
+
+
+def trace_program_hash(trace: Trace, mod: tvm.IRModule) -> str | None:
+    """:func:`program_hash` of the program a MetaSchedule trace makes of ``mod``.
+
+    The trace is replayed with its postprocessing, as MetaSchedule stored it; a record from
+    MetaSchedule then dedupes against Nightshift's candidates. None if it does not replay.
+    """
+    sch = Schedule(mod, seed=1)
+    try:
+        trace.apply_to_schedule(sch, remove_postproc=False)
+    except (RuntimeError, ValueError, TypeError) as err:  # tvm.error.TVMError is a RuntimeError
+        logger.debug("trace does not replay: %s", err)
+        return None
+    return program_hash(sch.mod)
 
 
 def fuse(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:

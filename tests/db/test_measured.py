@@ -3,7 +3,7 @@
 import pytest
 import sqlalchemy as sa
 from alembic import command
-from dbtest_utils import add_mod, fake_cpu
+from dbtest_utils import add_mod, fake_cpu, matmul_mod
 
 from tuner.db import NewRecord, TuningDatabase, database_url, migrate
 from tuner.db.database import create_engine
@@ -175,3 +175,20 @@ def test_upgrade_from_schema_2_keeps_every_record(db_url):
     assert "program_hash" not in columns
     assert [r.record_key for r in back] == [record_key_v2(1, 1, r.job_id, r.point) for r in back]
     assert [r.point for r in back] == ["p1", "p2", "p1", "p1", "p3", "p9"]
+
+
+def test_metaschedule_records_carry_the_program_hash(db, cpu_device):
+    """Records TVM commits through the adapter dedupe against Nightshift's own candidates."""
+    from tvm.s_tir.meta_schedule.database import TuningRecord
+
+    from tuner.compile import fallback_schedule
+    from tuner.db.tvm_adapter import MetaScheduleDatabase
+    from tuner.tasks import program_hash
+
+    mod = matmul_mod(32)
+    sch = fallback_schedule(mod, cpu_device.target)
+    dev = db.device_id(cpu_device)
+    adapter = MetaScheduleDatabase(db, dev)
+    workload = adapter.commit_workload(mod)
+    adapter.commit_tuning_record(TuningRecord(sch.trace, workload, [1e-3], cpu_device.target, None))
+    assert db.measured_hashes(workload_key(mod), dev) == {program_hash(sch.mod)}

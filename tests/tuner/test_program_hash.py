@@ -15,7 +15,7 @@ from tvm import te
 
 import search_spaces
 from tuner.compile import preload_tensor_intrinsics
-from tuner.tasks import program_hash
+from tuner.tasks import program_hash, trace_program_hash
 
 TARGET = {"kind": "llvm", "mcpu": "x86-64", "num-cores": 2}
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +53,7 @@ import json, sys, tvm
 import search_spaces
 from search_spaces import Point
 from tuner.compile import preload_tensor_intrinsics
-from tuner.tasks import program_hash
+from tuner.tasks import program_hash, trace_program_hash
 from tests.tuner.test_program_hash import TARGET, matmul_mod
 preload_tensor_intrinsics()
 space = search_spaces.create(matmul_mod(), tvm.target.Target(TARGET), seed=1)
@@ -95,3 +95,20 @@ def test_different_knobs_can_give_one_program():
     points = list(space.enumerate())
     hashes = set(_hashes(space, points))
     assert len(points) > len(hashes) > 1
+
+
+def test_metaschedule_trace_gives_the_same_hash():
+    """A MetaSchedule record of a program (its trace, through its JSON) has the program's hash."""
+    from tvm.s_tir.meta_schedule.database import TuningRecord, Workload
+
+    mod = matmul_mod()
+    target = tvm.target.Target(TARGET)
+    space = search_spaces.create(mod, target, seed=1)
+    rng = np.random.default_rng(2)
+    for point in (space.sample(rng) for _ in range(3)):
+        record = TuningRecord(space.to_trace(point), Workload(mod), [1e-3], target, None)
+        again = TuningRecord.from_json(json.loads(json.dumps(record.as_json())), Workload(mod))
+        assert trace_program_hash(again.trace, mod) == program_hash(space.apply(point).mod)
+    # A trace of another workload does not replay here.
+    other = search_spaces.create(elementwise_mod(), target, seed=1)
+    assert trace_program_hash(other.to_trace(next(other.enumerate())), mod) is None
