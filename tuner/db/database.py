@@ -201,7 +201,8 @@ class TuningDatabase:
     Thread- and process-safe: every method runs in its own transaction; several processes
     on one or several machines may write at once. Writes are idempotent (a record is keyed
     by workload, device and point, whichever job wrote it) and retried when they lose a
-    race, so none is lost or duplicated. Opening a database checks its schema; an empty one is created.
+    race, so none is lost or duplicated. Opening a database checks its schema; an empty one
+    is created.
 
     Args:
         url: a SQLAlchemy URL or a SQLite file path.
