@@ -1,6 +1,6 @@
 """The search loop's parts: which task gets the next trials, and which points to try."""
 
-from tuner.search.scheduler import TaskScheduler
+from tuner.search.scheduler import NoTaskAvailable, TaskScheduler
 from tuner.search.strategy import ModelGuidedSampler
 
-__all__ = ["ModelGuidedSampler", "TaskScheduler"]
+__all__ = ["ModelGuidedSampler", "NoTaskAvailable", "TaskScheduler"]
