@@ -176,11 +176,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
                   f"failed candidates: {summary.errors or 'none'}{idle}")
     if args.no_verify:
         return 0
-    return _verify(spec, device, db, args.output)
+    return _verify(spec, device, db, args.output, source=args.model)
 
 
-def _verify(spec, device, db, output: Path | None) -> int:
-    """Compile untuned and tuned, run both on the same input, compare, report latency."""
+def _verify(spec, device, db, output: Path | None, source: str | None = None) -> int:
+    """Compile untuned and tuned, run both on the same input, compare, report latency.
+
+    Beside the untuned build, the tuned one is timed interleaved with the zero-trial fallback
+    build and the faster of ONNX Runtime and OpenVINO (f32) where installed (``tuner.bench``).
+    """
     import numpy as np
 
     from tuner.compile import compile_model, run_model
@@ -196,21 +200,42 @@ def _verify(spec, device, db, output: Path | None) -> int:
     for a, b in zip(base_out, tuned_out, strict=True):
         scale = max(float(np.max(np.abs(a))), 1e-6)
         worst = max(worst, float(np.max(np.abs(a.astype(np.float64) - b))) / scale)
+    peers = _closing_peers(spec, device, db, tuned, source) if device.kind == "cpu" else None
     table = Table(title=f"{spec.name} on {device.name}")
     table.add_column("build")
     table.add_column("latency (ms)", justify="right")
     table.add_row("untuned (TVM default)", f"{base_lat * 1e3:,.2f}")
+    if peers is not None and peers.fallback is not None:
+        table.add_row("fallback schedules (0 trials)", f"{peers.fallback * 1e3:,.2f}")
+    if peers is not None:
+        tuned_lat = peers.tuned  # timed interleaved with the rows below and above it
     table.add_row(f"tuned ({len(tuned.tuned)} ops tuned, {len(tuned.fallback)} default)",
                   f"{tuned_lat * 1e3:,.2f}")
+    if peers is not None and peers.peer is not None:
+        table.add_row(peers.peer_label, f"{peers.peer * 1e3:,.2f}")
     out.print(table)
     out.print(f"speed-up {base_lat / tuned_lat:.2f}x; max relative output difference {worst:.2e}")
+    if peers is not None:
+        out.print(peers.summary)
     if output is not None:
         tuned.executable.export_library(str(output))
         out.print(f"wrote {output}")
     if not np.isfinite(worst) or worst > 1e-2:
         console.print("[red]error:[/] the tuned model's output differs from the untuned build's")
         return 1
+    if peers is not None and not peers.agree:
+        console.print("[red]error:[/] the tuned model's output differs from the peer's (run nightshift bench)")
+        return 1
     return 0
+
+
+def _closing_peers(spec, device, db, tuned, source: str | None):
+    """The fallback build and the fastest quick peer, timed interleaved with the tuned build."""
+    from tuner.bench import QUICK_PEERS, BenchConfig, closing_comparison
+
+    with console.status("timing the tuned build against the fallback build and a peer"):
+        return closing_comparison(spec, device, db, tuned, source=source or spec.name,
+                                  config=BenchConfig(rounds=5, peers=QUICK_PEERS))  # fmt: skip
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -237,7 +262,36 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Benchmark the database's build and the fallback build against the installed peers."""
+    import json
+
+    from tuner.bench import BenchConfig, bench, render
+
+    config = BenchConfig(rounds=args.rounds, peers=tuple(args.peers))
+    if args.json is not None and not args.json.parent.is_dir():
+        raise UserInputError(f"--json {args.json}: folder {args.json.parent} does not exist")
+    device, spec = _load(args)
+    db = _open_db(args.db)
+    with console.status("benchmarking") as status:
+        result = bench(spec, device, db, source=args.model, config=config,
+                       on_stage=lambda text: status.update(text))  # fmt: skip
+    out.print(render(result))
+    if args.json is not None:
+        try:
+            args.json.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+        except OSError as err:
+            raise UserInputError(f"cannot write --json {args.json}: {err.strerror}") from err
+        out.print(f"wrote {args.json}")
+    if not result.ok:
+        console.print("[red]error:[/] outputs differ beyond tolerance (max error column)")
+        return 1
+    return 0
+
+
 def _parser(prog: str) -> argparse.ArgumentParser:
+    from tuner.peers import PEERS
+
     parser = argparse.ArgumentParser(prog=prog, description="Nightshift: tune models with TVM on Ray.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("tune", help="run a tuning job")
@@ -253,6 +307,14 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--policy", choices=("same-arch", "device"), default="same-arch",
                    help="same-arch (default): records of another device of the same architecture may stand in")
     p.set_defaults(func=cmd_compile)
+    p = sub.add_parser("bench", help="time the tuned and fallback builds against ONNX Runtime, OpenVINO, PyTorch")
+    _add_model_args(p)
+    _add_db_arg(p)
+    p.add_argument("--json", type=Path, default=None, help="also write the results as JSON to this file")
+    p.add_argument("--rounds", type=int, default=10, help="interleaved timed rounds (default 10)")
+    p.add_argument("--peers", nargs="+", choices=list(PEERS), default=list(PEERS), metavar="PEER",
+                   help=f"peers to run (default all: {' '.join(PEERS)})")
+    p.set_defaults(func=cmd_bench)
     from tuner.cli_db import add_db_commands
 
     add_db_commands(sub, _add_db_arg)

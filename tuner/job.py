@@ -21,12 +21,12 @@ import cost_models
 import search_spaces
 from tuner import search
 from tuner.db import NewRecord, TuningDatabase
-from tuner.db.database import measured_points
+from tuner.db.database import measured_results
 from tuner.device import Device
 from tuner.errors import UserInputError
 from tuner.measure.ray_measure import MeasureConfig, RayMeasurer
-from tuner.search import Candidate, Result, SearchStrategy, SpaceBandit, TaskScheduler
-from tuner.tasks import Task
+from tuner.search import Candidate, NoTaskAvailable, Result, SearchStrategy, SpaceBandit, TaskScheduler
+from tuner.tasks import Task, program_hash
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +112,8 @@ class _TaskSearch:
     spaces: list[search_spaces.SearchSpace]
     strategies: list[SearchStrategy]
     bandit: SpaceBandit
+    #: Program hashes measured on this device (any job) or in flight: never measured again.
+    hashes: set[str] = field(default_factory=set)
     exhausted: set[int] = field(default_factory=set)
 
 
@@ -123,6 +125,7 @@ class _Batch:
     task: int
     space: int
     candidates: list[Candidate]
+    hashes: list[str]
     features: Any
     futures: list
 
@@ -150,7 +153,6 @@ class TuningJob:
         self.scheduler = TaskScheduler(tasks)
         self.searches: dict[int, _TaskSearch] = {}
         self.inflight: deque[_Batch] = deque()
-        self.dead: set[int] = set()
         self.errors: dict[str, int] = {}
         self.submitted = 0
         self.done = 0
@@ -174,8 +176,11 @@ class TuningJob:
         try:
             while True:
                 while (len(self.inflight) < PIPELINE_DEPTH and self.submitted < config.trials
-                       and len(self.dead) < len(self.tasks)):  # fmt: skip
-                    batch = self._propose()
+                       and not self.scheduler.all_done):  # fmt: skip
+                    i = self._next_task()
+                    if i is None:
+                        break  # only tasks whose first batch is in flight are left: collect it
+                    batch = self._propose(i)
                     if batch is not None:
                         self.inflight.append(batch)
                         self.submitted += len(batch.candidates)
@@ -197,25 +202,23 @@ class TuningJob:
         return TuneSummary(self.job_id, self.done, self.errors, best_sec, time.perf_counter() - self._start,
                            stats.device_idle_fraction)  # fmt: skip
 
-    def _next_task(self) -> int:
-        busy = {b.task for b in self.inflight}
-        # Every task gets a first batch before any gets a second (the scheduler's rule); tasks
-        # whose first batch is still in flight are passed over so the pipeline stays full.
-        unvisited = [j for j, n in enumerate(self.scheduler.trials) if n == 0 and j not in busy and j not in self.dead]
-        return unvisited[0] if unvisited else self.scheduler.next_task()
+    def _next_task(self) -> int | None:
+        """The task of the next batch, or None while only tasks with a first batch in flight
+        are left. Tasks whose first batch is in flight are passed over so the pipeline stays
+        full (the scheduler's first round gives every task a batch before any gets a second)."""
+        busy = {b.task for b in self.inflight if self.scheduler.trials[b.task] == 0}
+        try:
+            return self.scheduler.next_task(exclude=busy)
+        except NoTaskAvailable:
+            return None
 
-    def _propose(self) -> _Batch | None:
-        """Pick a task and one of its spaces, propose a batch and submit it; None if the task
-        had nothing to give."""
+    def _propose(self, i: int) -> _Batch | None:
+        """Propose a batch of task ``i`` in one of its spaces and submit it; None if the
+        space had nothing new to give."""
         assert self.measurer is not None
         config = self.config
-        i = self._next_task()
-        if i in self.dead:
-            # The scheduler does not know a task is finished: a huge trial count puts it last.
-            self.scheduler.update(i, 10**9, None)
-            return None
         task = self.tasks[i]
-        size = min(config.batch_size, config.trials - self.submitted)
+        size = min(self.scheduler.first_batch_size(i, config.batch_size), config.trials - self.submitted)
         if self.scheduler.trials[i] == 0:
             # First visit: a budget too small for a full batch per task is spread so
             # that every task gets measured schedules before any gets a second batch.
@@ -229,17 +232,33 @@ class TuningJob:
                 logger.info("task %s: %s space exhausted", task.name, ts.kinds[k])
                 ts.exhausted.add(k)
                 if len(ts.exhausted) == len(ts.kinds):
-                    self.dead.add(i)
+                    self.scheduler.retire(i, "search space exhausted")
+                return None
+            # Different knobs can give the same program: one measured already (by any job,
+            # any teammate, or in flight) is not measured again. The strategy is told it as
+            # a failure so it is never proposed again either.
+            keep, hashes = [], []
+            for c in proposal.candidates:
+                h = program_hash(c.schedule.mod)
+                if h in ts.hashes:
+                    ts.strategies[k].tell(c.id, Result(None, "duplicate program"))
+                    continue
+                ts.hashes.add(h)
+                keep.append(c)
+                hashes.append(h)
+            if not keep:
                 return None
             feats = proposal.features
             if feats is None:
-                feats = cost_models.extract_features(task.mod, self.device.target,
-                                                     [c.schedule for c in proposal.candidates])  # fmt: skip
+                feats = cost_models.extract_features(task.mod, self.device.target, [c.schedule for c in keep])
+            elif len(keep) < len(proposal.candidates):
+                ids = {c.id for c in keep}
+                feats = feats[[n for n, c in enumerate(proposal.candidates) if c.id in ids]]
         # Counted when proposed, so the next batch, proposed while this one is in flight,
         # already sees this space's share (every space gets a first batch before a second).
-        ts.bandit.update(k, len(proposal.candidates), None)
-        futures = self.measurer.submit(task, [c.schedule.mod for c in proposal.candidates])
-        return _Batch(i, k, proposal.candidates, feats, futures)
+        ts.bandit.update(k, len(keep), None)
+        futures = self.measurer.submit(task, [c.schedule.mod for c in keep])
+        return _Batch(i, k, keep, hashes, feats, futures)
 
     def _complete(self, batch: _Batch) -> None:
         """Wait for a batch, store it, and tell the strategy, model, bandit and scheduler."""
@@ -250,12 +269,12 @@ class TuningJob:
         results = [f.result() for f in batch.futures]
         if all((m.run.error_msg or "").startswith("reference:") for m in results):
             logger.warning("task %s has no reference output (%s); skipped", task.name, results[0].error_msg)
-            self.dead.add(i)
+            self.scheduler.retire(i, "no reference output")
         target = self.device.target
         records, gflops = [], np.zeros(len(batch.candidates))
         args_info = ms.arg_info.ArgInfo.from_prim_func(task.mod["main"])
-        best = None
-        for n, (c, m) in enumerate(zip(batch.candidates, results, strict=True)):
+        best, failed = None, 0
+        for n, (c, h, m) in enumerate(zip(batch.candidates, batch.hashes, results, strict=True)):
             r = m.run
             rec = ms.database.TuningRecord(c.schedule.trace, ms.database.Workload(task.mod),
                                            r.run_secs or None, target, args_info)  # fmt: skip
@@ -267,9 +286,10 @@ class TuningJob:
                 workload_key=task.workload_key, point=record_point(kind, c.point),
                 record_json=json.dumps(rec.as_json()), run_secs=r.run_secs,
                 error_class=str(error) if error else None, error_msg=msg,
-                build_sec=m.build.build_sec,
+                build_sec=m.build.build_sec, program_hash=h,
             ))  # fmt: skip
             if error:
+                failed += 1
                 self.errors[str(error)] = self.errors.get(str(error), 0) + 1
                 ts.strategies[batch.space].tell(c.id, Result(None, str(error)))
                 continue
@@ -282,7 +302,7 @@ class TuningJob:
         self.db.add_records(self.device_id, self.job_id, records)
         self.model.update(batch.features, gflops, np.full(len(batch.candidates), i))
         ts.bandit.update(batch.space, 0, best)
-        self.scheduler.update(i, len(batch.candidates), best)
+        self.scheduler.update(i, len(batch.candidates), best, failed=failed)
         self.done += len(batch.candidates)
         self.db.update_job(self.job_id, trials_done=self.done)
         self._report(task)
@@ -314,7 +334,9 @@ class TuningJob:
             space = search_spaces.create(task.mod, target, kind=kind, seed=config.seed + 1)
             spaces.append(space)
             strategies.append(self._strategy(space, task, kind, seed=config.seed * 1009 + i * 31 + k))
-        ts = _TaskSearch(kinds, spaces, strategies, SpaceBandit(kinds))
+        assert self.device_id is not None
+        ts = _TaskSearch(kinds, spaces, strategies, SpaceBandit(kinds),
+                         hashes=self.db.measured_hashes(task.workload_key, self.device_id))  # fmt: skip
         self._replay(task, ts)
         self.searches[i] = ts
         return ts
@@ -340,7 +362,7 @@ class TuningJob:
         by_kind = {kind: k for k, kind in enumerate(ts.kinds)}
         counts = [0] * len(ts.kinds)
         best: list[float | None] = [None] * len(ts.kinds)
-        for text, mean_sec, error in measured_points(self.db, task.workload_key, self.device_id):
+        for text, mean_sec, error in measured_results(self.db, task.workload_key, self.device_id):
             try:
                 kind, cid = parse_record_point(text)
             except ValueError:

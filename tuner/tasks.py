@@ -10,8 +10,10 @@ import tvm
 import tvm_ffi
 from tvm import relax
 from tvm.relax import pipeline as relax_pipeline
+from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.analysis import estimate_tir_flops
+from tvm.s_tir.schedule import Trace
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +40,31 @@ class Task:
 def workload_key(mod: tvm.IRModule) -> str:
     """Stable key of a PrimFunc module: TVM's structural hash, as hex."""
     return hashlib.sha256(str(tvm_ffi.structural_hash(mod)).encode()).hexdigest()[:32]
+
+
+def program_hash(mod: tvm.IRModule) -> str:
+    """Key of a scheduled program: TVM's structural hash of ``sch.mod``, as 16 hex digits.
+
+    Equal programs get equal keys whatever knobs produced them (names of loop variables do
+    not count, structure does), in any process: what the database uses to never measure the
+    same program twice on one device.
+    """
+    return f"{tvm_ffi.structural_hash(mod) & 0xFFFF_FFFF_FFFF_FFFF:016x}"
+
+
+def trace_program_hash(trace: Trace, mod: tvm.IRModule) -> str | None:
+    """:func:`program_hash` of the program a MetaSchedule trace makes of ``mod``.
+
+    The trace is replayed with its postprocessing, as MetaSchedule stored it; a record from
+    MetaSchedule then dedupes against Nightshift's candidates. None if it does not replay.
+    """
+    sch = Schedule(mod, seed=1)
+    try:
+        trace.apply_to_schedule(sch, remove_postproc=False)
+    except (RuntimeError, ValueError, TypeError) as err:  # tvm.error.TVMError is a RuntimeError
+        logger.debug("trace does not replay: %s", err)
+        return None
+    return program_hash(sch.mod)
 
 
 def fuse(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:

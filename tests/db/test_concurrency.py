@@ -75,7 +75,7 @@ def test_concurrent_writers(db_url):
     with engine.connect() as conn:
         total = conn.execute(sa.text("SELECT count(*) FROM records")).scalar()
         distinct = conn.execute(sa.text(
-            "SELECT count(*) FROM (SELECT DISTINCT workload_id, device_id, job_id, point FROM records) AS d")).scalar()
+            "SELECT count(*) FROM (SELECT DISTINCT workload_id, device_id, point FROM records) AS d")).scalar()
         per_job = dict(conn.execute(sa.text(
             "SELECT j.model, count(r.id) FROM jobs j JOIN records r ON r.job_id = j.id GROUP BY j.model")).all())
         jobs = conn.execute(sa.text("SELECT state, trials_done FROM jobs")).all()

@@ -64,12 +64,14 @@ def test_writes_are_idempotent(db_url, cpu_device):
     assert db.add_records(dev, job, batch) == 0
     assert db.add_records(dev, job, [*batch[:2], _rec(key, "p9", [1e-4])]) == 1
     # Records without a job are deduplicated too (NULL job ids used to slip past the constraint).
-    assert db.add_records(dev, None, batch[:1]) == 1
-    assert db.add_records(dev, None, batch[:1]) == 0
+    assert db.add_records(dev, None, [_rec(key, "q", [1e-3])]) == 1
+    assert db.add_records(dev, None, [_rec(key, "q", [1e-3])]) == 0
     assert db.count_records(key, dev) == 6
-    # The same point in another job is a new measurement.
+    # A record's identity is not its job: a point another job (or none) measured is not new.
     job2 = db.start_job("m", dev, {}, 4)
-    assert db.add_records(dev, job2, batch[:1]) == 1
+    assert db.add_records(dev, job2, batch[:1]) == 0
+    assert db.add_records(dev, None, batch[1:2]) == 0
+    assert db.count_records(key, dev) == 6
 
 
 def test_lookup_fallback_policy(db_url, cpu_device):
@@ -195,7 +197,7 @@ def test_newer_schema_is_refused(db_url):
     with db.engine.begin() as conn:
         conn.execute(sa.text("UPDATE alembic_version SET version_num = '9999'"))
     db.close()
-    with pytest.raises(DatabaseError, match=r"schema 9999, newer than this Nightshift's 0002; upgrade Nightshift"):
+    with pytest.raises(DatabaseError, match=r"schema 9999, newer than this Nightshift's 0003; upgrade Nightshift"):
         TuningDatabase(db_url)
 
 

@@ -8,7 +8,7 @@ from alembic.runtime.migration import MigrationContext
 from tuner import cli
 from tuner.db import TuningDatabase, database_url, migrate
 from tuner.db.database import create_engine
-from tuner.db.keys import record_key
+from tuner.db.keys import record_key, record_key_v2
 from tuner.db.schema import Base
 from tuner.errors import DatabaseError
 
@@ -58,20 +58,21 @@ def test_upgrade_from_first_schema(db_url, legacy, capsys):
     _first_schema_database(db_url, legacy=legacy)
     with pytest.raises(DatabaseError) as info:
         TuningDatabase(db_url)
-    assert "older than 0002" in str(info.value)
+    assert "older than 0003" in str(info.value)
     assert _expected_command(db_url) in str(info.value)
 
     assert cli.main(["db", "upgrade", "--db", db_url]) == 0
-    assert "upgraded from schema 0001 to 0002" in capsys.readouterr().out
+    assert "upgraded from schema 0001 to 0003" in capsys.readouterr().out
     db = TuningDatabase(db_url)
     assert db.schema.revision == migrate.head_revision()
     with db.engine.connect() as conn:
         rows = conn.execute(sa.text("SELECT id, workload_id, device_id, job_id, point, record_key FROM records "
                                     "ORDER BY id")).all()  # fmt: skip
-        assert conn.execute(sa.text("SELECT value FROM nightshift_meta")).scalar() == "2"
+        assert conn.execute(sa.text("SELECT value FROM nightshift_meta")).scalar() == "3"
     assert [r.id for r in rows] == [1, 2, 3]
-    for r in rows:
-        assert r.record_key == record_key(r.workload_id, r.device_id, r.job_id, r.point)
+    # Keys without the job; record 3 measured record 1's point again and keeps its old key.
+    assert [r.record_key for r in rows] == [record_key(1, 1, "p1"), record_key(1, 1, "p2"),
+                                            record_key_v2(1, 1, None, "p1")]  # fmt: skip
     assert [r.point for r in db.best("k1", 1, k=5)] == ["p2", "p1"]
     assert db.load_cost_model(1, "xgb") == b"{UBJ"
     # New writes work on migrated data, idempotently.
@@ -80,7 +81,7 @@ def test_upgrade_from_first_schema(db_url, legacy, capsys):
     assert db.add_records(1, 1, [NewRecord("k1", "p1", "[]", [0.002]), NewRecord("k1", "p3", "[]", [0.003])]) == 1
     # A second upgrade is a no-op.
     assert cli.main(["db", "upgrade", "--db", db_url]) == 0
-    assert "already at schema 0002" in capsys.readouterr().out
+    assert "already at schema 0003" in capsys.readouterr().out
 
 
 def test_migrations_match_the_models(db_url):
@@ -109,4 +110,4 @@ def test_newer_schema_through_the_cli(db_url, capsys):
     for argv in (["db", "stats", "--db", db_url], ["db", "upgrade", "--db", db_url]):
         assert cli.main(argv) == 2
         err = capsys.readouterr().err
-        assert "schema 0042, newer than this Nightshift's 0002" in err and "pip install -U nightshift" in err
+        assert "schema 0042, newer than this Nightshift's 0003" in err and "pip install -U nightshift" in err

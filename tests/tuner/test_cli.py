@@ -1,5 +1,6 @@
 """The command line as a user runs it: real subprocesses of the installed console scripts."""
 
+import importlib.util
 import os
 import sqlite3
 import subprocess
@@ -72,6 +73,10 @@ def test_whole_loop_on_tiny(tmp_path):
                "--trials-per-batch", "4", "--db", "t.db", "-o", "tiny.so", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "speed-up" in proc.stdout and "max relative output difference" in proc.stdout
+    # The closing table also shows the zero-trial fallback build and the fastest quick peer.
+    assert "fallback schedules (0 trials)" in proc.stdout
+    if importlib.util.find_spec("onnxruntime") and importlib.util.find_spec("torch"):
+        assert "tuned / " in proc.stdout
     assert (tmp_path / "tiny.so").stat().st_size > 0
     with sqlite3.connect(tmp_path / "t.db") as conn:
         assert conn.execute("SELECT count(*) FROM records").fetchone()[0] == 8

@@ -18,7 +18,7 @@ from typing import Any, Literal, TypeVar
 
 import tvm
 from sqlalchemy import create_engine as sa_create_engine
-from sqlalchemy import delete, event, func, select
+from sqlalchemy import delete, event, func, or_, select
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -35,6 +35,7 @@ from tuner.db.schema import (
 )
 from tuner.device import Device
 from tuner.errors import DatabaseError, UserInputError
+from tuner.measure.results import ErrorClass
 
 logger = logging.getLogger(__name__)
 
@@ -47,11 +48,18 @@ FallbackPolicy = Literal["device", "same-arch"]
 _WRITE_ATTEMPTS = 6
 _TRANSIENT_SQLSTATES = {"40001", "40P01"}
 _SQLITE_BUSY_TIMEOUT_S = 60
+# Error classes that say nothing about the candidate (its node was lost mid-measurement): such
+# a record does not count as measured, and a new measurement of the point replaces it.
+RETRIED_ERRORS: tuple[str, ...] = (ErrorClass.LOST.value,)
 
 
 @dataclass(frozen=True)
 class NewRecord:
-    """A measurement to store; ``mean_sec`` is None when ``error_class`` is set."""
+    """A measurement to store; ``mean_sec`` is None when ``error_class`` is set.
+
+    ``program_hash`` is :func:`tuner.tasks.program_hash` of the scheduled module: give it,
+    so that later jobs skip other points that give the same program.
+    """
 
     workload_key: str
     point: str
@@ -61,6 +69,7 @@ class NewRecord:
     error_msg: str | None = None
     build_sec: float | None = None
     run_wall_sec: float | None = None
+    program_hash: str | None = None
 
     @property
     def mean_sec(self) -> float | None:
@@ -191,8 +200,9 @@ class TuningDatabase:
 
     Thread- and process-safe: every method runs in its own transaction; several processes
     on one or several machines may write at once. Writes are idempotent (a record is keyed
-    by workload, device, job and point) and retried when they lose a race, so none is lost
-    or duplicated. Opening a database checks its schema; an empty one is created.
+    by workload, device and point, whichever job wrote it) and retried when they lose a
+    race, so none is lost or duplicated. Opening a database checks its schema; an empty one
+    is created.
 
     Args:
         url: a SQLAlchemy URL or a SQLite file path.
@@ -366,8 +376,10 @@ class TuningDatabase:
     def add_records(self, device_id: int, job_id: int | None, records: Sequence[NewRecord]) -> int:
         """Store measurements of one device in one transaction; return how many were new.
 
-        Idempotent: a record already stored (same workload, device, job and point) is
-        skipped, so a retried batch never duplicates.
+        Idempotent: a point already stored for the workload on this device (by any job) is
+        skipped, so a retried batch never duplicates and a candidate is recorded once. Only
+        a stored record whose error class is in :data:`RETRIED_ERRORS` (the candidate's node
+        was lost) is replaced by the new measurement; it counts as new.
 
         Raises:
             DatabaseError: a record names a workload not stored yet, or the write failed.
@@ -385,24 +397,67 @@ class TuningDatabase:
         rows: dict[str, dict[str, Any]] = {}
         for r in records:
             wid = ids[r.workload_key]
-            rkey = record_key(wid, device_id, job_id, r.point)
+            rkey = record_key(wid, device_id, r.point)
+            if rkey in rows and rows[rkey]["error_class"] not in RETRIED_ERRORS:
+                continue  # the first measurement of a point in the batch stands, as in the table
             rows[rkey] = {
                 "record_key": rkey, "workload_id": wid, "device_id": device_id, "job_id": job_id,
-                "point": r.point, "record_json": r.record_json, "run_secs": json.dumps(list(r.run_secs)),
-                "mean_sec": r.mean_sec, "error_class": r.error_class, "error_msg": r.error_msg,
-                "build_sec": r.build_sec, "run_wall_sec": r.run_wall_sec, "tvm_version": version,
-                "host": host, "created_at": now,
+                "point": r.point, "program_hash": r.program_hash, "record_json": r.record_json,
+                "run_secs": json.dumps(list(r.run_secs)), "mean_sec": r.mean_sec, "error_class": r.error_class,
+                "error_msg": r.error_msg, "build_sec": r.build_sec, "run_wall_sec": r.run_wall_sec,
+                "tvm_version": version, "host": host, "created_at": now,
             }  # fmt: skip
         # One key order for every writer: PostgreSQL then locks index entries in the same
         # order in every transaction, which rules out deadlocks between batches.
         ordered = [rows[k] for k in sorted(rows)]
-        stmt = self._insert(RecordRow.__table__).on_conflict_do_nothing(index_elements=["record_key"])
+        table = RecordRow.__table__
+        insert = self._insert(table)
+        replaced = ("id", "record_key", "workload_id", "device_id", "point")
+        stmt = insert.on_conflict_do_update(
+            index_elements=["record_key"],
+            set_={c.name: insert.excluded[c.name] for c in table.columns if c.name not in replaced},
+            # Not IN: an expanding parameter cannot go through executemany.
+            where=or_(*(table.c.error_class == e for e in RETRIED_ERRORS)),
+        )
 
         def work(s: Session) -> int:
-            # RETURNING yields only the rows actually inserted (conflicts return nothing).
+            # RETURNING yields only the rows inserted or replaced (skipped conflicts return nothing).
             return len(s.execute(stmt.returning(RecordRow.id), ordered).all())
 
         return self._write(work)
+
+    def measured_hashes(self, workload_key: str, device_id: int) -> set[str]:
+        """Program hashes of every candidate of a workload already measured on a device.
+
+        By any job or teammate, failed candidates included (a program that failed once
+        fails again); records in :data:`RETRIED_ERRORS` and records older than schema 3
+        (no hash) are not in it. One SELECT over the ``ix_records_program`` index.
+        """
+        stmt = select(RecordRow.program_hash).distinct().where(RecordRow.program_hash.is_not(None))
+        return set(self._scalars(self._measured(stmt, workload_key, device_id)))
+
+    def measured_points(self, workload_key: str, device_id: int) -> set[str]:
+        """Point JSONs of every candidate of a workload already measured on a device.
+
+        The same records as :meth:`measured_hashes`, old ones included: a point is compared
+        by its JSON (``Point.to_json()``), a program by its hash. One SELECT.
+        """
+        return set(self._scalars(self._measured(select(RecordRow.point), workload_key, device_id)))
+
+    def _measured(self, stmt, workload_key: str, device_id: int):
+        wid = self._workload_ids.get(workload_key)
+        if wid is not None:
+            stmt = stmt.where(RecordRow.workload_id == wid)
+        else:  # join rather than a second query for the workload's id
+            stmt = stmt.join(WorkloadRow, WorkloadRow.id == RecordRow.workload_id).where(
+                WorkloadRow.key == workload_key)  # fmt: skip
+        # NULL error classes must be kept explicitly: NOT IN is unknown for NULL.
+        ok = RecordRow.error_class.is_(None) | RecordRow.error_class.not_in(RETRIED_ERRORS)
+        return stmt.where(RecordRow.device_id == device_id, ok)
+
+    def _scalars(self, stmt) -> list[Any]:
+        with self.session(write=False) as s:
+            return list(s.scalars(stmt))
 
     def _workload_ids_of(self, keys: set[str]) -> dict[str, int]:
         ids = {k: self._workload_ids[k] for k in keys if k in self._workload_ids}
@@ -648,16 +703,12 @@ def _first_line(err: object) -> str:
     return lines[0] if lines else type(err).__name__
 
 
-def measured_points(
+def measured_results(
     db: TuningDatabase, workload_key: str, device_id: int
 ) -> list[tuple[str, float | None, str | None]]:
-    """Every record of a workload on one device as ``(point JSON, mean_sec, error_class)``,
-    oldest first: what a search strategy is told when a job starts or resumes (read-only)."""
+    """The records of :meth:`TuningDatabase.measured_points` with their outcome, as
+    ``(point JSON, mean_sec, error_class)``, oldest first: what a search strategy is told
+    when a job starts or resumes (read-only)."""
+    stmt = select(RecordRow.point, RecordRow.mean_sec, RecordRow.error_class).order_by(RecordRow.id)
     with db.session(write=False) as s:
-        wid = s.scalar(select(WorkloadRow.id).where(WorkloadRow.key == workload_key))
-        if wid is None:
-            return []
-        rows = s.execute(select(RecordRow.point, RecordRow.mean_sec, RecordRow.error_class)
-                         .where(RecordRow.workload_id == wid, RecordRow.device_id == device_id)
-                         .order_by(RecordRow.id))  # fmt: skip
-        return [(p, m, e) for p, m, e in rows]
+        return [(p, m, e) for p, m, e in s.execute(db._measured(stmt, workload_key, device_id))]

@@ -18,7 +18,7 @@ from tvm.s_tir.meta_schedule.database import JSONDatabase, TuningRecord, Workloa
 
 from tuner.db.database import NewRecord, TuningDatabase
 from tuner.errors import UserInputError
-from tuner.tasks import workload_key
+from tuner.tasks import trace_program_hash, workload_key
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +125,7 @@ def import_json(db: TuningDatabase, device_id: int, device_kind: str, folder: Pa
         batch.append(NewRecord(
             workload_key=key, point=trace_point(record_json), record_json=record_json,
             run_secs=[] if failed else secs, error_class="metaschedule_failed" if failed else None,
+            program_hash=trace_program_hash(rec.trace, mod),
         ))  # fmt: skip
     new = db.add_records(device_id, None, batch)
     return TransferSummary(len(keys), new, skipped + len(batch) - new)

@@ -5,7 +5,17 @@ from __future__ import annotations
 import hashlib
 
 
-def record_key(workload_id: int, device_id: int, job_id: int | None, point: str) -> str:
-    """The idempotency key of a record: equal for a retried write of the same measurement."""
+def record_key(workload_id: int, device_id: int, point: str) -> str:
+    """The identity of a record: one candidate (point) of one workload on one device.
+
+    The job is not part of it: a point measured by an earlier job or a teammate is the same
+    record, so it is stored (and measured) once. The ``v3`` prefix keeps these keys apart
+    from :func:`record_key_v2` keys, which older records may still carry.
+    """
+    return hashlib.sha256(f"v3|{workload_id}|{device_id}|{point}".encode()).hexdigest()
+
+
+def record_key_v2(workload_id: int, device_id: int, job_id: int | None, point: str) -> str:
+    """Schema 2's record key, which included the job; used by the migrations only."""
     text = f"{workload_id}|{device_id}|{'' if job_id is None else job_id}|{point}"
     return hashlib.sha256(text.encode()).hexdigest()

@@ -25,7 +25,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # Kept in nightshift_meta by the migrations, for people reading the database; alembic's
 # revision is what Nightshift checks.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def _now() -> datetime:
@@ -104,17 +104,24 @@ class RecordRow(Base):
             postgresql_where=text("error_class IS NULL AND mean_sec IS NOT NULL"),
         ),
         Index("ix_records_job", "job_id"),
+        # What has been measured of a workload on a device (TuningDatabase.measured_hashes,
+        # measured_points): one range of this index.
+        Index("ix_records_program", "workload_id", "device_id", "program_hash"),
         UniqueConstraint("record_key", name="uq_records_record_key"),
     )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    # sha256 of (workload, device, job, point): a retried write of the same measurement is a
-    # no-op. Hashing keeps the unique index small; PostgreSQL refuses btree keys over ~2.7 kB
-    # and a point's JSON can be longer.
+    # sha256 of (workload, device, point), not of the job: a candidate is measured once per
+    # device, whoever measures it, and a retried write is a no-op (see keys.record_key).
+    # Hashing keeps the unique index small; PostgreSQL refuses btree keys over ~2.7 kB and a
+    # point's JSON can be longer.
     record_key: Mapped[str] = mapped_column(String(64))
     workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"))
     device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"))
     job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id"), nullable=True)
     point: Mapped[str] = mapped_column(Text)
+    # Structural hash of the scheduled program (tuner.tasks.program_hash): different points
+    # can give the same program. NULL for records written before schema 3.
+    program_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     # MetaSchedule's TuningRecord.as_json(): trace, run_secs, target, args_info.
     record_json: Mapped[str] = mapped_column(Text)
     run_secs: Mapped[str] = mapped_column(Text, default="[]")

@@ -23,7 +23,7 @@ from tvm.s_tir.meta_schedule.database import PyDatabase, TuningRecord, Workload
 
 from tuner.db.database import FallbackPolicy, NewRecord, TuningDatabase
 from tuner.db.schema import RecordRow
-from tuner.tasks import workload_key
+from tuner.tasks import trace_program_hash, workload_key
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +108,8 @@ class MetaScheduleDatabase(PyDatabase):
         # A record from TVM has no knobs; its trace's digest stands in as its point.
         point = json.dumps({"trace_sha256": hashlib.sha256(record_json.encode()).hexdigest()})
         self.db.add_records(self.device_id, None, [
-            NewRecord(workload_key=key, point=point, record_json=record_json, run_secs=run_secs)
+            NewRecord(workload_key=key, point=point, record_json=record_json, run_secs=run_secs,
+                      program_hash=trace_program_hash(record.trace, record.workload.mod))
         ])
 
     def get_top_k(self, workload: Workload, top_k: int) -> list[TuningRecord]:

@@ -8,6 +8,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from tuner.fold import fold_constants
+
 
 @dataclass(frozen=True)
 class InputInfo:
@@ -57,7 +59,9 @@ class ModelSpec:
             relax.transform.DecomposeOpsForInference(),
             relax.transform.CanonicalizeBindings(),
         ])  # fmt: skip
-        return seq(mod)
+        # Weight arithmetic folded here, in numpy: TVM's FoldConstant would build each
+        # constant call with LLVM, in every task extraction and every compile.
+        return fold_constants(seq(mod))
 
     def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
         """Deterministic random data inputs (floats in [-1, 1), ints in [0, 100))."""

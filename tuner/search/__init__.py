@@ -11,11 +11,12 @@ import importlib
 from search_spaces import SearchSpace
 from tuner.search.bandit import SpaceBandit
 from tuner.search.base import Candidate, Proposal, Result, SearchStrategy
-from tuner.search.scheduler import TaskScheduler
+from tuner.search.scheduler import NoTaskAvailable, TaskScheduler
 
 __all__ = [
     "DEFAULT_STRATEGY",
     "Candidate",
+    "NoTaskAvailable",
     "Proposal",
     "Result",
     "SearchStrategy",

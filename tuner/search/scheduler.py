@@ -1,42 +1,301 @@
-"""Task scheduler: spends the trial budget where it can save the most model latency."""
+"""Task scheduler: spends the trial budget where it can save the most model latency.
+
+The allocation is Ansor's gradient task scheduler (Zheng et al., "Ansor: Generating
+High-Performance Tensor Programs for Deep Learning", OSDI 2020, section 6), written for
+Nightshift's batches of unequal size, with three additions: a small first batch for tasks
+that carry a negligible share of the model's FLOPs, a per-task convergence stop, and a cap
+on tasks that have never produced a working schedule.
+"""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
+import logging
+import random
+import re
+import statistics
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 
 from tuner.tasks import Task
 
+logger = logging.getLogger(__name__)
+
+# A TVM task name is the chain of fused ops, each with a counter that makes it unique
+# (``fused_conv2d15_subtract7_..._relu7``); the first op without its counter is the op kind.
+_COUNTER = re.compile(r"\d+$")
+
+
+class NoTaskAvailable(LookupError):
+    """Every task is done (converged, failing or retired) or excluded by the caller."""
+
+
+def op_kind(name: str) -> str:
+    """The anchor op of a fused task name: ``fused_conv2d15_add7_relu7`` -> ``conv2d``."""
+    parts = [p for p in name.split("_") if p and p != "fused"]
+    return _COUNTER.sub("", parts[0]) if parts else name
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One ``update``: the task's trials so far and its best latency after them."""
+
+    trials: int
+    best_sec: float | None
+
 
 class TaskScheduler:
-    """Gradient-style allocation over tasks.
+    """Ansor's gradient task scheduler over the tasks of one model.
 
-    Every task first gets one batch (so each has a measured schedule, and compile never
-    falls back for lack of trials when the budget allows). After that the next batch goes to
-    the task whose share of the model's estimated latency (weight x best time, or weight x
-    FLOPs before any success) is largest, discounted by the trials it already had.
+    The objective is the model's estimated latency, ``sum(weight_i * best_sec_i)``. After a
+    first round in which every task gets one batch, each batch goes to the task whose next
+    trials are expected to lower the objective most per trial:
+
+        grad_i = weight_i * (alpha * backward_i + (1 - alpha) * forward_i)
+
+    ``backward_i`` is the observed slope of the task's best latency over its last
+    ``backward_window`` updates (seconds per trial). ``forward_i`` is the more optimistic of
+    two estimates: the best latency falling by ``best / trials`` per trial (Ansor's 1/t
+    model), and reaching, within one more batch, the latency the task would have at
+    ``1 / beta`` of the best GFLOPS measured on a similar task (same op kind, e.g. every
+    ``conv2d`` task). With probability ``epsilon`` a random live task is chosen instead.
+
+    A task stops getting trials (:meth:`is_done`) when it has converged (its best latency did
+    not improve by more than ``min_improvement`` over its last ``patience`` trials), when it
+    has only failed for ``max_failed_trials`` trials without a single success, or when the
+    caller calls :meth:`retire` (space exhausted, no reference output).
+
+    How a job drives it::
+
+        while budget_left and not scheduler.all_done:
+            i = scheduler.next_task(exclude=busy)   # busy: first batches in flight
+            n = min(scheduler.first_batch_size(i, batch), budget_left)
+            ... measure n candidates of task i ...
+            scheduler.update(i, n_measured, best_sec_of_batch, failed=n_failed)
+
+    The state is plain lists, so a resumed job can replay its history through ``update``.
+    Not thread-safe: one job loop owns it.
+
+    Args:
+        tasks: the model's tasks (weight and FLOPs are read).
+        alpha: weight of the backward gradient against the forward estimate.
+        beta: how far below the best similar task's GFLOPS a task is assumed to reach.
+        backward_window: updates the backward gradient looks back over.
+        epsilon: probability of choosing a random live task.
+        patience: trials without improvement after which a task is converged.
+        min_improvement: relative gain below which a new best does not count as one
+            (measurement noise would otherwise keep a flat task alive forever).
+        max_failed_trials: failed trials after which a task that never succeeded is dead.
+        tiny_share: a task whose ``weight x FLOPs`` is below this share of the model's
+            gets a first batch of at most ``tiny_first_batch``.
+        tiny_first_batch: first-batch size of such tasks.
+        seed: seed of the epsilon-greedy choice.
+
+    Attributes:
+        trials: trials accounted to each task (all ``update`` calls, failed ones included).
+        best_sec: best latency of each task in seconds, None before its first success.
     """
 
-    def __init__(self, tasks: Sequence[Task]) -> None:
+    def __init__(
+        self,
+        tasks: Sequence[Task],
+        *,
+        alpha: float = 0.2,
+        beta: float = 2.0,
+        backward_window: int = 3,
+        epsilon: float = 0.05,
+        patience: int = 128,
+        min_improvement: float = 0.005,
+        max_failed_trials: int = 64,
+        tiny_share: float = 0.005,
+        tiny_first_batch: int = 4,
+        seed: int = 0,
+    ) -> None:
+        if not 0.0 <= alpha <= 1.0 or not 0.0 <= epsilon <= 1.0:
+            raise ValueError(f"alpha and epsilon must lie in [0, 1], got {alpha} and {epsilon}")
+        if beta < 1.0 or backward_window < 1 or patience < 1 or max_failed_trials < 1 or tiny_first_batch < 1:
+            raise ValueError("beta must be >= 1; backward_window, patience, max_failed_trials and "
+                             "tiny_first_batch must be >= 1")  # fmt: skip
         self.tasks = list(tasks)
+        self.alpha, self.beta, self.epsilon = alpha, beta, epsilon
+        self.backward_window = backward_window
+        self.patience = patience
+        self.min_improvement = min_improvement
+        self.max_failed_trials = max_failed_trials
+        self.tiny_first_batch = tiny_first_batch
         self.trials = [0] * len(self.tasks)
         self.best_sec: list[float | None] = [None] * len(self.tasks)
+        self._rng = random.Random(seed)
+        self._history: list[list[_Step]] = [[] for _ in self.tasks]
+        # Trials at the last improvement that counted (see min_improvement).
+        self._improved_at = [0] * len(self.tasks)
+        self._last_batch = [0] * len(self.tasks)
+        self._failed = [0] * len(self.tasks)  # failed trials before the first success
+        self._done: dict[int, str] = {}
+        self._kind = [op_kind(t.name) if t.flops > 0 else None for t in self.tasks]
+        total = sum(t.weight * max(t.flops, 0.0) for t in self.tasks)
+        self._tiny = [total > 0 and t.weight * max(t.flops, 0.0) < tiny_share * total for t in self.tasks]
 
-    def next_task(self) -> int:
-        """Index of the task to give the next batch to."""
-        for i, n in enumerate(self.trials):
-            if n == 0:
+    # --- what the job calls ------------------------------------------------------------------
+
+    def next_task(self, *, exclude: Collection[int] = ()) -> int:
+        """Index of the task to give the next batch to.
+
+        Tasks never updated come first, in the order given (the job passes them heaviest
+        first); then the steepest gradient, or with probability ``epsilon`` a random task.
+
+        Args:
+            exclude: indices not to choose now (e.g. tasks whose first batch is in flight).
+
+        Raises:
+            NoTaskAvailable: every task is done or excluded; when :attr:`all_done` is false,
+                only excluded, so collect a batch in flight and ask again.
+        """
+        live = [i for i in range(len(self.tasks)) if i not in self._done and i not in exclude]
+        if not live:
+            raise NoTaskAvailable(f"all {len(self.tasks)} tasks are done or excluded")
+        for i in live:
+            if not self._history[i]:
                 return i
-        return max(range(len(self.tasks)), key=self._priority)
+        if self._rng.random() < self.epsilon:
+            return self._rng.choice(live)
+        grads = {i: self.gradient(i) for i in live}
+        steepest = min(grads.values())
+        if steepest == max(grads.values()):
+            return self._rng.choice(live)  # no information to prefer one
+        return min(live, key=lambda i: (grads[i], i))
 
-    def update(self, index: int, trials: int, best_sec: float | None) -> None:
-        """Account ``trials`` more trials of task ``index`` and its best time so far."""
+    def first_batch_size(self, index: int, batch: int) -> int:
+        """How many candidates task ``index`` gets in a batch of nominal size ``batch``.
+
+        A task whose share of the model's FLOPs is negligible (pooling, reshapes,
+        elementwise ops) gets a small first batch: enough for a working schedule, not
+        enough to take trials from the operators that matter. Later batches are ``batch``.
+        """
+        if self._history[index] or not self._tiny[index]:
+            return batch
+        return min(batch, self.tiny_first_batch)
+
+    def update(self, index: int, trials: int, best_sec: float | None, *, failed: int | None = None) -> None:
+        """Account a measured batch of task ``index``.
+
+        Args:
+            index: the task.
+            trials: candidates measured in the batch (failed ones included).
+            best_sec: the batch's best latency, None when nothing in it succeeded.
+            failed: how many of the batch failed; by default all of it when ``best_sec`` is
+                None, else none. Only failures of a task that never succeeded count
+                towards ``max_failed_trials``.
+        """
+        if trials < 0:
+            raise ValueError(f"trials must be >= 0, got {trials}")
         self.trials[index] += trials
-        if best_sec is not None and (self.best_sec[index] is None or best_sec < self.best_sec[index]):
+        self._last_batch[index] = trials or self._last_batch[index]
+        old = self.best_sec[index]
+        if best_sec is not None and (old is None or best_sec < old):
             self.best_sec[index] = best_sec
+            if old is None or best_sec < old * (1.0 - self.min_improvement):
+                self._improved_at[index] = self.trials[index]
+        self._history[index].append(_Step(self.trials[index], self.best_sec[index]))
+        if index in self._done:
+            return
+        if self.best_sec[index] is None:
+            self._failed[index] += trials if failed is None else failed
+            if self._failed[index] >= self.max_failed_trials:
+                self._finish(index, f"no success, {self._failed[index]} failed trials")
+        elif self.trials[index] - self._improved_at[index] >= self.patience:
+            self._finish(index, f"converged: no gain over {self.trials[index] - self._improved_at[index]} trials")
+        self._adjust_similarity(index)
 
-    def _priority(self, i: int) -> float:
-        task = self.tasks[i]
-        best = self.best_sec[i]
-        cost = task.weight * (best if best is not None else max(task.flops, 1.0) * 1e-9)
-        return cost / math.sqrt(1 + self.trials[i])
+    def retire(self, index: int, reason: str) -> None:
+        """Give task ``index`` no more trials (its space is exhausted, it cannot be verified)."""
+        self._finish(index, reason)
+
+    def is_done(self, index: int) -> bool:
+        """Whether task ``index`` gets no more trials."""
+        return index in self._done
+
+    def done_reason(self, index: int) -> str | None:
+        """Why task ``index`` is done, or None while it is live."""
+        return self._done.get(index)
+
+    @property
+    def all_done(self) -> bool:
+        """Whether no task gets more trials; the job should stop proposing."""
+        return len(self._done) == len(self.tasks)
+
+    # --- the estimates --------------------------------------------------------------------
+
+    def objective(self) -> float | None:
+        """The model's estimated latency, ``sum(weight * best_sec)``; None until all succeeded."""
+        if any(b is None for b in self.best_sec):
+            return None
+        return sum(t.weight * b for t, b in zip(self.tasks, self.best_sec, strict=True) if b is not None)
+
+    def gradient(self, index: int) -> float:
+        """d(objective)/d(trials of task ``index``): negative, steeper is more promising."""
+        task = self.tasks[index]
+        best = self.best_sec[index]
+        latency = best if best is not None else self._estimate(index)
+        if latency is None or self.trials[index] == 0:
+            return 0.0
+        backward = 0.0
+        hist = self._history[index]
+        if len(hist) > self.backward_window:
+            new, old = hist[-1], hist[-1 - self.backward_window]
+            if new.best_sec is not None and old.best_sec is not None and new.trials > old.trials:
+                backward = (new.best_sec - old.best_sec) / (new.trials - old.trials)
+        forward = -latency / self.trials[index]
+        similar = self._similar_gflops(index)
+        if similar is not None and self._last_batch[index] > 0:
+            reachable = self.beta * task.flops / (similar * 1e9)
+            forward = min(forward, (reachable - latency) / self._last_batch[index])
+        return task.weight * (self.alpha * backward + (1.0 - self.alpha) * forward)
+
+    def _similar_gflops(self, index: int) -> float | None:
+        """Best GFLOPS measured on another task of the same op kind."""
+        kind = self._kind[index]
+        if kind is None:
+            return None
+        rates = [self._gflops(j) for j in range(len(self.tasks)) if j != index and self._kind[j] == kind]
+        rates = [r for r in rates if r is not None]
+        return max(rates) if rates else None
+
+    def _gflops(self, index: int) -> float | None:
+        best, flops = self.best_sec[index], self.tasks[index].flops
+        return flops / best / 1e9 if best is not None and flops > 0 else None
+
+    def _estimate(self, index: int) -> float | None:
+        """Latency of a task without a success, at the GFLOPS similar (else all) tasks reach."""
+        flops = self.tasks[index].flops
+        if flops <= 0:
+            return None
+        rate = self._similar_gflops(index)
+        if rate is None:
+            rates = [r for j in range(len(self.tasks)) if (r := self._gflops(j)) is not None]
+            rate = statistics.median(rates) if rates else None
+        return flops / (rate * 1e9) if rate else None
+
+    def _adjust_similarity(self, index: int) -> None:
+        """Take a task out of its op kind's group when it is plainly not like the others.
+
+        As in Ansor: a task tuned much longer than its peers that still runs below
+        ``1 / beta`` of their best GFLOPS (a depthwise conv among dense ones) would
+        otherwise keep a forward estimate it can never reach.
+        """
+        kind, rate = self._kind[index], self._gflops(index)
+        if kind is None or rate is None:
+            return
+        peers = [j for j in range(len(self.tasks)) if j != index and self._kind[j] == kind]
+        best_peer = self._similar_gflops(index)
+        if not peers or best_peer is None:
+            return
+        lead = self.trials[index] - max(self.trials[j] for j in peers)
+        if rate < best_peer / self.beta and lead > 5 * max(self._last_batch[index], 1):
+            logger.info("task %s leaves the %s group (%.1f GFLOPS, peers reach %.1f)",
+                        self.tasks[index].name, kind, rate, best_peer)  # fmt: skip
+            self._kind[index] = None
+
+    def _finish(self, index: int, reason: str) -> None:
+        if index not in self._done:
+            self._done[index] = reason
+            logger.info("task %s done after %d trials: %s", self.tasks[index].name, self.trials[index], reason)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from tuner.db.keys import record_key
+from tuner.db.keys import record_key_v2
 
 revision = "0002"
 down_revision = "0001"
@@ -54,7 +54,7 @@ def upgrade() -> None:
             break
         conn.execute(
             records.update().where(records.c.id == sa.bindparam("rid")).values(record_key=sa.bindparam("rkey")),
-            [{"rid": r.id, "rkey": record_key(r.workload_id, r.device_id, r.job_id, r.point)} for r in rows],
+            [{"rid": r.id, "rkey": record_key_v2(r.workload_id, r.device_id, r.job_id, r.point)} for r in rows],
         )
         last = rows[-1].id
 

@@ -1,0 +1,277 @@
+"""Search quality per task: Nightshift's strategies against MetaSchedule's ``tune_tir``.
+
+The same PrimFuncs go to both: ResNet-50's conv 3x3 64->64 56x56, conv 3x3 128->128 28x28,
+conv 1x1 1024->256 14x14 (each with its folded batch norm as a bias add, and relu) and
+BERT-base's 768x768 dense on 128 tokens (+ bias), all NCHW / row-major as written. Phases:
+
+- ``metaschedule``: ``tune_tir`` per task at the trial budget (32 per iteration, its
+  defaults otherwise, on the target's threads); wall time and the per-trial curve.
+- ``nightshift``: ``tuner.job.tune_tasks`` on each task, per strategy and seed, fresh
+  SQLite database each; wall time and the per-trial curve.
+- ``compare``: every best schedule found is rebuilt and timed again in this one process,
+  interleaved, on the target's threads, beside PyTorch's operator (oneDNN) on as many
+  threads: that is the latency compared. Curves keep each tool's own timings.
+
+Usage (writes benchmarks/results/search_vs_metaschedule.json; each phase adds to it):
+
+    nice -n 10 .venv/bin/python benchmarks/search_vs_metaschedule.py --phase metaschedule --trials 64
+    nice -n 10 .venv/bin/python benchmarks/search_vs_metaschedule.py --phase nightshift --trials 64
+    nice -n 10 .venv/bin/python benchmarks/search_vs_metaschedule.py --phase compare
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import tvm
+from tvm import te, topi
+
+logger = logging.getLogger("benchmarks.search")
+RESULTS = Path(__file__).parent / "results"
+OUT = RESULTS / "search_vs_metaschedule.json"
+WORK = Path(tempfile.gettempdir()) / "nightshift-search-bench"
+
+
+def _conv(c_in: int, c_out: int, hw: int, k: int, stride: int = 1):
+    data = te.placeholder((1, c_in, hw, hw), name="data")
+    weight = te.placeholder((c_out, c_in, k, k), name="weight")
+    bias = te.placeholder((1, c_out, 1, 1), name="bias")
+    conv = topi.nn.conv2d_nchw(data, weight, stride, k // 2, 1)
+    out = topi.nn.relu(topi.add(conv, bias))
+    torch_op = {"kind": "conv", "args": [(1, c_in, hw, hw), (c_out, c_in, k, k), (1, c_out, 1, 1)],
+                "stride": stride, "padding": k // 2}  # fmt: skip
+    return te.create_prim_func([data, weight, bias, out]), torch_op
+
+
+def _dense(m: int, k: int, n: int):
+    x = te.placeholder((m, k), name="x")
+    w = te.placeholder((k, n), name="w")  # as Relax lays out a constant nn.Linear weight
+    b = te.placeholder((n,), name="b")
+    out = topi.add(topi.matmul(x, w), b)
+    return te.create_prim_func([x, w, b, out]), {"kind": "dense", "args": [(m, k), (k, n), (n,)]}
+
+
+WORKLOADS = {
+    "conv3x3_64_56": lambda: _conv(64, 64, 56, 3),
+    "conv3x3_128_28": lambda: _conv(128, 128, 28, 3),
+    "conv1x1_1024_256_14": lambda: _conv(1024, 256, 14, 1),
+    "bert_dense_768": lambda: _dense(128, 768, 768),
+}
+
+
+def _task(name: str):
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    from tuner.tasks import Task, workload_key
+
+    func, torch_op = WORKLOADS[name]()
+    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    return Task(name, mod, 1, float(estimate_tir_flops(mod)), workload_key(mod)), torch_op
+
+
+def _load() -> dict:
+    return json.loads(OUT.read_text()) if OUT.exists() else {"benchmark": "search_vs_metaschedule", "phases": {}}
+
+
+def _save(result: dict) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(result, indent=1))
+
+
+def _cores(device) -> int:
+    return int(device.target_config.get("num-cores", 1))
+
+
+def _machine(device) -> dict:
+    return {"cpu": device.description.get("model"), "arch": device.arch, "cores": _cores(device),
+            "load_avg": os.getloadavg(), "python": platform.python_version(), "tvm": tvm.__version__}
+
+
+def phase_metaschedule(args, device) -> dict:
+    from tvm.s_tir import meta_schedule as ms
+
+    from tuner.compile import preload_tensor_intrinsics
+
+    preload_tensor_intrinsics()
+    os.environ["TVM_NUM_THREADS"] = str(_cores(device))  # MetaSchedule's runner processes inherit it
+    out = {}
+    for name in args.tasks:
+        task, _ = _task(name)
+        work = WORK / f"ms_{name}_{args.trials}"
+        if work.exists():
+            for f in work.iterdir():
+                f.unlink() if f.is_file() else None
+        t0 = time.monotonic()
+        db = ms.tune_tir(task.mod, device.target, str(work), max_trials_global=args.trials,
+                         num_trials_per_iter=32, seed=args.seed)  # fmt: skip
+        wall = time.monotonic() - t0
+        records = db.get_all_tuning_records()
+        curve, best = [], None
+        for rec in records:
+            sec = float(np.mean([float(s) for s in rec.run_secs])) if rec.run_secs else None
+            if sec is not None and sec < 1e9:
+                best = sec if best is None else min(best, sec)
+            curve.append(best)
+        top = db.get_top_k(db.commit_workload(task.mod), 1)
+        out[name] = {"wall_s": wall, "trials": len(records), "best_s": best, "curve_best_s": curve,
+                     "best_trace": json.dumps(top[0].as_json()) if top else None}  # fmt: skip
+        logger.info("metaschedule %s: %d trials in %.0f s, best %.3g s", name, len(records), wall, best or 0)
+    return out
+
+
+def phase_nightshift(args, device) -> dict:
+    from tuner.db import TuningDatabase
+    from tuner.job import TuneConfig, tune_tasks
+    from tuner.measure.ray_measure import connect
+
+    connect(None)
+    out: dict = {}
+    for name in args.tasks:
+        task, _ = _task(name)
+        for strategy in args.strategies:
+            for seed in range(args.seeds):
+                path = WORK / f"ns_{name}_{strategy}_{seed}.db"
+                path.unlink(missing_ok=True)
+                db = TuningDatabase(str(path))
+                t0 = time.monotonic()
+                config = TuneConfig(trials=args.trials, seed=seed, strategy=strategy)
+                summary = tune_tasks([task], device, db, config, model_name=f"bench-{name}")
+                wall = time.monotonic() - t0
+                curve, best = [], None
+                for r in _records_in_order(db, task, device):
+                    if r is not None:
+                        best = r if best is None else min(best, r)
+                    curve.append(best)
+                out.setdefault(name, {}).setdefault(strategy, []).append({
+                    "seed": seed, "wall_s": wall, "trials": summary.trials, "errors": summary.errors,
+                    "best_s": best, "curve_best_s": curve, "db": str(path)})  # fmt: skip
+                logger.info("nightshift %s %s seed %d: %.0f s, best %.3g s", name, strategy, seed, wall, best or 0)
+                db.close()
+    return out
+
+
+def _records_in_order(db, task, device) -> list[float | None]:
+    from sqlalchemy import select
+
+    from tuner.db.schema import RecordRow, WorkloadRow
+
+    with db.session(write=False) as s:
+        wid = s.scalar(select(WorkloadRow.id).where(WorkloadRow.key == task.workload_key))
+        rows = s.execute(select(RecordRow.mean_sec, RecordRow.error_class, RecordRow.error_msg)
+                         .where(RecordRow.workload_id == wid).order_by(RecordRow.id)).all()  # fmt: skip
+    # An early-stopped probe is a lower bound, not a latency; it never counts as a best.
+    return [m if e is None and not (msg or "").startswith("stopped early") else None for m, e, msg in rows]
+
+
+def phase_compare(args, device, result: dict) -> dict:
+    from tvm.s_tir import Schedule
+    from tvm.s_tir.meta_schedule.database import TuningRecord, Workload
+
+    from tuner.compile import preload_tensor_intrinsics
+    from tuner.db import TuningDatabase
+
+    preload_tensor_intrinsics()
+    device.use_threads()
+    dev = tvm.cpu()
+    out = {}
+    for name in args.tasks:
+        task, torch_op = _task(name)
+        builds: dict[str, tvm.runtime.Module] = {}
+        ms_res = result["phases"].get("metaschedule", {}).get(name)
+        if ms_res and ms_res.get("best_trace"):
+            rec = TuningRecord.from_json(json.loads(ms_res["best_trace"]), Workload(task.mod))
+            sch = Schedule(task.mod)
+            rec.trace.apply_to_schedule(sch, remove_postproc=False)
+            builds["metaschedule"] = tvm.compile(sch.mod, target=device.target)
+        for strategy, runs in result["phases"].get("nightshift", {}).get(name, {}).items():
+            for run in runs:
+                db = TuningDatabase(run["db"])
+                best = db.best(task.workload_key, db.device_id(device), k=1)
+                if best:
+                    rec = TuningRecord.from_json(json.loads(best[0].record_json), Workload(task.mod))
+                    sch = Schedule(task.mod)
+                    rec.trace.apply_to_schedule(sch, remove_postproc=False)
+                    builds[f"{strategy}/seed{run['seed']}"] = tvm.compile(sch.mod, target=device.target)
+                db.close()
+        args_np = [np.random.default_rng(0).uniform(-1, 1, [int(d) for d in b.shape]).astype("float32")
+                   for b in task.mod["main"].buffer_map.values()]  # fmt: skip
+        tensors = [tvm.runtime.tensor(a, dev) for a in args_np]
+        timers = {k: m.time_evaluator("main", dev, number=5, repeat=1, min_repeat_ms=50) for k, m in builds.items()}
+        torch_fn = _torch_op(torch_op, _cores(device))
+        samples: dict[str, list[float]] = {k: [] for k in [*timers, "pytorch"]}
+        for _ in range(args.rounds):  # interleaved: noise hits every entry alike
+            for k, timer in timers.items():
+                samples[k].append(float(timer(*tensors).mean))
+            samples["pytorch"].append(torch_fn())
+        med = {k: float(np.median(v)) for k, v in samples.items() if v}
+        out[name] = {"gflop": task.flops / 1e9, "median_s": med,
+                     "gflops": {k: task.flops / v / 1e9 for k, v in med.items()}}  # fmt: skip
+        logger.info("compare %s: %s", name, {k: f"{v * 1e3:.3f} ms" for k, v in med.items()})
+    return out
+
+
+def _torch_op(spec: dict, threads: int):
+    import torch
+
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(0)
+    args = [torch.rand(*s, generator=g) for s in spec["args"]]
+    if spec["kind"] == "conv":
+        def fn():
+            return torch.relu(torch.nn.functional.conv2d(args[0], args[1], stride=spec["stride"],
+                                                         padding=spec["padding"]) + args[2])
+    else:
+        def fn():
+            return torch.addmm(args[2], args[0], args[1])
+
+    def timed() -> float:
+        with torch.no_grad():
+            fn()
+            n, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < 0.05 or n < 5:
+                fn()
+                n += 1
+            return (time.perf_counter() - t0) / n
+
+    return timed
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--phase", choices=("metaschedule", "nightshift", "compare"), required=True)
+    p.add_argument("--tasks", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    p.add_argument("--trials", type=int, default=64)
+    p.add_argument("--strategies", nargs="+", default=["evolutionary", "random", "optuna-tpe"])
+    p.add_argument("--seeds", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=7)
+    args = p.parse_args()
+    WORK.mkdir(parents=True, exist_ok=True)
+    from tuner.device import parse_device
+
+    device = parse_device("cpu")
+    result = _load()
+    if args.phase == "metaschedule":
+        data = phase_metaschedule(args, device)
+    elif args.phase == "nightshift":
+        data = phase_nightshift(args, device)
+    else:
+        data = phase_compare(args, device, result)
+    phase = result["phases"].setdefault(args.phase, {})
+    phase.update(data)
+    result.setdefault("runs", []).append({"phase": args.phase, "argv": os.sys.argv[1:], "machine": _machine(device),
+                                          "finished": time.strftime("%Y-%m-%d %H:%M:%S")})  # fmt: skip
+    _save(result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""The task scheduler's allocation of trials.
+
+The latencies here are synthetic curves of best latency against trials: they stand in for
+measurements because these tests are about how the scheduler divides a budget between
+tasks, not about any schedule's speed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pytest
+import tvm
+from tvm import te
+
+from tuner.search.scheduler import NoTaskAvailable, TaskScheduler, op_kind
+from tuner.tasks import Task
+
+Curve = Callable[[int], float | None]
+
+
+@pytest.fixture(scope="module")
+def mod() -> tvm.IRModule:
+    """A real (tiny) PrimFunc module; the scheduler reads only names, weights and FLOPs."""
+    a = te.placeholder((8,), name="a")
+    b = te.compute((8,), lambda i: a[i] + 1, name="b")
+    return tvm.IRModule({"main": te.create_prim_func([a, b])})
+
+
+def power_law(latency: float, gain: float, scale: float = 50.0) -> Curve:
+    """Best latency after t trials: starts at ``latency``, ``gain`` of it can be won, slowly."""
+    return lambda t: latency * (1 - gain + gain * (1 + t / scale) ** -0.5)
+
+
+def plateau(latency: float, until: int) -> Curve:
+    """Improves steeply for ``until`` trials, then never again."""
+    return lambda t: latency * (0.5 + 0.5 * math.exp(-min(t, until) / 20))
+
+
+def failing(_t: int) -> None:
+    """Every candidate fails: no latency."""
+    return None
+
+
+def run(sched: TaskScheduler, curves: list[Curve], budget: int, batch: int = 16) -> list[int]:
+    """Drive ``sched`` as a job does; return the order in which tasks were chosen."""
+    order, used = [], 0
+    while used < budget and not sched.all_done:
+        i = sched.next_task()
+        n = sched.first_batch_size(i, batch)
+        sched.update(i, n, curves[i](sched.trials[i] + n))
+        order.append(i)
+        used += n
+    return order
+
+
+def tasks_of(mod: tvm.IRModule, *specs: tuple[str, int, float]) -> list[Task]:
+    return [Task(name, mod, weight, flops, f"key{k}") for k, (name, weight, flops) in enumerate(specs)]
+
+
+def test_op_kind():
+    assert op_kind("fused_conv2d15_subtract7_divide7_multiply7_add13_relu7") == "conv2d"
+    assert op_kind("fused_conv2d_add_relu") == "conv2d"
+    assert op_kind("fused_matmul_add22") == "matmul"
+    assert op_kind("reshape3") == "reshape"
+
+
+@pytest.mark.parametrize(("weights", "latencies"), [((4, 1), (0.01, 0.01)), ((1, 1), (0.04, 0.01))],
+                         ids=["weight", "latency"])  # fmt: skip
+def test_more_trials_where_weight_times_latency_is_larger(mod, weights, latencies):
+    tasks = tasks_of(mod, ("fused_conv2d_add", weights[0], 1e9), ("fused_conv2d1_add1", weights[1], 1e9))
+    sched = TaskScheduler(tasks, epsilon=0.0)
+    run(sched, [power_law(lat, 0.6) for lat in latencies], budget=512)
+    assert sum(sched.trials) == 512
+    assert sched.trials[0] >= 2 * sched.trials[1], sched.trials
+    assert sched.trials[1] >= 16  # the first round still gave it a batch
+
+
+def test_steeper_improvement_wins_at_equal_weight_times_latency(mod):
+    """Two tasks with the same weight, trials and best latency: the one still improving goes next."""
+    tasks = tasks_of(mod, ("fused_matmul_add", 1, 1e9), ("fused_conv2d_add", 1, 1e9))
+    sched = TaskScheduler(tasks, epsilon=0.0)
+    histories = [[0.0101, 0.01006, 0.01003, 0.0100], [0.0200, 0.0150, 0.0120, 0.0100]]
+    for step in range(4):
+        for i, hist in enumerate(histories):
+            sched.update(i, 16, hist[step])
+    assert sched.best_sec == [0.01, 0.01] and sched.trials == [64, 64]
+    assert sched.gradient(1) < sched.gradient(0) < 0
+    assert sched.next_task() == 1
+    # Without the backward term (alpha 0) nothing separates them but the index.
+    flat = TaskScheduler(tasks, epsilon=0.0, alpha=0.0)
+    for step in range(4):
+        for i, hist in enumerate(histories):
+            flat.update(i, 16, hist[step])
+    assert flat.gradient(0) == flat.gradient(1)
+
+
+def test_task_far_below_similar_tasks_gets_more(mod):
+    """Forward estimate: a conv at a tenth of its peer's GFLOPS has more to win than a matmul."""
+    tasks = tasks_of(mod, ("fused_conv2d_add", 1, 1e9), ("fused_conv2d1_add1", 1, 1e8),
+                     ("fused_matmul_add", 1, 1e8))  # fmt: skip
+    # conv2d: 100 GFLOPS; conv2d1 and matmul both at 0.01 s = 10 GFLOPS, both flat.
+    curves = [power_law(0.01, 0.05), power_law(0.01, 0.05), power_law(0.01, 0.05)]
+    sched = TaskScheduler(tasks, epsilon=0.0, patience=10**6)
+    run(sched, curves, budget=256)
+    assert sched.trials[1] >= 2 * sched.trials[2], sched.trials
+
+
+def test_task_that_only_fails_is_capped(mod):
+    tasks = tasks_of(mod, ("fused_conv2d_add", 1, 1e9), ("fused_conv2d1_add1", 1, 2e9), ("fused_dense_add", 1, 1e9))
+    sched = TaskScheduler(tasks, epsilon=0.0, max_failed_trials=48)
+    run(sched, [power_law(0.01, 0.6), failing, power_law(0.01, 0.6)], budget=1024)
+    assert sched.trials[1] == 48
+    assert sched.is_done(1) and not sched.is_done(0)
+    assert "no success" in (sched.done_reason(1) or "")
+    assert sched.best_sec[1] is None
+    assert sum(sched.trials) == 1024
+
+
+def test_failures_after_a_success_do_not_kill(mod):
+    tasks = tasks_of(mod, ("fused_conv2d_add", 1, 1e9))
+    sched = TaskScheduler(tasks, max_failed_trials=16, patience=10**6)
+    sched.update(0, 16, 0.01)
+    for _ in range(10):
+        sched.update(0, 16, None)
+    assert not sched.is_done(0)
+    assert sched.best_sec == [0.01]
+
+
+def test_converged_tasks_stop(mod):
+    tasks = tasks_of(mod, ("fused_conv2d_add", 1, 1e9), ("fused_conv2d1_add1", 1, 1e9))
+    sched = TaskScheduler(tasks, epsilon=0.0, patience=64)
+    order = run(sched, [plateau(0.02, 64), plateau(0.01, 400)], budget=4096)
+    # Task 0 stopped improving at 64 trials: it is done within `patience` (+ one batch) more.
+    assert sched.is_done(0) and "converged" in (sched.done_reason(0) or "")
+    assert 64 + 64 <= sched.trials[0] <= 64 + 64 + 16
+    last0 = max(k for k, i in enumerate(order) if i == 0)
+    assert all(i == 1 for i in order[last0 + 1 :]) and len(order) > last0 + 1
+    # Then task 1 converged too: the job stops before spending the budget.
+    assert sched.all_done and sum(sched.trials) < 4096
+    with pytest.raises(NoTaskAvailable):
+        sched.next_task()
+
+
+def test_noise_below_min_improvement_is_not_progress(mod):
+    tasks = tasks_of(mod, ("fused_conv2d_add", 1, 1e9))
+    sched = TaskScheduler(tasks, patience=64, min_improvement=0.01)
+    sched.update(0, 16, 0.01)
+    for k in range(4):
+        sched.update(0, 16, 0.01 * (1 - 0.001 * (k + 1)))  # 0.1% gains: noise
+    assert sched.is_done(0)
+    assert sched.best_sec[0] == pytest.approx(0.01 * 0.996)
+
+
+def test_tiny_tasks_get_small_first_batches(mod):
+    tasks = tasks_of(mod, ("fused_conv2d_add_relu", 3, 2.3e8), ("fused_matmul_add", 1, 4e6),
+                     ("max_pool2d", 1, 8e5), ("reshape", 1, 0.0))  # fmt: skip
+    sched = TaskScheduler(tasks, tiny_first_batch=4)
+    assert [sched.first_batch_size(i, 32) for i in range(4)] == [32, 32, 4, 4]
+    assert sched.first_batch_size(2, 2) == 2
+    first_round = [sched.next_task() for _ in range(1)]
+    run(sched, [power_law(0.01, 0.5)] * 4, budget=32 + 32 + 4 + 4, batch=32)
+    assert first_round == [0]
+    assert sched.trials == [32, 32, 4, 4]
+    # After its first batch a tiny task is sized like any other (the gradient keeps it rare).
+    assert sched.first_batch_size(2, 32) == 32
+
+
+def test_first_round_in_order_skipping_excluded(mod):
+    tasks = tasks_of(mod, ("fused_conv2d_add", 1, 1e9), ("fused_conv2d1_add", 1, 1e9), ("fused_dense", 1, 1e9))
+    sched = TaskScheduler(tasks)
+    assert sched.next_task() == 0
+    assert sched.next_task(exclude={0}) == 1  # task 0's first batch is in flight
+    assert sched.next_task(exclude={0, 1}) == 2
+    with pytest.raises(NoTaskAvailable):
+        sched.next_task(exclude={0, 1, 2})
+
+
+def test_retired_task_is_never_chosen(mod):
+    tasks = tasks_of(mod, ("fused_conv2d_add", 1, 1e9), ("fused_dense", 1, 1e9))
+    sched = TaskScheduler(tasks, epsilon=1.0)
+    sched.retire(0, "space exhausted")
+    assert {sched.next_task() for _ in range(50)} == {1}
+    assert sched.done_reason(0) == "space exhausted"
+
+
+def test_epsilon_explores_and_the_seed_repeats(mod):
+    tasks = tasks_of(mod, *[(f"fused_conv2d{k}_add", 1, 1e9) for k in range(4)])
+    curves = [power_law(0.001 * 4**k, 0.5) for k in range(4)]
+
+    def allocate(epsilon: float, seed: int) -> tuple[list[int], list[int]]:
+        sched = TaskScheduler(tasks, epsilon=epsilon, seed=seed, patience=10**6)
+        return run(sched, curves, budget=1024), sched.trials
+
+    assert allocate(0.5, 7) == allocate(0.5, 7)
+    assert allocate(0.5, 7)[0] != allocate(0.5, 8)[0]
+    greedy, explore = allocate(0.0, 7)[1], allocate(1.0, 7)[1]
+    # Greedy leaves the lightest task at its first batch; choosing at random does not.
+    assert greedy[0] == 16 and explore[0] > 64, (greedy, explore)
+
+
+def test_rejects_bad_parameters(mod):
+    with pytest.raises(ValueError, match="alpha"):
+        TaskScheduler(tasks_of(mod, ("a", 1, 1.0)), alpha=1.5)
+    with pytest.raises(ValueError, match="beta"):
+        TaskScheduler(tasks_of(mod, ("a", 1, 1.0)), beta=0.5)

@@ -1,0 +1,251 @@
+"""``nightshift bench`` with real runtimes: TVM builds, ONNX Runtime, OpenVINO and PyTorch on ``tiny``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tuner.bench import TVM_DB, BenchConfig, TvmRunner, bench, export_onnx, interleave, peer_model, render
+from tuner.compile import compile_model
+from tuner.db import TuningDatabase
+from tuner.device import parse_device
+from tuner.frontends import load_model
+from tuner.frontends.zoo import tiny
+from tuner.peers import PEERS, OnnxRuntimePeer, PeerModel, create
+
+pytest.importorskip("onnxruntime")
+
+
+class NotInstalledPeer(OnnxRuntimePeer):
+    """A peer whose runtime is genuinely absent: the harness must list it as skipped."""
+
+    name = "not-installed"
+    module = "nightshift_no_such_runtime"
+    install = "pip install nightshift-no-such-runtime"
+
+
+@pytest.fixture(scope="module")
+def device():
+    return parse_device("cpu", num_cores=2)
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return tiny()
+
+
+@pytest.fixture(scope="module")
+def empty_db(tmp_path_factory):
+    db = TuningDatabase(str(tmp_path_factory.mktemp("bench") / "empty.db"))
+    yield db
+    db.close()
+
+
+@pytest.fixture(scope="module")
+def result(spec, device, empty_db):
+    """One benchmark of tiny (fallback build: the database is empty) against the installed peers."""
+    peers = ("onnxruntime", "openvino-f32", "openvino", "torch", NotInstalledPeer())
+    return bench(spec, device, empty_db, source="tiny", config=BenchConfig(rounds=3, peers=peers))
+
+
+def test_peers_agree_with_tvm(result):
+    ran = [e for e in result.entries if e.status == "ok"]
+    keys = {e.key for e in ran}
+    assert {TVM_DB, "onnxruntime"} <= keys
+    assert result.reference == "onnxruntime"  # the first f32 peer
+    for e in ran:
+        assert e.agrees, (e.key, e.max_error)
+        assert len(e.samples_s) == 3 and all(s > 0 for s in e.samples_s)
+    # The same network, not just the same shapes: f32 runtimes agree to rounding.
+    for e in ran:
+        if e.precision == "f32":
+            assert e.max_error < 1e-4, (e.key, e.max_error)
+    assert result.ok
+    assert result.fastest_peer in keys
+    assert result.ratio(result.entry(result.fastest_peer)) == pytest.approx(1.0)
+
+
+def test_openvino_rows_report_their_precision(result):
+    pytest.importorskip("openvino")
+    f32, default = result.entry("openvino-f32"), result.entry("openvino")
+    assert f32.status == default.status == "ok", (f32.reason, default.reason)
+    assert f32.precision == "f32"
+    assert default.precision in default.label and default.precision in {"f32", "bf16", "f16"}
+
+
+def test_missing_peer_is_skipped_with_install_command(result):
+    e = result.entry("not-installed")
+    assert e.status == "skipped" and "not installed" in e.reason
+    assert e.install == "pip install nightshift-no-such-runtime"
+    assert not e.samples_s and e.agrees is None
+    assert result.ok  # a skipped peer is not a failure
+
+
+def test_rounds_alternate(result):
+    ran = {e.key for e in result.entries if e.status == "ok"}
+    assert len(result.order) == 3
+    for this_round in result.order:
+        assert sorted(this_round) == sorted(ran)  # every runtime once per round
+    assert len({r[0] for r in result.order}) == 3  # a different one starts each round
+
+
+def test_json_fields(result, tmp_path):
+    doc = json.loads(json.dumps(result.to_json()))
+    assert doc["model"] == "tiny" and doc["threads"] == 2 and doc["rounds"] == 3
+    assert {"name", "arch", "fingerprint"} <= set(doc["device"])
+    assert doc["reference"] == "onnxruntime" and doc["ok"] is True
+    by_key = {e["key"]: e for e in doc["entries"]}
+    row = by_key["onnxruntime"]
+    for field in ("label", "kind", "precision", "status", "median_ms", "min_ms", "spread",
+                  "ratio_to_fastest_peer", "max_error", "agrees", "samples_ms"):  # fmt: skip
+        assert field in row
+    assert row["kind"] == "peer" and len(row["samples_ms"]) == 3
+    assert by_key[TVM_DB]["kind"] == "tvm" and by_key[TVM_DB]["median_ms"] > 0
+    assert by_key["not-installed"]["status"] == "skipped" and by_key["not-installed"]["median_ms"] is None
+    table = render(result)
+    assert table.row_count == len(result.entries)
+
+
+class Recorder:
+    """Wraps a real runner and logs each call, to see the order the harness runs them in."""
+
+    def __init__(self, key: str, runner, log: list[str]) -> None:
+        self.key, self.runner, self.log = key, runner, log
+        self.label, self.precision = runner.label, runner.precision
+
+    def run(self, inputs):
+        self.log.append(self.key)
+        return self.runner.run(inputs)
+
+
+def test_interleave_alternates_real_runtimes(spec, device, empty_db, tmp_path):
+    compiled = compile_model(spec, device, empty_db)
+    model = peer_model(spec, "tiny", tmp_path)
+    ort = create("onnxruntime")
+    ort.prepare(model, 2)
+    log: list[str] = []
+    runners = {"tvm": Recorder("tvm", TvmRunner(compiled, device, "tvm"), log), "ort": Recorder("ort", ort, log)}
+    samples, order = interleave(runners, spec.random_inputs(), rounds=3, warmup=1)
+    # Warm-up then timed run per runtime; the starting runtime rotates.
+    assert log == ["tvm", "tvm", "ort", "ort", "ort", "ort", "tvm", "tvm", "tvm", "tvm", "ort", "ort"]
+    assert order == [["tvm", "ort"], ["ort", "tvm"], ["tvm", "ort"]]
+    assert all(len(s) == 3 for s in samples.values())
+
+
+def test_onnx_file_reaches_peers_as_is(spec, device, empty_db, tmp_path):
+    """An ONNX model: TVM imports the file, ONNX Runtime reads the same file, torch has nothing to run."""
+    pytest.importorskip("torch")
+    from tuner.peers.torch_zoo import torch_zoo_model
+
+    path = tmp_path / "tiny_export.onnx"
+    export_onnx(torch_zoo_model(spec), spec.random_inputs(), ["x"], path)
+    onnx_spec = load_model(str(path))
+    res = bench(onnx_spec, device, empty_db, source=str(path),
+                config=BenchConfig(rounds=2, peers=("onnxruntime", "torch")))  # fmt: skip
+    assert res.entry("onnxruntime").agrees and res.entry(TVM_DB).agrees
+    assert res.entry(TVM_DB).max_error < 1e-4
+    torch_row = res.entry("torch")
+    assert torch_row.status == "skipped" and "ONNX model" in torch_row.reason
+
+
+def test_torch_twin_fails_loudly_on_a_wrong_parameter(spec):
+    pytest.importorskip("torch")
+    from tuner.frontends.model import ModelSpec
+    from tuner.peers.torch_zoo import torch_zoo_model
+
+    params = dict(spec.params)
+    params["fc.weights"] = params.pop("fc.weight")
+    with pytest.raises(RuntimeError, match=r"fc\.weight"):
+        torch_zoo_model(ModelSpec(spec.name, spec.mod, params))
+
+
+def test_torch_compile_matches_eager(spec, tmp_path):
+    """torch.compile runs (it needs a C++ compiler) and computes what eager mode does."""
+    pytest.importorskip("torch")
+    model: PeerModel = peer_model(spec, "tiny", tmp_path)
+    inputs = spec.random_inputs()
+    eager, compiled = create("torch"), create("torch.compile")
+    eager.prepare(model, 2)
+    compiled.prepare(model, 2)
+    a, b = eager.run(inputs), compiled.run(inputs)
+    assert len(a) == len(b) == 1
+    np.testing.assert_allclose(b[0], a[0], rtol=1e-4, atol=1e-5)
+    assert "torch.compile" in compiled.label
+
+
+def test_registry_names_and_unknown_peer():
+    assert list(PEERS) == ["onnxruntime", "openvino-f32", "openvino", "torch", "torch.compile"]
+    with pytest.raises(ValueError, match="onnxruntime"):
+        create("tensorrt")
+
+
+def test_cli_bench_writes_json(tmp_path: Path):
+    from tuner.cli import main
+
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "--model", "tiny", "--db", str(tmp_path / "t.db"), "--json", str(out), "--rounds", "2",
+               "--peers", "onnxruntime", "--num-cores", "2"])  # fmt: skip
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert [e["key"] for e in doc["entries"]] == [TVM_DB, "onnxruntime"]
+    assert all(e["agrees"] for e in doc["entries"])
+
+
+@pytest.mark.parametrize(("name", "options"), [
+    ("resnet18", {"image_size": 32}),
+    ("mobilenet_v2", {"image_size": 32}),
+    ("bert-base", {"seq_len": 8}),
+])  # fmt: skip
+def test_torch_twin_computes_what_the_zoo_does(name, options, device):
+    """Each zoo network rebuilt in PyTorch gives TVM's output on the same weights (small inputs)."""
+    torch = pytest.importorskip("torch")
+    from tuner.frontends.zoo import build_zoo_model
+    from tuner.peers.torch_zoo import torch_zoo_model
+
+    zoo = build_zoo_model(name, **options)
+    inputs = zoo.random_inputs(seed=1)
+    expected = TvmRunner(compile_model(zoo, device, None), device, "tvm").run(inputs)
+    with torch.inference_mode():
+        got = torch_zoo_model(zoo)(*(torch.from_numpy(x) for x in inputs)).numpy()
+    from tuner.bench import scaled_max_error
+
+    assert scaled_max_error(expected, [got]) < 1e-4
+
+
+def test_closing_comparison_for_tune(spec, device, empty_db):
+    """tune's closing rows: nothing tuned, so no separate fallback row; the faster quick peer."""
+    from tuner.bench import QUICK_PEERS, closing_comparison
+
+    compiled = compile_model(spec, device, empty_db)
+    row = closing_comparison(spec, device, empty_db, compiled, source="tiny",
+                             config=BenchConfig(rounds=2, peers=QUICK_PEERS))  # fmt: skip
+    assert row.fallback is None and row.agree
+    assert row.peer is not None and row.peer > 0 and row.tuned > 0
+    assert row.peer_label.startswith(("ONNX Runtime", "OpenVINO")) and "tuned / " in row.summary
+    missing = closing_comparison(spec, device, empty_db, compiled, source="tiny",
+                                 config=BenchConfig(rounds=1, peers=(NotInstalledPeer(),)))  # fmt: skip
+    assert missing.peer is None and "not installed" in missing.summary and "nightshift[bench]" in missing.summary
+
+
+def test_a_different_network_is_caught(spec, device, empty_db, tmp_path):
+    """A peer fed other weights than TVM's disagrees, and the result is not ok."""
+    pytest.importorskip("torch")
+    from tuner.frontends.model import ModelSpec
+    from tuner.peers.torch_zoo import torch_zoo_model
+
+    other = ModelSpec(spec.name, spec.mod, {k: v * np.float32(1.1) for k, v in spec.params.items()})
+    path = tmp_path / "other.onnx"
+    export_onnx(torch_zoo_model(other), spec.random_inputs(), ["x"], path)
+    res = bench(spec, device, empty_db, source=str(path), config=BenchConfig(rounds=1, peers=("onnxruntime",)))
+    assert res.entry(TVM_DB).agrees is False and res.entry(TVM_DB).max_error > 1e-2
+    assert not res.ok
+
+
+def test_cli_rejects_bad_rounds(tmp_path):
+    from tuner.cli import main
+
+    assert main(["bench", "--model", "tiny", "--db", str(tmp_path / "t.db"), "--rounds", "0"]) == 2
+    assert main(["bench", "--model", "tiny", "--db", str(tmp_path / "t.db"), "--json", "/no/such/dir/b.json"]) == 2

@@ -1,0 +1,474 @@
+"""``nightshift bench``: Nightshift's builds against the runtimes a user would deploy instead.
+
+One process, one random input, one thread count (the device's ``num-cores``) for everyone:
+the build from the tuning database, the zero-trial fallback build (every operator on the
+fallback schedule), and the installed peers (ONNX Runtime, OpenVINO at f32 and at its default
+precision, PyTorch eager and ``torch.compile``) all run the same network. Zoo models reach the
+peers as the same network rebuilt in PyTorch (:mod:`tuner.peers.torch_zoo`) with the zoo's
+weights, exported to ONNX; ONNX models as the file itself. Runs are interleaved in rounds,
+because this project's machines drift by 1.5x within minutes: every round runs every entry
+once (after an untimed warm-up run that also absorbs the previous runtime's spinning
+threads), starting at a different entry each round. Outputs are compared with a reference
+peer, so a network that differs between runtimes shows up as an error, not as a speed.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from tuner.device import Device
+from tuner.errors import UserInputError
+from tuner.frontends import ModelSpec
+from tuner.peers import Peer, PeerModel, PeerSkipped, create
+
+logger = logging.getLogger(__name__)
+
+#: Peers a benchmark runs unless told otherwise, in table order.
+DEFAULT_PEERS = ("onnxruntime", "openvino-f32", "openvino", "torch", "torch.compile")
+#: The peers ``tune``'s closing table picks its one comparison from (f32, quick to prepare).
+QUICK_PEERS = ("onnxruntime", "openvino-f32")
+#: Installs every peer and what the zoo's export needs.
+BENCH_EXTRA = "pip install 'nightshift[bench]'"
+
+TVM_DB = "tvm"
+TVM_FALLBACK = "tvm-fallback"
+
+Status = Literal["ok", "skipped", "failed"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchConfig:
+    """How to benchmark.
+
+    Attributes:
+        rounds: timed runs of every entry, one per round.
+        warmup_per_round: untimed runs before each timed one.
+        peers: peer names (see :data:`tuner.peers.PEERS`) or instances, in table order.
+        fallback: also build and run the zero-trial fallback build.
+        tolerance: largest scaled error (max |a - ref| / max |ref|) of an f32 entry.
+        low_precision_tolerance: the same for entries a runtime ran in bf16/f16.
+        seed: seed of the random input.
+    """
+
+    rounds: int = 10
+    warmup_per_round: int = 1
+    peers: tuple[str | Peer, ...] = DEFAULT_PEERS
+    fallback: bool = True
+    tolerance: float = 1e-3
+    low_precision_tolerance: float = 5e-2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1:
+            raise UserInputError(f"--rounds must be a positive integer, got {self.rounds}")
+        if self.warmup_per_round < 0:
+            raise ValueError(f"warmup_per_round must be >= 0, got {self.warmup_per_round}")
+
+
+class Runner(Protocol):
+    """What the rounds run: a peer after ``prepare``, or a TVM build."""
+
+    label: str
+    precision: str
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """Run once; the outputs as numpy arrays."""
+        ...
+
+
+class TvmRunner:
+    """A compiled model on TVM's Relax VM, on ``device``'s thread count (as ``run_model`` does)."""
+
+    def __init__(self, compiled: Any, device: Device, label: str, precision: str = "f32") -> None:
+        import tvm
+        from tvm import relax
+
+        device.use_threads()
+        self._tvm = tvm
+        self._dev = device.tvm_device()
+        self._vm = relax.VirtualMachine(compiled.executable, self._dev)
+        self.label = label
+        self.precision = precision
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """Copy the inputs in, run ``main``, copy the outputs out (as the peers do)."""
+        args = [self._tvm.runtime.tensor(x, self._dev) for x in inputs]
+        return self._flatten(self._vm["main"](*args))
+
+    def _flatten(self, out: Any) -> list[np.ndarray]:
+        if isinstance(out, self._tvm.runtime.Tensor):
+            return [out.numpy()]
+        return [x for o in out for x in self._flatten(o)]
+
+
+@dataclass
+class Entry:
+    """One row of the benchmark: a TVM build or a peer, its timings and its error."""
+
+    key: str
+    label: str
+    kind: Literal["tvm", "peer"]
+    precision: str = "f32"
+    status: Status = "ok"
+    reason: str = ""
+    install: str = ""
+    note: str = ""
+    samples_s: list[float] = field(default_factory=list)
+    max_error: float | None = None
+    agrees: bool | None = None
+
+    @property
+    def median_s(self) -> float | None:
+        """Median latency in seconds (None without samples)."""
+        return float(np.median(self.samples_s)) if self.samples_s else None
+
+    @property
+    def spread(self) -> float | None:
+        """Interquartile range over the median: how much the rounds disagree."""
+        if not self.samples_s:
+            return None
+        q1, q3 = np.percentile(self.samples_s, [25, 75])
+        return float((q3 - q1) / max(float(np.median(self.samples_s)), 1e-12))
+
+
+@dataclass
+class BenchResult:
+    """Everything a benchmark measured; :meth:`to_json` is what ``--json`` writes."""
+
+    model: str
+    device: Device
+    threads: int
+    config: BenchConfig
+    entries: list[Entry]
+    order: list[list[str]]
+    reference: str | None
+    fastest_peer: str | None
+
+    def entry(self, key: str) -> Entry:
+        """The entry named ``key`` (``tvm``, ``tvm-fallback`` or a peer name)."""
+        return next(e for e in self.entries if e.key == key)
+
+    def ratio(self, entry: Entry) -> float | None:
+        """``entry``'s median latency over the fastest f32 peer's."""
+        if self.fastest_peer is None or entry.median_s is None:
+            return None
+        return entry.median_s / self.entry(self.fastest_peer).median_s  # type: ignore[operator]
+
+    @property
+    def ok(self) -> bool:
+        """Whether every entry that ran agrees with the reference within its tolerance."""
+        return all(e.agrees is not False for e in self.entries)
+
+    def to_json(self) -> dict[str, Any]:
+        """The result as plain JSON types."""
+        return {
+            "model": self.model,
+            "device": {"name": self.device.name, "arch": self.device.arch, "fingerprint": self.device.fingerprint,
+                       "cpu": self.device.description.get("model")},
+            "threads": self.threads,
+            "rounds": self.config.rounds,
+            "warmup_per_round": self.config.warmup_per_round,
+            "tolerance": {"f32": self.config.tolerance, "low_precision": self.config.low_precision_tolerance},
+            "reference": self.reference,
+            "fastest_peer": self.fastest_peer,
+            "ok": self.ok,
+            "order": self.order,
+            "entries": [
+                {"key": e.key, "label": e.label, "kind": e.kind, "precision": e.precision, "status": e.status,
+                 "reason": e.reason, "install": e.install, "note": e.note,
+                 "median_ms": _ms(e.median_s), "min_ms": _ms(min(e.samples_s) if e.samples_s else None),
+                 "spread": e.spread, "ratio_to_fastest_peer": self.ratio(e), "max_error": e.max_error,
+                 "agrees": e.agrees, "samples_ms": [s * 1e3 for s in e.samples_s]}
+                for e in self.entries
+            ],
+        }  # fmt: skip
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
+
+
+def scaled_max_error(reference: Sequence[np.ndarray], outputs: Sequence[np.ndarray]) -> float:
+    """max |out - ref| / max |ref| over all outputs (as ``tune``'s check); inf if shapes differ."""
+    if len(reference) != len(outputs):
+        return float("inf")
+    worst = 0.0
+    for ref, out in zip(reference, outputs, strict=True):
+        if np.shape(ref) != np.shape(out):
+            return float("inf")
+        ref64 = np.asarray(ref, dtype=np.float64)
+        scale = max(float(np.max(np.abs(ref64))) if ref64.size else 0.0, 1e-6)
+        diff = np.abs(ref64 - np.asarray(out, dtype=np.float64))
+        worst = max(worst, float(np.max(diff)) / scale if diff.size else 0.0)
+    return worst if np.isfinite(worst) else float("inf")
+
+
+def interleave(
+    runners: dict[str, Runner], inputs: list[np.ndarray], *, rounds: int, warmup: int = 1
+) -> tuple[dict[str, list[float]], list[list[str]]]:
+    """Time every runner once per round, rotating which one starts each round.
+
+    Returns:
+        the latencies (seconds) of each runner in round order, and the keys in the order they
+        ran, one list per round.
+    """
+    keys = list(runners)
+    samples: dict[str, list[float]] = {k: [] for k in keys}
+    order: list[list[str]] = []
+    for r in range(rounds):
+        start = r % len(keys) if keys else 0
+        this_round = keys[start:] + keys[:start]
+        for key in this_round:
+            runner = runners[key]
+            for _ in range(warmup):
+                runner.run(inputs)
+            t0 = time.perf_counter()
+            runner.run(inputs)
+            samples[key].append(time.perf_counter() - t0)
+        order.append(this_round)
+        logger.debug("round %d/%d: %s", r + 1, rounds, {k: f"{samples[k][-1] * 1e3:.2f} ms" for k in this_round})
+    return samples, order
+
+
+def peer_model(spec: ModelSpec, source: str, workdir: Path) -> PeerModel:
+    """The network of ``spec`` in the forms peers take: an ONNX file and, for zoo models, torch.
+
+    ``source`` is what ``--model`` said: an ONNX path is used as it is; a zoo model is rebuilt
+    in PyTorch with ``spec.params`` and exported to ``workdir``.
+    """
+    if source.lower().endswith(".onnx"):
+        return PeerModel(spec.name, Path(source), torch_reason="an ONNX model has no PyTorch module here")
+    if ":" in source:
+        reason = "PyTorch factories are not benchmarked against peers yet"
+        return PeerModel(spec.name, None, torch_reason=reason, onnx_reason=reason)
+    if any(np.dtype(v.dtype) != np.float32 for v in spec.params.values()):
+        reason = "peers run float32 zoo models only"
+        return PeerModel(spec.name, None, torch_reason=reason, onnx_reason=reason)
+    try:
+        from tuner.peers.torch_zoo import torch_zoo_model
+    except ImportError:
+        reason = f"the zoo's PyTorch twin and its ONNX export need torch: {BENCH_EXTRA}"
+        return PeerModel(spec.name, None, torch_reason=reason, onnx_reason=reason)
+    module = torch_zoo_model(spec)
+    path = workdir / f"{spec.name}.onnx"
+    try:
+        export_onnx(module, spec.random_inputs(), [i.name for i in spec.inputs], path)
+    except Exception as err:  # the exporter raises many kinds; ORT/OpenVINO then skip with it
+        logger.warning("cannot export %s to ONNX: %s", spec.name, err)
+        return PeerModel(spec.name, None, module, onnx_reason=f"ONNX export failed: {type(err).__name__}: {err}")
+    return PeerModel(spec.name, path, module)
+
+
+def export_onnx(module: Any, inputs: list[np.ndarray], input_names: list[str], path: Path) -> None:
+    """Export ``module`` with torch's TorchScript-based exporter (opset 17).
+
+    torch 2.13's default (dynamo) exporter needs onnxscript; the TorchScript one needs nothing
+    more and handles every zoo network.
+    """
+    import torch
+
+    args = tuple(torch.from_numpy(x) for x in inputs)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # its deprecation notice; errors still raise
+        torch.onnx.export(module, args, str(path), input_names=input_names, opset_version=17,
+                          do_constant_folding=True, dynamo=False)  # fmt: skip
+
+
+def bench(
+    spec: ModelSpec,
+    device: Device,
+    db: Any,
+    *,
+    source: str,
+    config: BenchConfig | None = None,
+    compiled: Any | None = None,
+    on_stage: Callable[[str], None] | None = None,
+) -> BenchResult:
+    """Benchmark ``spec`` on ``device``: TVM's database and fallback builds against the peers.
+
+    Args:
+        spec: the model.
+        device: a CPU device; its ``num-cores`` is everyone's thread count.
+        db: the tuning database (a :class:`tuner.db.TuningDatabase`).
+        source: the ``--model`` text (an ONNX path reaches the peers as that file).
+        config: how to benchmark.
+        compiled: the database build if the caller already has it (``tune`` does).
+        on_stage: called with a short description as each stage starts.
+
+    Raises:
+        UserInputError: the device is not a CPU.
+    """
+    from tuner.compile import compile_model
+    from tuner.db import TuningDatabase
+
+    config = config or BenchConfig()
+    stage = on_stage or (lambda _text: None)
+    if device.kind != "cpu":
+        raise UserInputError(f"bench compares CPU runtimes; {device.name} is not supported yet (use --device cpu)")
+    threads = int(device.target_config.get("num-cores") or 1)
+    inputs = spec.random_inputs(seed=config.seed)
+    precision = "f16" if any(i.dtype == "float16" for i in spec.inputs) else "f32"
+    entries: list[Entry] = []
+    runners: dict[str, Runner] = {}
+    outputs: dict[str, list[np.ndarray]] = {}
+
+    def first_run(entry: Entry, runner: Runner) -> None:
+        # The first run compiles lazily for some runtimes (torch.compile): a failure is a skip.
+        try:
+            outputs[entry.key] = runner.run(inputs)
+        except Exception as err:  # any runtime's error: this entry is skipped, the others go on
+            entry.status, entry.reason = "failed", f"first run failed: {_describe(err)}"
+            logger.warning("%s: %s", entry.label, entry.reason)
+            return
+        runners[entry.key] = runner
+
+    with ExitStack() as stack:
+        stage("compiling from the database")
+        if compiled is None:
+            compiled = compile_model(spec, device, db)
+        tuned_any = bool(compiled.tuned)
+        label = "TVM, database" if tuned_any else "TVM fallback (no records for this device)"
+        db_entry = Entry(TVM_DB, label, "tvm", precision,
+                         note=f"{len(compiled.tuned)} ops tuned, {len(compiled.fallback)} untuned, "
+                              f"compiled in {compiled.compile_s:.1f} s")  # fmt: skip
+        entries.append(db_entry)
+        first_run(db_entry, TvmRunner(compiled, device, label, precision))
+        if config.fallback and tuned_any:
+            stage("compiling the fallback build")
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nightshift-bench-")))
+            # A database without records: every operator gets the fallback schedule.
+            empty = TuningDatabase(str(tmp / "empty.db"))
+            try:
+                fallback = compile_model(spec, device, empty)
+            finally:
+                empty.close()
+            fb_entry = Entry(TVM_FALLBACK, "TVM fallback (0 trials)", "tvm", precision,
+                             note=f"{len(fallback.fallback)} ops on the fallback schedule")  # fmt: skip
+            entries.append(fb_entry)
+            first_run(fb_entry, TvmRunner(fallback, device, fb_entry.label, precision))
+
+        model: PeerModel | None = None
+        for item in config.peers:
+            peer = create(item)
+            entry = Entry(peer.name, peer.label, "peer", install=peer.install)
+            entries.append(entry)
+            availability = peer.available()
+            if not availability:
+                entry.status, entry.reason, entry.install = "skipped", availability.reason, availability.install
+                continue
+            if model is None:
+                stage("exporting the network for the peers")
+                workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nightshift-peers-")))
+                model = peer_model(spec, source, workdir)
+            stage(f"preparing {peer.name}")
+            try:
+                peer.prepare(model, threads)
+            except PeerSkipped as err:
+                entry.status, entry.reason = "skipped", str(err)
+                continue
+            except Exception as err:  # a runtime that cannot load the model is reported, not fatal
+                entry.status, entry.reason = "failed", _describe(err)
+                logger.warning("%s: %s", peer.name, entry.reason)
+                continue
+            entry.label, entry.precision = peer.label, peer.precision
+            first_run(entry, peer)
+
+        stage(f"{config.rounds} interleaved rounds of {len(runners)} runtimes")
+        samples, order = interleave(runners, inputs, rounds=config.rounds, warmup=config.warmup_per_round)
+
+    for entry in entries:
+        entry.samples_s = samples.get(entry.key, [])
+    reference = next((e.key for e in entries if e.kind == "peer" and e.key in outputs and e.precision == "f32"),
+                     next((e.key for e in entries if e.key in outputs), None))  # fmt: skip
+    if reference is not None:
+        for entry in entries:
+            if entry.key in outputs:
+                entry.max_error = scaled_max_error(outputs[reference], outputs[entry.key])
+                tol = config.tolerance if entry.precision == precision else config.low_precision_tolerance
+                entry.agrees = entry.max_error <= tol
+    fast = [e for e in entries if e.kind == "peer" and e.samples_s and e.precision == "f32"]
+    fastest = min(fast, key=lambda e: e.median_s or 0.0).key if fast else None
+    return BenchResult(spec.name, device, threads, config, entries, order, reference, fastest)
+
+
+def _describe(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0][:200] if lines else ''}"
+
+
+def _fmt_ms(ms: float) -> str:
+    return f"{ms:,.1f}" if ms >= 10 else f"{ms:.3g}"
+
+
+def render(result: BenchResult) -> Any:
+    """The result as a rich Table: median, spread, ratio to the fastest f32 peer, max error."""
+    from rich.table import Table
+
+    fastest = result.entry(result.fastest_peer).label if result.fastest_peer else "none ran"
+    table = Table(title=f"{result.model} on {result.device.name} ({result.device.arch}), {result.threads} threads, "
+                        f"{result.config.rounds} interleaved rounds; ratio to {fastest}")  # fmt: skip
+    for col, justify in (("runtime", "left"), ("precision", "left"), ("median ms", "right"), ("spread (IQR)", "right"),
+                         ("x fastest peer", "right"), ("max error", "right"), ("note", "left")):  # fmt: skip
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for e in result.entries:
+        if e.status != "ok":
+            note = f"{e.status}: {e.reason}" + (f" ({e.install})" if e.install and e.status == "skipped" else "")
+            table.add_row(e.label, "", "", "", "", "", note)
+            continue
+        ratio = result.ratio(e)
+        error = "" if e.max_error is None else ("reference" if e.key == result.reference else f"{e.max_error:.1e}")
+        if e.agrees is False:
+            error = f"[red]{error} MISMATCH[/]"
+        median = "" if e.median_s is None else _fmt_ms(e.median_s * 1e3)
+        table.add_row(e.label, e.precision, median, f"{(e.spread or 0) * 100:.0f}%",
+                      "" if ratio is None else f"{ratio:.2f}x", error, e.note)  # fmt: skip
+    return table
+
+
+@dataclass(frozen=True)
+class ClosingComparison:
+    """What ``tune``'s closing table adds: the fallback build and the fastest peer, in seconds.
+
+    ``fallback`` is None when nothing was tuned (the tuned build is the fallback build);
+    ``peer`` is None when no peer ran (``summary`` says why).
+    """
+
+    fallback: float | None
+    tuned: float
+    peer: float | None
+    peer_label: str
+    summary: str
+    agree: bool
+
+
+def closing_comparison(
+    spec: ModelSpec, device: Device, db: Any, compiled: Any, *, source: str, config: BenchConfig
+) -> ClosingComparison:
+    """Benchmark the tuned build ``compiled`` against the fallback build and ``config.peers``."""
+    result = bench(spec, device, db, source=source, config=config, compiled=compiled)
+    tuned = result.entry(TVM_DB).median_s or float("nan")
+    fallback = next((e.median_s for e in result.entries if e.key == TVM_FALLBACK), None)
+    peers = [e for e in result.entries if e.kind == "peer"]
+    if result.fastest_peer is None:
+        why = "; ".join(f"{e.key}: {e.reason}" for e in peers) or "none asked for"
+        missing = any(e.status == "skipped" and e.install for e in peers)
+        summary = f"no peer ran ({why})" + (f"; {BENCH_EXTRA} to compare with the peers" if missing else "")
+        return ClosingComparison(fallback, tuned, None, "", summary, result.ok)
+    best = result.entry(result.fastest_peer)
+    peer = best.median_s or float("nan")  # the fastest peer is chosen among entries with samples
+    parts = [f"tuned / {best.label}: {tuned / peer:.2f}x"]
+    if fallback is not None:
+        parts.append(f"tuned / fallback build: {tuned / fallback:.2f}x")
+    parts.append(f"latency ratios of interleaved medians ({config.rounds} rounds); max error vs {result.reference} "
+                 f"{max((e.max_error or 0.0) for e in result.entries if e.agrees is not None):.1e}")  # fmt: skip
+    return ClosingComparison(fallback, tuned, peer, best.label, "; ".join(parts), result.ok)
