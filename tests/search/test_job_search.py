@@ -32,6 +32,13 @@ def _records(db_path) -> list[tuple[int, str, str, float | None]]:
                             "JOIN workloads w ON w.id = r.workload_id ORDER BY r.id").fetchall()  # fmt: skip
 
 
+def _hashes(db_path) -> list[str | None]:
+    import sqlite3
+
+    with sqlite3.connect(db_path) as conn:
+        return [h for (h,) in conn.execute("SELECT program_hash FROM records ORDER BY id")]
+
+
 def _bred_from(child: Point, parents: list[Point]) -> bool:
     """A one-knob mutation of a parent, or a per-knob mix of two parents of its sketch."""
     same = [p for p in parents if p.sketch == child.sketch]
@@ -59,21 +66,26 @@ def test_second_job_seeds_from_the_first_and_never_remeasures(ray_cluster, cpu_d
     assert s2.trials == 8
     rows = _records(db_path)
     assert len(rows) == 16
-    # Never measured twice: (workload, kind, point) is unique across both jobs.
+    # Never measured twice: (workload, kind, point) is unique across both jobs, and so is
+    # the program the point gives (equal programs from different knobs are skipped).
     keys = [(w, *parse_record_point(p)) for _, w, p, _ in rows]
     assert len(set(keys)) == len(keys)
+    hashes = _hashes(db_path)
+    assert len(hashes) == 16 and None not in hashes and len(set(hashes)) == 16
 
     # The second job's strategies were told every record of the first before proposing.
     matmul, conv = tasks[0].workload_key, tasks[1].workload_key
     told = second.searches[0].strategies[0].results
     first_ids = {parse_record_point(p)[1] for j, w, p, _ in job1 if w == matmul}
     assert first_ids <= set(told)
-    # Its population came from them: the matmul points of job 2 are mostly bred from the
-    # measured points of job 1 (in a space of 5 million points, random draws never are).
+    # Its population came from them: some matmul point of job 2 is bred from a measured
+    # point of job 1 (a one-knob mutation or a mix of two); in a space of 5 million points a
+    # random draw essentially never is. (Later batches, ranked by a model trained on a
+    # handful of points, may prefer fresh samples; the first is bred from job 1's points.)
     parents = [Point.from_json(p) for j, w, p, sec in job1 if w == matmul and sec is not None]
     children = [Point.from_json(p) for j, w, p, _ in rows if j == s2.job_id and w == matmul]
     assert parents and children
-    assert sum(_bred_from(c, parents) for c in children) >= 2, (children, parents)
+    assert sum(_bred_from(c, parents) for c in children) >= 1, (children, parents)
 
     # Both spaces of the conv were searched (the bandit gives each a first share), and the
     # records say which space each point belongs to.

@@ -19,16 +19,17 @@ class EvolutionarySearch(SearchStrategy):
 
     Each ``propose``: the population starts from the ``population`` fastest points measured
     so far (this job's and every record told from the database: earlier jobs, teammates),
-    topped up with fresh samples. For ``generations`` rounds, parents are drawn by predicted
-    score (rank-weighted; by measured speed before the model has data) and each child is a
-    mutation of one knob of a parent (tile factors: one prime factor moved between two loop
-    levels, TVM's ``SamplePerfectTile`` domain; other knobs: a neighbour or any other value)
-    or, with ``crossover`` probability, a uniform per-knob crossover of two parents of the
-    same sketch (a combination MetaSchedule cannot make on opaque traces). Children that
-    the space rejects or that were seen are dropped; the best of the population survive.
-    The batch is the unseen candidates with the highest predicted scores, plus an
-    ``epsilon`` share of fresh uniform samples so the model keeps seeing points it would not
-    pick: at least one when ``n >= 2``, and with probability ``epsilon`` when ``n == 1``.
+    topped up with fresh samples once the model has data to rank them. For ``generations``
+    rounds, parents are drawn by predicted score (rank-weighted; by measured speed before the
+    model has data) and each child is a mutation of one knob of a parent (tile factors: one
+    prime factor moved between two loop levels, TVM's ``SamplePerfectTile`` domain; other
+    knobs: a neighbour or any other value) or, with ``crossover`` probability, a uniform
+    per-knob crossover of two parents of the same sketch (a combination MetaSchedule cannot
+    make on opaque traces). Children that the space rejects or that were seen are dropped;
+    the best of the population survive. The batch is the unseen candidates with the highest
+    predicted scores, plus an ``epsilon`` share of fresh uniform samples so the model keeps
+    seeing points it would not pick: at least one when ``n >= 2``, and with probability
+    ``epsilon`` when ``n == 1``.
     """
 
     name = "evolutionary"
@@ -69,7 +70,10 @@ class EvolutionarySearch(SearchStrategy):
         n_random = self.random_share(n, evolved=bool(parents))
         if n_random == n:
             return Proposal(self._fresh(n))
-        fresh = self._fresh(max(self.population - len(parents), 0))
+        # Fresh samples join the population only when the model can rank them; before, they
+        # carry no evidence, and breeding stays with the measured points (the batch's random
+        # share explores).
+        fresh = self._fresh(max(self.population - len(parents), 0)) if trained else []
         pop = parents + fresh
         pool: dict[str, Candidate] = {c.id: c for c in fresh}
         scores = self._score(model if trained else None, pop, fitness)
