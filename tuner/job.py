@@ -32,6 +32,8 @@ logger = logging.getLogger(__name__)
 
 # Batches in flight: one measured while the next is proposed.
 PIPELINE_DEPTH = 2
+# Proposals per batch when candidates turn out to be programs measured already.
+_PROPOSE_ROUNDS = 3
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -227,33 +229,41 @@ class TuningJob:
         with self.measurer.pausable():
             ts = self._search(i)
             k = ts.bandit.choose(exclude=ts.exhausted)
-            proposal = ts.strategies[k].propose(size, self.model)
-            if not proposal.candidates:
-                logger.info("task %s: %s space exhausted", task.name, ts.kinds[k])
-                ts.exhausted.add(k)
-                if len(ts.exhausted) == len(ts.kinds):
-                    self.scheduler.retire(i, "search space exhausted")
-                return None
+            strategy = ts.strategies[k]
             # Different knobs can give the same program: one measured already (by any job,
-            # any teammate, or in flight) is not measured again. The strategy is told it as
-            # a failure so it is never proposed again either.
-            keep, hashes = [], []
-            for c in proposal.candidates:
-                h = program_hash(c.schedule.mod)
-                if h in ts.hashes:
-                    ts.strategies[k].tell(c.id, Result(None, "duplicate program"))
-                    continue
-                ts.hashes.add(h)
-                keep.append(c)
-                hashes.append(h)
+            # any teammate, or in flight) is not measured again; the strategy is told it as a
+            # failure so it is not proposed again either, and is asked for more in its place.
+            keep: list[Candidate] = []
+            hashes: list[str] = []
+            feats = None
+            for attempt in range(_PROPOSE_ROUNDS):
+                proposal = strategy.propose(size - len(keep), self.model)
+                if not proposal.candidates:
+                    if attempt == 0:
+                        logger.info("task %s: %s space exhausted", task.name, ts.kinds[k])
+                        ts.exhausted.add(k)
+                        if len(ts.exhausted) == len(ts.kinds):
+                            self.scheduler.retire(i, "search space exhausted")
+                    break
+                fresh = []
+                for n, c in enumerate(proposal.candidates):
+                    h = program_hash(c.schedule.mod)
+                    if h in ts.hashes:
+                        strategy.tell(c.id, Result(None, "duplicate program"))
+                        continue
+                    ts.hashes.add(h)
+                    fresh.append(n)
+                    keep.append(c)
+                    hashes.append(h)
+                # A strategy's own features serve when one round filled the batch.
+                if attempt == 0 and proposal.features is not None:
+                    feats = proposal.features[fresh]
+                if len(keep) >= size:
+                    break
             if not keep:
                 return None
-            feats = proposal.features
-            if feats is None:
+            if feats is None or len(feats) != len(keep):
                 feats = cost_models.extract_features(task.mod, self.device.target, [c.schedule for c in keep])
-            elif len(keep) < len(proposal.candidates):
-                ids = {c.id for c in keep}
-                feats = feats[[n for n, c in enumerate(proposal.candidates) if c.id in ids]]
         # Counted when proposed, so the next batch, proposed while this one is in flight,
         # already sees this space's share (every space gets a first batch before a second).
         ts.bandit.update(k, len(keep), None)
