@@ -181,6 +181,51 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     )  # fmt: skip
 
 
+def _static_shape(expr: relax.Expr) -> tuple[int, ...] | None:
+    shape = getattr(getattr(expr, "ty", None), "shape", None)
+    values = getattr(shape, "values", None)
+    if values is None or not all(isinstance(d, tvm.tirx.IntImm) for d in values):
+        return None
+    return tuple(int(d) for d in values)
+
+
+def simplify_sums(mod: tvm.IRModule) -> tvm.IRModule:
+    """Rewrite ``sum(stack([a, b, ...]), axis=stacked)`` as ``a + b + ...`` and drop
+    ``broadcast_to`` onto a tensor's own shape.
+
+    ONNX's importer writes every ``Sum`` node (ResNet's residual adds) that way; the 5-D
+    stacked tensor has no layout ``ConvertLayout`` can carry a blocked layout through (it
+    fails with "Invalid SLayout"), and an add fuses into the conv before it.
+    """
+    from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+    def same_shape_broadcast(expr: relax.Expr, matches: dict) -> relax.Expr:
+        src = expr.args[0]
+        return src if _static_shape(src) is not None and _static_shape(src) == _static_shape(expr) else expr
+
+    stack = is_op("relax.stack")(wildcard())
+    summed = is_op("relax.sum")(stack)
+
+    def sum_of_stack(expr: relax.Expr, matches: dict) -> relax.Expr:
+        stacked = matches[stack]
+        parts = stacked.args[0]
+        axis = int(stacked.attrs.axis)
+        if not isinstance(parts, relax.Tuple) or expr.attrs.keepdims or [int(a) for a in expr.attrs.axis] != [axis]:
+            return expr
+        out = parts.fields[0]
+        for part in parts.fields[1:]:
+            out = relax.op.add(out, part)
+        return out
+
+    funcs = {}
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            func = rewrite_call(is_op("relax.broadcast_to")(wildcard(), wildcard()), same_shape_broadcast, func)
+            func = rewrite_call(summed, sum_of_stack, func)
+        funcs[gv] = func
+    return tvm.IRModule(funcs, attrs=mod.attrs)
+
+
 def prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> tvm.IRModule:
     """Put every conv of a bound module (weights as constants) in its planned layout.
 
@@ -197,6 +242,7 @@ def prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> t
             wanted[call] = layouts
     if not wanted:
         return mod
+    mod = simplify_sums(mod)
 
     # ConvertLayout asks for the layouts of the original call (before it rewrites its args).
     def layout_cb(call: relax.Call) -> dict[str, list[str]]:

@@ -17,6 +17,7 @@ from tuner.layout import (
     conv_calls,
     conv_task_keys,
     prepare,
+    simplify_sums,
     vector_lanes,
 )
 from tuner.tasks import extract_tasks
@@ -65,6 +66,26 @@ def test_batch_norm_folds_into_the_conv(cpu_device):
     unfolded = relax.transform.DecomposeOpsForInference()(relax.transform.BindParams("main", tensors)(spec.mod))
     inputs = spec.random_inputs()
     assert _scaled_error(_run(unfolded, cpu_device.target, inputs), _run(bound, cpu_device.target, inputs)) < 1e-5
+
+
+def test_onnx_style_sums_become_adds_and_convert(cpu_device):
+    """ONNX's ``Sum`` (broadcast_to, stack, sum) blocks ConvertLayout; it becomes an add."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 8, 6, 6), "float32"))
+    w = relax.const(np.random.default_rng(0).standard_normal((8, 8, 3, 3)).astype("float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            conv = bb.emit(relax.op.nn.conv2d(x, w, padding=1))
+            parts = [bb.emit(relax.op.broadcast_to(v, relax.ShapeExpr([1, 8, 6, 6]))) for v in (conv, x)]
+            stacked = bb.emit(relax.op.stack(relax.Tuple(parts), axis=0))
+            out = bb.emit_output(relax.op.sum(stacked, axis=[0]))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    script = simplify_sums(mod).script()
+    assert "R.stack(" not in script and "R.broadcast_to(" not in script and "R.add(" in script
+    inputs = [np.random.default_rng(1).uniform(-1, 1, (1, 8, 6, 6)).astype("float32")]
+    got = _run(prepare(mod, cpu_device.target, LayoutPlan("NCHW8c")), cpu_device.target, inputs)
+    assert _scaled_error(_run(mod, cpu_device.target, inputs), got) < 1e-5
 
 
 @pytest.fixture(scope="module")

@@ -57,7 +57,9 @@ class ModelSpec:
             tensors = {k: tvm.runtime.tensor(v) for k, v in self.params.items()}
             mod = relax.transform.BindParams("main", tensors)(mod)
         seq = tvm.transform.Sequential([
-            # Needs the weights as constants, and the batch_norm op itself (before decomposing).
+            # FoldBatchnormToConv2D needs the weights as constants (ONNX files may compute
+            # them, e.g. ConstantOfShape), and the batch_norm op itself (before decomposing).
+            relax.transform.FoldConstant(),
             relax.transform.FoldBatchnormToConv2D(),
             relax.transform.DecomposeOpsForInference(),
             relax.transform.CanonicalizeBindings(),
