@@ -402,7 +402,9 @@ def choose_from_database(
         bandwidth: bytes/s for :func:`transform_seconds`.
 
     A conv measured in no layout costs nothing in each, so only the transforms decide it.
+    The candidates' blocked layouts must share one block (see :class:`LayoutPlan`).
     """
+    LayoutPlan(NCHW, tuple(layouts))  # rejects unknown layouts and mixed blocks up front
     per_layout = {layout: conv_task_keys(mod, target, LayoutPlan(layout)) for layout in layouts}
     calls = conv_calls(mod)
     conv_seconds: list[dict[str, float]] = []
