@@ -216,3 +216,16 @@ def test_chooser_reads_measurements_per_layout(tiny, cpu_device):
     timings = {keys["NCHW"][0]: 1e-3, keys["NCHW8c"][0]: 1.1e-3, keys["NCHW"][1]: 1e-3, keys["NCHW8c"][1]: 1e-4}
     choice = choose_from_database(bound, target, timings.get, ["NCHW", "NCHW8c"])
     assert choice.plan.layouts == ("NCHW", "NCHW8c")
+
+
+@pytest.mark.slow
+def test_resnet50_conv_tasks_carry_no_batch_norm(cpu_device, request):
+    """ResNet-50: 24 conv tasks whose epilogue is bias (+ residual) (+ relu), all blocked."""
+    if "slow" not in request.config.getoption("markexpr", ""):
+        pytest.skip("extracts ResNet-50's tasks: run with -m slow")
+    plan = LayoutPlan(f"NCHW{vector_lanes(cpu_device.target)}c")
+    tasks = extract_tasks(load_model("resnet50").bound(), cpu_device.target, plan)
+    convs = [t for t in tasks if t.layout]
+    assert len(convs) == 24 and {t.layout for t in convs} == {plan.default}
+    assert not [t.name for t in convs if "subtract" in t.name or "divide" in t.name or "multiply" in t.name]
+    assert 8.1e9 < sum(t.weight * t.flops for t in tasks) < 8.24e9  # the BN epilogue's FLOPs are gone
