@@ -69,7 +69,7 @@ class LayoutPlan:
 
     A blocked layout is a request: a conv whose channels the block does not divide takes the
     largest divisor below it (ResNet's first conv reads 3 channels: ``NCHW3c`` in), and
-    grouped convs, which TOPI's ``conv2d_NCHWc`` does not compute, stay NCHW. A plan holds one
+    grouped convs (TOPI's ``conv2d_NCHWc`` has no groups) stay NCHW. A plan holds one
     block size: TVM 0.27's ``ConvertLayout`` cannot convert between two blocked layouts
     (``NCHW4c`` to ``NCHW8c`` fails with "Invalid layout axis"), while the same block always
     gives a consumer the block its producer wrote (same channel count, same divisor).
@@ -149,15 +149,18 @@ def _largest_divisor(n: int, cap: int) -> int:
 
 
 def conv_layouts(call: relax.Call, layout: str) -> list[str] | None:
-    """``ConvertLayout``'s [data, kernel, output] layouts that put ``call`` in ``layout``,
-    or None to leave it NCHW."""
+    """``ConvertLayout``'s [data, kernel, output] layouts that put ``call`` in ``layout``, or
+    None for a conv not imported as NCHW/OIHW (left to follow its input)."""
     attrs = call.attrs
-    if layout == NCHW or attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
+    if attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
         return None
+    # Even an NCHW conv is stated: without a wish, ConvertLayout runs a conv in its input's
+    # layout. Grouped (depthwise) convs stay NCHW: conv2d_NCHWc has no groups, and TOPI's
+    # grouped NHWC conv is unchecked here.
+    if layout == NCHW or int(attrs.groups) != 1:
+        return [NCHW, "OIHW", NCHW]
     if layout == NHWC:
-        return ["NHWC", "OHWI", "NHWC"]
-    if int(attrs.groups) != 1:
-        return None  # conv2d_NCHWc has no groups
+        return [NHWC, "OHWI", NHWC]
     block = block_of(layout)
     assert block is not None
     out_ch, in_ch = (int(d) for d in call.args[1].ty.shape.values[:2])
@@ -240,7 +243,8 @@ def prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> t
         layouts = conv_layouts(call, plan.layout_of(index))
         if layouts is not None:
             wanted[call] = layouts
-    if not wanted:
+    converted = sum(layouts[0] != NCHW for layouts in wanted.values())
+    if not converted:
         return mod
     mod = simplify_sums(mod)
 
@@ -262,7 +266,7 @@ def prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> t
     ])  # fmt: skip
     with target, tvm.transform.PassContext(opt_level=3):
         out = seq(mod)
-    logger.info("layout plan %s: %d of %d convs converted", plan, len(wanted), len(conv_calls(mod)))
+    logger.info("layout plan %s: %d of %d convs converted", plan, converted, len(wanted))
     return out
 
 
@@ -349,7 +353,9 @@ def task_layout(mod: tvm.IRModule) -> str:
     from tvm.s_tir import Schedule
 
     sch = Schedule(mod)
-    for name, layout in (("conv2d_NCHWc", None), ("conv2d_nchw", NCHW), ("conv2d_nhwc", NHWC)):
+    names = (("conv2d_NCHWc", None), ("conv2d_nchw", NCHW), ("conv2d_nhwc", NHWC),
+             ("group_conv2d_nchw", NCHW), ("group_conv2d_nhwc", NHWC))  # fmt: skip
+    for name, layout in names:
         try:
             block = sch.get(sch.get_sblock(name))
         except (RuntimeError, ValueError):  # no such block

@@ -88,6 +88,30 @@ def test_onnx_style_sums_become_adds_and_convert(cpu_device):
     assert _scaled_error(_run(mod, cpu_device.target, inputs), got) < 1e-5
 
 
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW8c"])
+def test_depthwise_convs_stay_nchw(cpu_device, layout):
+    """MobileNet's pattern: conv, depthwise conv, conv; the depthwise one keeps NCHW."""
+    rng = np.random.default_rng(2)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 8, 6, 6), "float32"))
+    shapes = [(16, 8, 1, 1), (16, 1, 3, 3), (8, 16, 1, 1)]
+    weights = [relax.const(rng.standard_normal(s).astype("float32")) for s in shapes]
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, weights[0]))
+            y = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(y, weights[1], padding=1, groups=16)))
+            out = bb.emit_output(relax.op.nn.conv2d(y, weights[2]))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    plan = LayoutPlan(layout)
+    assert len(conv_task_keys(mod, cpu_device.target, plan)) == len(conv_calls(mod)) == 3
+    layouts = sorted(t.layout for t in extract_tasks(mod, cpu_device.target, plan) if t.layout)
+    assert layouts == sorted([layout, "NCHW", layout])
+    inputs = [rng.uniform(-1, 1, (1, 8, 6, 6)).astype("float32")]
+    got = _run(prepare(mod, cpu_device.target, plan), cpu_device.target, inputs)
+    assert _scaled_error(_run(mod, cpu_device.target, inputs), got) < 1e-5
+
+
 @pytest.fixture(scope="module")
 def tiny():
     spec = load_model("tiny")
@@ -96,7 +120,7 @@ def tiny():
 
 @pytest.mark.parametrize("plan", [LayoutPlan("NHWC"), LayoutPlan("NCHW8c"), LayoutPlan("NCHW16c"),
                                   LayoutPlan("NCHW", ("NCHW4c", "NHWC")), LayoutPlan("NCHW", ("NCHW", "NCHW8c")),
-                                  LayoutPlan("NCHW4c", ("NHWC",))])
+                                  LayoutPlan("NCHW4c", ("NHWC",)), LayoutPlan("NCHW", ("NCHW8c",))])
 def test_plans_compute_what_nchw_computes(tiny, cpu_device, plan):
     _spec, bound, inputs = tiny
     want = _run(bound, cpu_device.target, inputs)
