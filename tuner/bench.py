@@ -58,6 +58,8 @@ class BenchConfig:
         tolerance: largest scaled error (max |a - ref| / max |ref|) of an f32 entry.
         low_precision_tolerance: the same for entries a runtime ran in bf16/f16.
         seed: seed of the random input.
+        plan: the layout plan both TVM builds use (a :class:`tuner.layout.LayoutPlan`; None:
+            the target's default), as in the tuning job.
     """
 
     rounds: int = 10
@@ -67,6 +69,7 @@ class BenchConfig:
     tolerance: float = 1e-3
     low_precision_tolerance: float = 5e-2
     seed: int = 0
+    plan: Any = None
 
     def __post_init__(self) -> None:
         if self.rounds < 1:
@@ -335,7 +338,7 @@ def bench(
     with ExitStack() as stack:
         stage("compiling from the database")
         if compiled is None:
-            compiled = compile_model(spec, device, db)
+            compiled = compile_model(spec, device, db, plan=config.plan)
         tuned_any = bool(compiled.tuned)
         label = "TVM, database" if tuned_any else "TVM fallback (no records for this device)"
         db_entry = Entry(TVM_DB, label, "tvm", precision,
@@ -349,7 +352,7 @@ def bench(
             # A database without records: every operator gets the fallback schedule.
             empty = TuningDatabase(str(tmp / "empty.db"))
             try:
-                fallback = compile_model(spec, device, empty)
+                fallback = compile_model(spec, device, empty, plan=config.plan)
             finally:
                 empty.close()
             fb_entry = Entry(TVM_FALLBACK, "TVM fallback (0 trials)", "tvm", precision,

@@ -46,6 +46,8 @@ def _add_model_args(p: argparse.ArgumentParser, *, required: bool = True) -> Non
     p.add_argument("--num-cores", type=int, default=None, help="CPU threads to tune for")
     p.add_argument("--batch-size", type=int, default=1, help="model batch size (default 1)")
     p.add_argument("--dtype", default="float32", help="zoo models' dtype (default float32)")
+    p.add_argument("--layout", default=None, choices=("auto", "NCHW", "NHWC", "NCHWc"),
+                   help="convs' data layout; auto (default): NCHWc blocked by the vector width on x86 AVX2/AVX-512")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
@@ -115,18 +117,24 @@ def _load(args: argparse.Namespace):
     return device, spec
 
 
+def _plan(args: argparse.Namespace, device):
+    from tuner.layout import LayoutPlan
+
+    return LayoutPlan.parse(getattr(args, "layout", None) or "auto", device.target)
+
+
 def cmd_tasks(args: argparse.Namespace) -> int:
     """Print the model's fused-operator tasks."""
     from tuner.tasks import extract_tasks
 
     device, spec = _load(args)
     with console.status("extracting tasks"):
-        tasks = extract_tasks(spec.bound(), device.target)
+        tasks = extract_tasks(spec.bound(), device.target, _plan(args, device))
     table = Table(title=f"{spec.name} on {device.name} ({device.arch}): {len(tasks)} tasks")
-    for col in ("#", "task", "weight", "MFLOP", "workload key"):
+    for col in ("#", "task", "layout", "weight", "MFLOP", "workload key"):
         table.add_column(col, justify="right" if col in ("#", "weight", "MFLOP") else "left")
     for i, t in enumerate(tasks):
-        table.add_row(str(i), t.name, str(t.weight), f"{t.flops / 1e6:,.1f}", t.workload_key)
+        table.add_row(str(i), t.name, t.layout, str(t.weight), f"{t.flops / 1e6:,.1f}", t.workload_key)
     out.print(table)
     total = sum(t.weight * t.flops for t in tasks)
     out.print(f"total {total / 1e9:,.2f} GFLOP per inference")
@@ -149,7 +157,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise UserInputError(f"{device.name} is not on this machine: tuning needs the device to time on")
     db = _open_db(args.db)
     with console.status("extracting tasks"):
-        tasks = extract_tasks(spec.bound(), device.target)
+        tasks = extract_tasks(spec.bound(), device.target, _plan(args, device))
     console.print(f"[bold]{spec.name}[/]: {len(tasks)} tasks on {device.name} ({device.arch}, "
                   f"fingerprint {device.fingerprint}); database {db.url.render_as_string(hide_password=True)}")
     with console.status("starting Ray"):
@@ -176,10 +184,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
                   f"failed candidates: {summary.errors or 'none'}{idle}")
     if args.no_verify:
         return 0
-    return _verify(spec, device, db, args.output, source=args.model)
+    return _verify(spec, device, db, args.output, source=args.model, plan=_plan(args, device))
 
 
-def _verify(spec, device, db, output: Path | None, source: str | None = None) -> int:
+def _verify(spec, device, db, output: Path | None, source: str | None = None, *, plan=None) -> int:
     """Compile untuned and tuned, run both on the same input, compare, report latency.
 
     Beside the untuned build, the tuned one is timed interleaved with the zero-trial fallback
@@ -191,16 +199,16 @@ def _verify(spec, device, db, output: Path | None, source: str | None = None) ->
 
     inputs = spec.random_inputs(seed=0)
     with console.status("compiling and running the untuned model"):
-        base = compile_model(spec, device, None)
+        base = compile_model(spec, device, None, plan=plan)
         base_out, base_lat = run_model(base, device, inputs)
     with console.status("compiling and running the tuned model"):
-        tuned = compile_model(spec, device, db)
+        tuned = compile_model(spec, device, db, plan=plan)
         tuned_out, tuned_lat = run_model(tuned, device, inputs)
     worst = 0.0
     for a, b in zip(base_out, tuned_out, strict=True):
         scale = max(float(np.max(np.abs(a))), 1e-6)
         worst = max(worst, float(np.max(np.abs(a.astype(np.float64) - b))) / scale)
-    peers = _closing_peers(spec, device, db, tuned, source) if device.kind == "cpu" else None
+    peers = _closing_peers(spec, device, db, tuned, source, plan) if device.kind == "cpu" else None
     table = Table(title=f"{spec.name} on {device.name}")
     table.add_column("build")
     table.add_column("latency (ms)", justify="right")
@@ -229,13 +237,13 @@ def _verify(spec, device, db, output: Path | None, source: str | None = None) ->
     return 0
 
 
-def _closing_peers(spec, device, db, tuned, source: str | None):
+def _closing_peers(spec, device, db, tuned, source: str | None, plan=None):
     """The fallback build and the fastest quick peer, timed interleaved with the tuned build."""
     from tuner.bench import QUICK_PEERS, BenchConfig, closing_comparison
 
     with console.status("timing the tuned build against the fallback build and a peer"):
         return closing_comparison(spec, device, db, tuned, source=source or spec.name,
-                                  config=BenchConfig(rounds=5, peers=QUICK_PEERS))  # fmt: skip
+                                  config=BenchConfig(rounds=5, peers=QUICK_PEERS, plan=plan))  # fmt: skip
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
@@ -245,7 +253,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     device, spec = _load(args)
     db = _open_db(args.db)
     with console.status("compiling"):
-        compiled = compile_model(spec, device, db, policy=args.policy)
+        compiled = compile_model(spec, device, db, policy=args.policy, plan=_plan(args, device))
     table = Table(title=f"{spec.name} on {device.name} ({device.arch}): what each operator got")
     for col in ("operator", "schedule", "detail"):
         table.add_column(col)
@@ -268,10 +276,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from tuner.bench import BenchConfig, bench, render
 
-    config = BenchConfig(rounds=args.rounds, peers=tuple(args.peers))
     if args.json is not None and not args.json.parent.is_dir():
         raise UserInputError(f"--json {args.json}: folder {args.json.parent} does not exist")
     device, spec = _load(args)
+    config = BenchConfig(rounds=args.rounds, peers=tuple(args.peers), plan=_plan(args, device))
     db = _open_db(args.db)
     with console.status("benchmarking") as status:
         result = bench(spec, device, db, source=args.model, config=config,

@@ -31,6 +31,7 @@ from tuner.db.database import FallbackPolicy
 from tuner.db.tvm_adapter import Decision, MetaScheduleDatabase
 from tuner.device import Device
 from tuner.frontends import ModelSpec
+from tuner.layout import LayoutPlan, prepare
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ def compile_model(
     *,
     policy: FallbackPolicy = "same-arch",
     fallback: bool = True,
+    plan: LayoutPlan | None = None,
 ) -> Compiled:
     """Build ``spec`` for ``device``; with ``db``, every tuned operator gets its best schedule.
 
@@ -75,9 +77,12 @@ def compile_model(
         db: the tuning database, or None for TVM's default build (the untuned reference).
         policy: whether records of another device of the same architecture may stand in.
         fallback: give untuned operators the fallback schedule (else TVM's default lowering).
+        plan: each conv's data layout, as the tasks were extracted with (default
+            :meth:`LayoutPlan.for_target`, as :func:`tuner.tasks.extract_tasks`'s).
     """
     start = time.perf_counter()
-    mod = spec.bound()
+    plan = LayoutPlan.for_target(device.target) if plan is None else plan
+    mod = prepare(spec.bound(), device.target, plan)
     if db is None:
         with device.target, tvm.transform.PassContext(opt_level=3):
             ex = tvm.compile(mod, target=device.target)

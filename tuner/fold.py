@@ -113,12 +113,12 @@ class _NumpyFolder(relax.PyExprMutator):
             if bound is None:
                 raise _Unsupported("not a constant")
             arg = bound
+        if isinstance(arg, (tirx.IntImm, tirx.FloatImm)):  # a relax.prim_value
+            return arg.value
         if isinstance(arg, Constant):
             return arg.value.numpy()
         if isinstance(arg, relax.ShapeExpr):
             return tuple(int(d) for d in arg.values)
-        if isinstance(arg, (tirx.IntImm, tirx.FloatImm)):  # a relax.prim_value
-            return arg.value
         raise _Unsupported("not a constant")
 
     def visit_call_(self, op: relax.Call) -> relax.Expr:

@@ -15,6 +15,8 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.analysis import estimate_tir_flops
 from tvm.s_tir.schedule import Trace
 
+from tuner.layout import LayoutPlan, prepare, task_layout
+
 logger = logging.getLogger(__name__)
 
 
@@ -28,6 +30,8 @@ class Task:
         weight: how many times the operator occurs in the model.
         flops: floating-point operations of one call.
         workload_key: stable hex key of the PrimFunc's structure, the database's workload id.
+        layout: the conv's data layout (``NCHW``, ``NHWC``, ``NCHW16c``); empty for an
+            operator without a conv.
     """
 
     name: str
@@ -35,6 +39,7 @@ class Task:
     weight: int
     flops: float
     workload_key: str
+    layout: str = ""
 
 
 def workload_key(mod: tvm.IRModule) -> str:
@@ -89,13 +94,15 @@ def fuse(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
         return seq(mod)
 
 
-def extract_tasks(mod: tvm.IRModule, target: tvm.target.Target) -> list[Task]:
-    """Fused-operator tasks of a Relax module, heaviest (weight x FLOPs) first.
+def extract_tasks(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan | None = None) -> list[Task]:
+    """Fused-operator tasks of a bound Relax module, heaviest (weight x FLOPs) first.
 
-    Identical workloads (same PrimFunc structure) are merged into one task whose weight is
-    the number of occurrences.
+    ``plan`` sets each conv's data layout (:func:`tuner.layout.prepare`; default
+    :meth:`LayoutPlan.for_target`); compile with the same plan. Identical workloads (same
+    PrimFunc structure) are merged into one task whose weight is the number of occurrences.
     """
-    fused = fuse(mod, target)
+    plan = LayoutPlan.for_target(target) if plan is None else plan
+    fused = fuse(prepare(mod, target, plan), target)
     extracted = ms.relax_integration.extract_tasks(fused, target)
     by_key: dict[str, Task] = {}
     for ext in extracted:
@@ -105,13 +112,13 @@ def extract_tasks(mod: tvm.IRModule, target: tvm.target.Target) -> list[Task]:
         key = workload_key(task_mod)
         if key in by_key:
             old = by_key[key]
-            by_key[key] = Task(old.name, old.mod, old.weight + int(ext.weight), old.flops, key)
+            by_key[key] = Task(old.name, old.mod, old.weight + int(ext.weight), old.flops, key, old.layout)
             continue
         try:
             flops = float(estimate_tir_flops(task_mod))
         except (RuntimeError, ValueError):  # TVM 0.27 raises RuntimeError subclasses
             flops = 0.0
-        by_key[key] = Task(str(ext.task_name), task_mod, int(ext.weight), flops, key)
+        by_key[key] = Task(str(ext.task_name), task_mod, int(ext.weight), flops, key, task_layout(task_mod))
     tasks = sorted(by_key.values(), key=lambda t: (-t.weight * t.flops, t.name))
     logger.info("%d tasks from %d extracted functions", len(tasks), len(extracted))
     return tasks

@@ -65,6 +65,9 @@ def test_tasks_table(tmp_path):
     proc = run("nightshift", "tasks", "--model", "tiny", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "fused_conv2d" in proc.stdout and "GFLOP per inference" in proc.stdout
+    proc = run("nightshift", "tasks", "--model", "tiny", "--layout", "NHWC", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "NHWC" in proc.stdout and "NCHW" not in proc.stdout.replace("NHWC", "")
 
 
 def test_whole_loop_on_tiny(tmp_path):

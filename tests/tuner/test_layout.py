@@ -1,0 +1,255 @@
+"""Batch norm folding, conv data layouts as a plan, and the chooser over measured layouts."""
+
+import itertools
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.relax.frontend import nn
+
+from tuner.frontends import ModelSpec, load_model
+from tuner.frontends.zoo import BatchNorm2d
+from tuner.layout import (
+    LayoutPlan,
+    choose_from_database,
+    choose_layouts,
+    conv_calls,
+    conv_task_keys,
+    prepare,
+    simplify_sums,
+    vector_lanes,
+)
+from tuner.tasks import extract_tasks
+
+
+def _run(mod: tvm.IRModule, target: tvm.target.Target, inputs: list[np.ndarray]) -> np.ndarray:
+    vm = relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(x) for x in inputs]).numpy()
+
+
+def _scaled_error(want: np.ndarray, got: np.ndarray) -> float:
+    return float(np.max(np.abs(want.astype(np.float64) - got))) / max(float(np.max(np.abs(want))), 1e-6)
+
+
+class _ConvBN(nn.Module):
+    def __init__(self) -> None:
+        self.conv = nn.Conv2D(4, 8, 3, padding=1, bias=False)
+        self.bn = BatchNorm2d(8, "float32")
+
+    def forward(self, x: nn.Tensor) -> nn.Tensor:
+        return nn.op.relu(self.bn(self.conv(x)))
+
+
+def _conv_bn_spec() -> ModelSpec:
+    """conv 3x3 -> batch norm with non-trivial statistics -> relu, weights as params."""
+    mod, _ = _ConvBN().export_tvm(spec={"forward": {"x": nn.spec.Tensor((1, 4, 8, 8), "float32")}})
+    main = mod["forward"].with_attr("global_symbol", "main")
+    rng = np.random.default_rng(3)
+    names = [v.name for v in main.params[1:]]  # conv weight, bn weight, bias, mean, var
+    shapes = [(8, 4, 3, 3), (8,), (8,), (8,), (8,)]
+    values = [rng.standard_normal(s).astype("float32") for s in shapes]
+    values[-1] = rng.uniform(0.5, 2.0, 8).astype("float32")  # a variance is positive
+    return ModelSpec("conv_bn", tvm.IRModule({"main": main}), dict(zip(names, values, strict=True)))
+
+
+def test_batch_norm_folds_into_the_conv(cpu_device):
+    spec = _conv_bn_spec()
+    bound = spec.bound()
+    script = bound.script()
+    assert "R.nn.batch_norm(" not in script and "R.divide(" not in script and "R.subtract(" not in script
+    # The conv task's epilogue is one bias add, not subtract/divide/multiply/add.
+    convs = [t for t in extract_tasks(bound, cpu_device.target, LayoutPlan("NCHW")) if t.layout]
+    assert [t.name for t in convs] == ["fused_conv2d_add_relu"]
+    # Same numbers as batch norm decomposed without folding.
+    tensors = {k: tvm.runtime.tensor(v) for k, v in spec.params.items()}
+    unfolded = relax.transform.DecomposeOpsForInference()(relax.transform.BindParams("main", tensors)(spec.mod))
+    inputs = spec.random_inputs()
+    assert _scaled_error(_run(unfolded, cpu_device.target, inputs), _run(bound, cpu_device.target, inputs)) < 1e-5
+
+
+def test_onnx_style_sums_become_adds_and_convert(cpu_device):
+    """ONNX's ``Sum`` (broadcast_to, stack, sum) blocks ConvertLayout; it becomes an add."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 8, 6, 6), "float32"))
+    w = relax.const(np.random.default_rng(0).standard_normal((8, 8, 3, 3)).astype("float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            conv = bb.emit(relax.op.nn.conv2d(x, w, padding=1))
+            parts = [bb.emit(relax.op.broadcast_to(v, relax.ShapeExpr([1, 8, 6, 6]))) for v in (conv, x)]
+            stacked = bb.emit(relax.op.stack(relax.Tuple(parts), axis=0))
+            out = bb.emit_output(relax.op.sum(stacked, axis=[0]))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    script = simplify_sums(mod).script()
+    assert "R.stack(" not in script and "R.broadcast_to(" not in script and "R.add(" in script
+    inputs = [np.random.default_rng(1).uniform(-1, 1, (1, 8, 6, 6)).astype("float32")]
+    got = _run(prepare(mod, cpu_device.target, LayoutPlan("NCHW8c")), cpu_device.target, inputs)
+    assert _scaled_error(_run(mod, cpu_device.target, inputs), got) < 1e-5
+
+
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW8c"])
+def test_depthwise_convs_stay_nchw(cpu_device, layout):
+    """MobileNet's pattern: conv, depthwise conv, conv; the depthwise one keeps NCHW."""
+    rng = np.random.default_rng(2)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 8, 6, 6), "float32"))
+    shapes = [(16, 8, 1, 1), (16, 1, 3, 3), (8, 16, 1, 1)]
+    weights = [relax.const(rng.standard_normal(s).astype("float32")) for s in shapes]
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, weights[0]))
+            y = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(y, weights[1], padding=1, groups=16)))
+            out = bb.emit_output(relax.op.nn.conv2d(y, weights[2]))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    plan = LayoutPlan(layout)
+    assert len(conv_task_keys(mod, cpu_device.target, plan)) == len(conv_calls(mod)) == 3
+    layouts = sorted(t.layout for t in extract_tasks(mod, cpu_device.target, plan) if t.layout)
+    assert layouts == sorted([layout, "NCHW", layout])
+    inputs = [rng.uniform(-1, 1, (1, 8, 6, 6)).astype("float32")]
+    got = _run(prepare(mod, cpu_device.target, plan), cpu_device.target, inputs)
+    assert _scaled_error(_run(mod, cpu_device.target, inputs), got) < 1e-5
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    spec = load_model("tiny")
+    return spec, spec.bound(), spec.random_inputs()
+
+
+@pytest.mark.parametrize("plan", [LayoutPlan("NHWC"), LayoutPlan("NCHW8c"), LayoutPlan("NCHW16c"),
+                                  LayoutPlan("NCHW", ("NCHW4c", "NHWC")), LayoutPlan("NCHW", ("NCHW", "NCHW8c")),
+                                  LayoutPlan("NCHW4c", ("NHWC",)), LayoutPlan("NCHW", ("NCHW8c",))])
+def test_plans_compute_what_nchw_computes(tiny, cpu_device, plan):
+    _spec, bound, inputs = tiny
+    want = _run(bound, cpu_device.target, inputs)
+    prepared = prepare(bound, cpu_device.target, plan)
+    assert _scaled_error(want, _run(prepared, cpu_device.target, inputs)) < 1e-5
+    # tiny's convs have 8 channels: a 16-lane request takes the largest divisor, 8; its first
+    # conv reads 3 channels, so its input block is 3.
+    tasks = extract_tasks(bound, cpu_device.target, plan)
+    expected = [plan.layout_of(i).replace("NCHW16c", "NCHW8c") for i in range(2)]
+    assert sorted(t.layout for t in tasks if t.layout) == sorted(expected)
+    # Each layout is its own workload: keys differ from the NCHW tasks' wherever layouts do.
+    nchw = {t.workload_key for t in extract_tasks(bound, cpu_device.target, LayoutPlan("NCHW")) if t.layout}
+    changed = [t for t in tasks if t.layout and t.layout != "NCHW"]
+    assert changed and not {t.workload_key for t in changed} & nchw
+
+
+def test_blocked_conv_task_is_topi_conv2d_nchwc(tiny, cpu_device):
+    """The interface with the NCHWc schedule template: TOPI's block and iteration names."""
+    _spec, bound, _ = tiny
+    tasks = [t for t in extract_tasks(bound, cpu_device.target, LayoutPlan("NCHW8c")) if t.layout]
+    assert {t.layout for t in tasks} == {"NCHW8c"}
+    for t in tasks:
+        sch = tvm.s_tir.Schedule(t.mod)
+        block_rv = sch.get_sblock("conv2d_NCHWc")
+        block = sch.get(block_rv)
+        names = ["n", "oc_chunk", "oh", "ow", "oc_block", "ic", "kh", "kw"]
+        assert [str(sch.get(loop).loop_var) for loop in sch.get_loops(block_rv)] == names
+        assert [str(v.var) for v in block.iter_vars] == [f"v_{n}" for n in names]
+        assert [int(v.iter_type) for v in block.iter_vars] == [0] * 5 + [2] * 3  # spatial, then reduce
+        sch.get_sblock("data_pad")  # padded 3x3 convs
+        # Weights were re-laid-out at compile time: the task reads OIHW{i}i{o}o constants.
+        assert len(t.mod["main"].params[1].shape) == 6
+    # The first conv (3 input channels) reads 3-channel blocks.
+    first = next(t for t in tasks if int(t.mod["main"].params[0].shape[-1]) == 3)
+    assert first.flops > 0
+
+
+def test_default_plan_follows_the_vector_width(cpu_device):
+    lanes = vector_lanes(cpu_device.target)
+    plan = LayoutPlan.for_target(cpu_device.target)
+    assert plan.default == (f"NCHW{lanes}c" if lanes >= 8 else "NCHW")
+    assert LayoutPlan.for_target(tvm.target.Target({"kind": "cuda", "arch": "sm_90"})).is_identity
+    assert LayoutPlan.parse("NCHWc", cpu_device.target).default == f"NCHW{lanes}c"
+    assert LayoutPlan.parse("auto", cpu_device.target) == plan
+    with pytest.raises(ValueError, match="NCHW<block>c"):
+        LayoutPlan("NCHWc")
+    with pytest.raises(ValueError, match="one block size"):
+        LayoutPlan("NCHW8c", ("NCHW4c",))
+
+
+def test_compiler_looks_up_the_extracted_tasks(tiny, cpu_device, tmp_path):
+    """extract_tasks and compile_model share the plan: every task is a function the compiler
+    asks the database for, and the compiled model computes what the NCHW build does."""
+    from tuner.compile import compile_model, run_model
+    from tuner.db import TuningDatabase
+
+    spec, bound, inputs = tiny
+    plan = LayoutPlan("NCHW", ("NCHW8c", "NHWC"))
+    keys = {t.workload_key for t in extract_tasks(bound, cpu_device.target, plan)}
+    compiled = compile_model(spec, cpu_device, TuningDatabase(str(tmp_path / "empty.db")), plan=plan)
+    assert set(compiled.decisions) == keys
+    got, _ = run_model(compiled, cpu_device, inputs, budget_s=0.1)
+    assert _scaled_error(_run(bound, cpu_device.target, inputs), got[0]) < 1e-5
+
+
+def _brute_force(conv_seconds, transform):
+    best = None
+    for combo in itertools.product(*[sorted(c) for c in conv_seconds]):
+        cost = sum(conv_seconds[i][x] for i, x in enumerate(combo))
+        prev = "NCHW"
+        for i, x in enumerate([*combo, "NCHW"]):
+            cost += transform(i, prev, x) if prev != x else 0.0
+            prev = x
+        if best is None or cost < best[0]:
+            best = (cost, combo)
+    return best
+
+
+def test_chooser_finds_the_chain_optimum():
+    # Conv 1 is faster blocked, but not by enough to pay for a switch in and out alone;
+    # convs 3-4 are. The optimum blocks convs 1-4, conv 2 included although NCHW is faster
+    # for it alone: neither the per-conv (greedy) choice nor one layout everywhere.
+    conv_seconds = [
+        {"NCHW": 1.0, "NCHW16c": 1.3},
+        {"NCHW": 1.0, "NCHW16c": 0.8},
+        {"NCHW": 1.0, "NCHW16c": 1.1},
+        {"NCHW": 2.0, "NCHW16c": 1.4, "NHWC": 1.3},
+        {"NCHW": 2.0, "NCHW16c": 1.4},
+        {"NCHW": 1.0},
+    ]
+
+    def transform(i: int, src: str, dst: str) -> float:
+        assert src != dst
+        return 0.4
+
+    choice = choose_layouts(conv_seconds, transform)
+    cost, combo = _brute_force(conv_seconds, transform)
+    assert choice.plan.layouts == combo == ("NCHW", "NCHW16c", "NCHW16c", "NCHW16c", "NCHW16c", "NCHW")
+    assert choice.seconds == pytest.approx(cost) == pytest.approx(1 + 0.8 + 1.1 + 1.4 + 1.4 + 1 + 2 * 0.4)
+    # Cheap transforms: each conv takes its own fastest layout.
+    cheap = choose_layouts(conv_seconds, lambda i, a, b: 0.01)
+    assert cheap.plan.layouts == ("NCHW", "NCHW16c", "NCHW", "NHWC", "NCHW16c", "NCHW")
+    # Dear transforms: everything stays in the input's layout.
+    dear = choose_layouts(conv_seconds, lambda i, a, b: 10.0)
+    assert dear.plan.is_identity
+
+
+def test_chooser_reads_measurements_per_layout(tiny, cpu_device):
+    """Fed by workload keys, as the database stores them: the plan follows the timings."""
+    _spec, bound, _ = tiny
+    target = cpu_device.target
+    keys = {layout: conv_task_keys(bound, target, LayoutPlan(layout)) for layout in ("NCHW", "NCHW8c")}
+    assert len(keys["NCHW"]) == len(conv_calls(bound)) == 2
+    task_keys = {t.workload_key for t in extract_tasks(bound, target, LayoutPlan("NCHW8c"))}
+    assert set(keys["NCHW8c"]) <= task_keys
+    # Conv 1 is much faster blocked, conv 0 slightly slower: only conv 1 switches.
+    timings = {keys["NCHW"][0]: 1e-3, keys["NCHW8c"][0]: 1.1e-3, keys["NCHW"][1]: 1e-3, keys["NCHW8c"][1]: 1e-4}
+    choice = choose_from_database(bound, target, timings.get, ["NCHW", "NCHW8c"])
+    assert choice.plan.layouts == ("NCHW", "NCHW8c")
+
+
+@pytest.mark.slow
+def test_resnet50_conv_tasks_carry_no_batch_norm(cpu_device, request):
+    """ResNet-50: 24 conv tasks whose epilogue is bias (+ residual) (+ relu), all blocked."""
+    if "slow" not in request.config.getoption("markexpr", ""):
+        pytest.skip("extracts ResNet-50's tasks: run with -m slow")
+    plan = LayoutPlan(f"NCHW{vector_lanes(cpu_device.target)}c")
+    tasks = extract_tasks(load_model("resnet50").bound(), cpu_device.target, plan)
+    convs = [t for t in tasks if t.layout]
+    assert len(convs) == 24 and {t.layout for t in convs} == {plan.default}
+    assert not [t.name for t in convs if "subtract" in t.name or "divide" in t.name or "multiply" in t.name]
+    assert 8.1e9 < sum(t.weight * t.flops for t in tasks) < 8.24e9  # the BN epilogue's FLOPs are gone
