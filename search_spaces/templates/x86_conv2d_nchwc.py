@@ -162,6 +162,13 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
         sch.compute_inline(sch.get_sblock(_PAD))
 
     conv = sch.get_sblock(conv_name)
+    if tail:
+        # The tile's accumulators: a compact local buffer that LLVM keeps in registers.
+        sch.set_scope(conv, 0, "local")
+        store = sch.get_sblock(tail[-1])
+    else:
+        # The conv writes the function's output: accumulate in a local tile, then store it.
+        store = sch.cache_write(conv, 0, "local")
     n, oc_chunk, oh, ow, oc_block, ic, kh, kw = sch.get_loops(conv)
     oh_o, oh_i = sch.split(oh, [None, values["tile_oh"]])
     ow_o, ow_i = sch.split(ow, [None, values["reg_n"]])
@@ -174,10 +181,7 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     else:
         reduction = [kh, kw, ic_o, ic_i]
     sch.reorder(n, oc_chunk, oh_o, ow_o, *reduction, oh_i, ow_i, oc_block)
-    if tail:
-        sch.reverse_compute_at(sch.get_sblock(tail[-1]), ow_o)
-    # The tile's accumulators: a compact local buffer that LLVM keeps in registers.
-    sch.set_scope(conv, 0, "local")
+    sch.reverse_compute_at(store, ow_o)
     outer = [n, oc_chunk, oh_o, ow_o][:values["parallel_depth"]]
     sch.parallel(sch.fuse(*outer))
     sch.unroll(ic_i)
@@ -186,10 +190,9 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     sch.unroll(oh_i)
     sch.unroll(ow_i)
     sch.vectorize(oc_block)
-    if tail:
-        epi = sch.get_loops(sch.get_sblock(tail[-1]))
-        sch.vectorize(epi[-1])
-        sch.unroll(epi[-2])
+    epi = sch.get_loops(store)
+    sch.vectorize(epi[-1])
+    sch.unroll(epi[-2])
     # Parallel and vectorize need the reduction block whole; split its init off last.
     init = sch.decompose_reduction(conv, reduction[0])
     init_loops = sch.get_loops(init)

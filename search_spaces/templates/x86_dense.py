@@ -74,6 +74,13 @@ def _matmul_block(sch: Schedule) -> Any | None:
     return found[0]
 
 
+def _b_read_index(sch: Schedule, block: Any) -> int:
+    """Which read of the matmul block is B (the one whose innermost index is n)."""
+    stmt = sch.get(block)
+    n = stmt.iter_vars[-2].var
+    return next(i for i, r in enumerate(stmt.reads) if (v := _last_index_var(r)) is not None and v.same_as(n))
+
+
 def _tail(sch: Schedule, block: Any) -> list[str] | None:
     """Names of the epilogue blocks, or None when one is not elementwise over C."""
     names = [sch.get(b).name_hint for b in _blocks(sch)]
@@ -111,6 +118,10 @@ def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tupl
         Knob("order", "choice", (0, 1)),
         # Outer loops fused into the parallel loop (batch loops always are): 1 or 2.
         Knob("parallel_depth", "choice", (1, 2)),
+        # 1: copy each panel of B into a contiguous buffer before its row tiles read it.
+        # Rows of B a power-of-two multiple of 4 KiB apart (N = 768, 3072) fall into the
+        # same cache sets; the copy is read once per panel and then hits cache.
+        Knob("pack_b", "choice", (0, 1)),
         # Fixed by the target; a knob so the register constraint can read it.
         Knob("lanes", "choice", (lanes,)),
     )
@@ -124,6 +135,8 @@ def _constraint(values: dict[str, Any], limits: Limits) -> str | None:
         return f"register tile of {regs} vector registers, fewer than {_MIN_ACC_REGISTERS}"
     if (values["panel"] * values["lanes"]) % values["tile_n"]:
         return "a panel is not a whole number of column tiles"
+    if values["pack_b"] and (values["order"], values["parallel_depth"]) != (0, 1):
+        return "pack_b packs once per panel: needs panels outermost (order 0) and parallel_depth 1"
     if regs * values["unroll_k"] > _MAX_UNROLLED_FMAS:
         return f"unrolled body of {regs * values['unroll_k']} vector FMAs, more than {_MAX_UNROLLED_FMAS}"
     return None
@@ -137,33 +150,52 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     if tail is None:
         raise ValueError("an epilogue block is not elementwise over the matmul's output")
     name = sch.get(block).name_hint
+    b_index = _b_read_index(sch, block)
     for t in tail[:-1]:
         sch.compute_inline(sch.get_sblock(t))
     block = sch.get_sblock(name)
+    if tail:
+        # The C tile's accumulators: a compact local buffer that LLVM keeps in registers.
+        sch.set_scope(block, 0, "local")
+        store = sch.get_sblock(tail[-1])
+    else:
+        # C is the function's output: accumulate in a local tile, then store it.
+        store = sch.cache_write(block, 0, "local")
     *batch, i, j, k = sch.get_loops(block)
     tile_n = values["tile_n"]
     # panel is counted in vectors; in tiles it is panel * lanes / tile_n.
     panel_tiles = values["panel"] * values["lanes"] // tile_n
+    lanes = values["lanes"]
     i_o, i_i = sch.split(i, [None, values["tile_m"]])
-    j_oo, j_o, j_i = sch.split(j, [None, panel_tiles, tile_n])
+    # One vector register per j_v: LLVM legalizes wider (and non-power-of-two) vectors
+    # with shuffles.
+    j_oo, j_o, j_v, j_i = sch.split(j, [None, panel_tiles, tile_n // lanes, lanes])
     k_o, k_i = sch.split(k, [None, values["unroll_k"]])
     outer = [j_oo, i_o, j_o] if values["order"] == 0 else [i_o, j_oo, j_o]
-    sch.reorder(*batch, *outer, k_o, k_i, i_i, j_i)
-    if tail:
-        sch.reverse_compute_at(sch.get_sblock(tail[-1]), outer[-1])
-    # The C tile's accumulators: a compact local buffer that LLVM keeps in registers.
-    sch.set_scope(block, 0, "local")
+    sch.reorder(*batch, *outer, k_o, k_i, i_i, j_v, j_i)
+    sch.reverse_compute_at(store, outer[-1])
+    if values["pack_b"]:
+        pack = sch.cache_read(block, b_index, "global")
+        sch.compute_at(pack, outer[0])
+        # Within a panel, tile after tile: each tile's rows of B are contiguous.
+        sch.transform_layout(pack, ("write", 0), lambda *idx: (*idx[:-2], idx[-1] // tile_n, idx[-2], idx[-1] % tile_n))
+        p_loops = sch.get_loops(pack)
+        # Loop as the buffer is laid out (tile, k, vector, lane): whole-vector stores.
+        p_t, p_v, p_l = sch.split(p_loops[-1], [None, tile_n // lanes, lanes])
+        sch.reorder(p_t, p_loops[-2], p_v, p_l)
+        sch.vectorize(p_l)
     sch.parallel(sch.fuse(*batch, *outer[:values["parallel_depth"]]))
     sch.unroll(k_i)
     sch.unroll(i_i)
+    sch.unroll(j_v)
     sch.vectorize(j_i)
-    if tail:
-        epi = sch.get_loops(sch.get_sblock(tail[-1]))
-        j_e_o, j_e_i = sch.split(epi[-1], [None, values["lanes"]])
-        sch.vectorize(j_e_i)
-        sch.unroll(j_e_o)
+    epi = sch.get_loops(store)
+    j_e_o, j_e_i = sch.split(epi[-1], [None, lanes])
+    sch.vectorize(j_e_i)
+    sch.unroll(j_e_o)
     init = sch.decompose_reduction(block, k_o)
     init_loops = sch.get_loops(init)
+    sch.unroll(init_loops[-2])
     sch.vectorize(init_loops[-1])
     logger.debug("scheduled %s with %s", name, values)
 

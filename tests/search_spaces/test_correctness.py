@@ -18,6 +18,7 @@ from tuner.tasks import extract_tasks
                                                  ("x86-conv2d-nchw", "conv"),
                                                  ("x86-conv2d-nchwc", "conv_nchwc"),
                                                  ("x86-conv2d-nchwc", "conv_nchwc_first"),
+                                                 ("x86-conv2d-nchwc", "conv_nchwc_bare"),
                                                  ("x86-dense", "dense"), ("x86-dense", "batch_matmul")])
 def test_sampled_points_match_the_reference(kind, task_name):
     sp = space(kind, task_name, "llvm")

@@ -22,7 +22,7 @@ def test_applicable_kinds_match_the_pattern():
     assert search_spaces.applicable_kinds(task("conv"), target("llvm")) == ["sketch", "x86-conv2d-nchw"]
     assert search_spaces.applicable_kinds(task("matmul"), target("llvm")) == ["sketch", "user-gemm"]
     assert search_spaces.applicable_kinds(task("conv"), target("cuda-sm90")) == ["sketch"]
-    for name in ("conv_nchwc", "conv_nchwc_first"):
+    for name in ("conv_nchwc", "conv_nchwc_first", "conv_nchwc_bare"):
         assert search_spaces.applicable_kinds(task(name), target("llvm")) == ["sketch", "x86-conv2d-nchwc"]
     for name in ("dense", "batch_matmul"):
         assert search_spaces.applicable_kinds(task(name), target("llvm")) == ["sketch", "x86-dense"]
