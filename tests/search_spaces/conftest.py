@@ -94,6 +94,16 @@ def conv_nchwc_bare() -> tvm.IRModule:
     return conv_nchwc(c=32, hw=14, o=32, k=1, stride=2, pad=0, epilogue=False)
 
 
+def depthwise(stride: int = 1) -> tvm.IRModule:
+    """A MobileNet depthwise 3x3 conv (pad 1) + bias + relu, as Relax legalizes it."""
+    data = te.placeholder((1, 16, 14, 14), name="data")
+    weight = te.placeholder((16, 1, 3, 3), name="weight")
+    bias = te.placeholder((1, 16, 1, 1), name="bias")
+    conv = topi.nn.group_conv2d_nchw(data, weight, stride, 1, 1, 16)
+    out = topi.nn.relu(topi.add(conv, bias))
+    return tvm.IRModule({"main": te.create_prim_func([data, weight, bias, out])})
+
+
 def relu() -> tvm.IRModule:
     """An elementwise op small enough that its whole space can be enumerated."""
     x = te.placeholder((4, 8), name="x")
@@ -104,7 +114,7 @@ def relu() -> tvm.IRModule:
 TASKS: dict[str, Callable[[], tvm.IRModule]] = {
     "matmul": matmul, "conv": conv_bias_relu, "relu": relu, "conv_nchwc": conv_nchwc,
     "conv_nchwc_first": conv_nchwc_first, "conv_nchwc_bare": conv_nchwc_bare, "dense": dense,
-    "batch_matmul": batch_matmul,
+    "batch_matmul": batch_matmul, "depthwise": depthwise, "depthwise_s2": lambda: depthwise(2),
 }
 
 # Target configs by name; CUDA ones cross-build (no GPU is needed).
@@ -114,7 +124,7 @@ TARGETS: dict[str, dict] = {
 }
 # The (task, target) pairs the suite covers; CUDA keeps to the two heavy patterns.
 TASK_TARGETS = [("matmul", "llvm"), ("conv", "llvm"), ("relu", "llvm"), ("conv_nchwc", "llvm"),
-                ("dense", "llvm"), ("matmul", "cuda-sm90"), ("conv", "cuda-sm90")]
+                ("dense", "llvm"), ("depthwise", "llvm"), ("matmul", "cuda-sm90"), ("conv", "cuda-sm90")]
 
 
 @functools.cache

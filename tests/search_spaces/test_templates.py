@@ -15,7 +15,7 @@ import search_spaces.templates as registry
 def test_builtin_and_user_templates_are_kinds():
     kinds = search_spaces.kinds()
     assert kinds[0] == "sketch"
-    assert {"x86-conv2d-nchw", "x86-conv2d-nchwc", "x86-dense", "user-gemm"} <= set(kinds)
+    assert {"x86-conv2d-nchw", "x86-conv2d-nchwc", "x86-dense", "x86-depthwise-conv2d-nchw", "user-gemm"} <= set(kinds)
 
 
 def test_applicable_kinds_match_the_pattern():
@@ -27,6 +27,8 @@ def test_applicable_kinds_match_the_pattern():
     for name in ("dense", "batch_matmul"):
         assert search_spaces.applicable_kinds(task(name), target("llvm")) == ["sketch", "x86-dense"]
         assert search_spaces.applicable_kinds(task(name), target("cuda-sm90")) == ["sketch"]
+    for name in ("depthwise", "depthwise_s2"):
+        assert search_spaces.applicable_kinds(task(name), target("llvm")) == ["sketch", "x86-depthwise-conv2d-nchw"]
     with pytest.raises(ValueError, match="does not apply"):
         search_spaces.create(task("relu"), target("llvm"), kind="x86-conv2d-nchw")
     with pytest.raises(ValueError, match="unknown search space kind"):
