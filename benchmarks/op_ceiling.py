@@ -130,6 +130,7 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="*", default=["conv3x3_64", "conv3x3_128", "conv1x1_1024", "bert_dense"],
                         choices=sorted(WORKLOADS))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     import torch
@@ -157,12 +158,15 @@ def main() -> None:
         if not np.allclose(got, want.reshape(got.shape), rtol=1e-3, atol=1e-3):
             logger.warning("%s: PyTorch's output differs from TVM's reference", wl.name)
         sources = {}
+        points: dict[str, list[str]] = {}
         sample_sec = {}
         for kind in search_spaces.applicable_kinds(wl.mod, target):
             t0 = time.perf_counter()
             space = search_spaces.create(wl.mod, target, kind=kind)
             rng = np.random.default_rng(args.seed)
-            sources[kind] = [space.apply(space.sample(rng)) for _ in range(args.points)]
+            drawn = [space.sample(rng) for _ in range(args.points)]
+            sources[kind] = [space.apply(p) for p in drawn]
+            points[kind] = [p.to_json() for p in drawn]
             sample_sec[kind] = time.perf_counter() - t0
         results: dict[str, list[dict]] = {k: [] for k in sources}
         torch_sec: list[float] = []
@@ -190,6 +194,7 @@ def main() -> None:
         for kind, rs in results.items():
             ok = [r["sec"] for r in rs if "sec" in r]
             best_ms = min(ok) * 1e3 if ok else None
+            best_i = min((i for i, r in enumerate(rs) if "sec" in r), key=lambda i: rs[i]["sec"], default=None)
             entry["sources"][kind] = {
                 "best_ms": best_ms,
                 "best_gflops": wl.flops / best_ms / 1e6 if best_ms else None,
@@ -197,14 +202,16 @@ def main() -> None:
                 "failed": sum("error" in r for r in rs),
                 "build_p50_s": float(np.percentile([r["build_sec"] for r in rs], 50)),
                 "torch_over_best": torch_ms / best_ms if best_ms else None,
+                "torch_best_over_best": min(torch_sec) * 1e3 / best_ms if best_ms else None,
+                "best_point": points[kind][best_i] if best_i is not None else None,
             }
         sketch = entry["sources"].get("sketch", {}).get("best_ms")
         for s in entry["sources"].values():
             s["sketch_over_best"] = sketch / s["best_ms"] if sketch and s["best_ms"] else None
         report["workloads"].append(entry)
         logger.info("%s", json.dumps(entry, indent=1))
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(report, indent=1))
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":
