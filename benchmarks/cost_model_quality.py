@@ -105,7 +105,8 @@ def transfer(data, factory, ks: list[int], seed: int) -> list[dict]:
                 m = factory()
                 m.fit(data.features[train], data.throughputs[train], data.groups[train])
                 store |= per_task(m.predict(data.features[test]), data.throughputs[test], data.groups[test])
-        out.append({"k": k, "task_only": mean_metrics(alone) if alone else None, "with_other_tasks": mean_metrics(joint)})
+        out.append({"k": k, "task_only": mean_metrics(alone) if alone else None,
+                    "with_other_tasks": mean_metrics(joint)})
         logger.info("transfer k=%d: %s", k, out[-1])
     return out
 
