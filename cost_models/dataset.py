@@ -78,7 +78,7 @@ def load_dataset(db, device, *, target: tvm.target.Target | None = None, same_ar
         device: a :class:`tuner.device.Device`.
         target: target to extract features for; ``device.target`` by default.
         same_arch: include records of other devices of the same kind and architecture.
-        max_records: newest records read at most (feature rebuilding takes ~10 ms each).
+        max_records: newest records read at most (rebuilding takes ~20 ms a record).
     """
     target = target or device.target
     dev_id = db.find_device_id(device)

@@ -14,7 +14,7 @@ logger = logging.getLogger(__name__)
 
 
 def pretrain(db, device, *, kind: str = "xgb", seed: int = 0, target: tvm.target.Target | None = None,
-             same_arch: bool = True, max_records: int | None = 20_000) -> CostModel:  # fmt: skip
+             same_arch: bool = True, max_records: int | None = 5_000) -> CostModel:  # fmt: skip
     """The cost model a job on ``device`` starts with.
 
     Trains on every usable record of the device's family in ``db`` (this device and, with
@@ -33,7 +33,9 @@ def pretrain(db, device, *, kind: str = "xgb", seed: int = 0, target: tvm.target
         seed: the model's seed.
         target: target for feature extraction; ``device.target`` by default.
         same_arch: use the family's records and models, not only this device's.
-        max_records: newest records used at most (rebuilding takes ~10 ms a record).
+        max_records: newest records used at most: rebuilding features takes ~20 ms a record
+            on a busy 2-core machine (1,024 records in 20 s), after TVM's one-time import of
+            its tensor intrinsics.
 
     Returns:
         The model; ``model.num_samples`` says how much it learned before the job.
