@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import tvm
 from tvm import te
@@ -11,7 +13,11 @@ import cost_models
 import search_spaces
 from cost_models.metrics import pairwise_accuracy
 
-POINTS, TRAIN = 64, 48
+# Enough held-out points that 0.65 is far from what chance gives (496 pairs; random scored
+# 0.52-0.61 over runs on 16 points), and enough training points for early stopping.
+POINTS, TRAIN = 128, 96
+
+logger = logging.getLogger(__name__)
 
 
 def _dense(m: int = 16, n: int = 256, k: int = 512) -> tvm.IRModule:
@@ -23,13 +29,14 @@ def _dense(m: int = 16, n: int = 256, k: int = 512) -> tvm.IRModule:
 
 
 def _time(mod: tvm.IRModule, sch, target, dev, args) -> float:
-    """Median seconds of the built schedule; 0 throughput (inf seconds) if it fails."""
+    """Fastest of 5 timings of the built schedule (other processes only ever slow a run
+    down, so the minimum is the least noisy on a shared machine); inf if it fails."""
     try:
         lib = tvm.compile(sch.mod, target=target).jit()
     except Exception:  # an unbuildable point is a failed candidate, as in the job
         return float("inf")
-    evaluator = lib.time_evaluator("main", dev, number=1, repeat=5, min_repeat_ms=5)
-    return float(np.median(evaluator(*args).results))
+    evaluator = lib.time_evaluator("main", dev, number=1, repeat=5, min_repeat_ms=2)
+    return float(np.min(evaluator(*args).results))
 
 
 def test_xgb_ranks_held_out_measured_schedules(cpu_device):
@@ -58,5 +65,6 @@ def test_xgb_ranks_held_out_measured_schedules(cpu_device):
         model.fit(feats[train], throughput[train], groups[train])
         acc[kind] = pairwise_accuracy(model.predict(feats[test]), throughput[test])
     spread = secs[np.isfinite(secs)].max() / secs.min()
+    logger.info("held-out pairwise accuracy %s; slowest/fastest %.0f", acc, spread)
     assert acc["xgb"] > 0.65, (acc, spread)
     assert acc["xgb"] > acc["random"], (acc, spread)
