@@ -34,7 +34,9 @@ class XGBConfig:
             this many rounds.
         valid_fraction: share of candidates held out for early stopping.
         min_valid: below this many labelled candidates there is no held-out set and
-            ``small_rounds`` rounds are trained.
+            ``small_rounds`` rounds are trained: a held-out set of fewer than 40 candidates
+            stops too early (96 measured dense schedules, 3 draws: held-out pairwise 0.691
+            with early stopping from 64 candidates, 0.732 from 200).
         small_rounds: rounds trained without a held-out set.
         small_max_depth: tree depth without a held-out set: with nothing to stop early on,
             shallow trees overfit a few dozen candidates less (held-out pairwise accuracy
@@ -57,7 +59,7 @@ class XGBConfig:
     max_rounds: int = 300
     early_stopping_rounds: int = 30
     valid_fraction: float = 0.2
-    min_valid: int = 64
+    min_valid: int = 200
     small_rounds: int = 40
     small_max_depth: int = 4
     refit: bool = True
