@@ -5,17 +5,32 @@ from __future__ import annotations
 from typing import Literal
 
 from cost_models.base import CostModel
-from cost_models.features import extract_features
+from cost_models.features import StoreFeatures, extract_features
+from cost_models.pretrain import pretrain
 
-__all__ = ["CostModel", "create", "extract_features"]
+__all__ = ["CostModel", "StoreFeatures", "create", "extract_features", "kinds", "pretrain"]
 
 
-def create(kind: CostModel | Literal["xgb"] = "xgb", **kwargs) -> CostModel:
-    """Resolve a cost model by name or pass an instance through."""
+def kinds() -> list[str]:
+    """Every cost model name ``create`` accepts."""
+    return ["random", "xgb"]
+
+
+def create(kind: CostModel | Literal["xgb", "random"] = "xgb", **kwargs) -> CostModel:
+    """Resolve a cost model by name (keyword options go to its constructor) or pass an
+    instance through.
+
+    Raises:
+        ValueError: unknown name.
+    """
     if isinstance(kind, CostModel):
         return kind
     if kind == "xgb":
         from cost_models.xgb import XGBCostModel
 
         return XGBCostModel(**kwargs)
-    raise ValueError(f"unknown cost model {kind!r}; known: ['xgb']")
+    if kind == "random":
+        from cost_models.random_model import RandomCostModel
+
+        return RandomCostModel(**kwargs)
+    raise ValueError(f"unknown cost model {kind!r}; known: {kinds()}")

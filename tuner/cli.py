@@ -326,6 +326,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     from tuner.cli_db import add_db_commands
 
     add_db_commands(sub, _add_db_arg)
+    from tuner.cli_model import add_model_commands
+
+    add_model_commands(sub, _add_db_arg)
     return parser
 
 

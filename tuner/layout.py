@@ -32,6 +32,7 @@ NCHW = "NCHW"
 NHWC = "NHWC"
 _BLOCKED = re.compile(r"NCHW(\d+)c")
 _CONV2D = "relax.nn.conv2d"
+_GELU = "relax.nn.gelu"
 
 
 def blocked(block: int) -> str:
@@ -235,10 +236,12 @@ def prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> t
     """Put every conv of a bound module (weights as constants) in its planned layout.
 
     Converts the graph (``layout_transform`` where consumers keep another layout), legalizes
-    blocked convs to ``topi.nn.conv2d_NCHWc`` and everything else as TVM does, and folds the
-    weights' transforms into constants. An identity plan returns ``mod`` unchanged.
+    blocked convs to ``topi.nn.conv2d_NCHWc`` and everything else as TVM does (but GELU on
+    CPUs, see :func:`_legalize_gelu`), and folds the weights' transforms into constants. On
+    a non-CPU target an identity plan returns ``mod`` unchanged.
     """
-    if plan.is_identity:
+    cpu = str(target.kind.name) == "llvm"
+    if plan.is_identity and not cpu:
         return mod
     wanted: dict[relax.Call, list[str]] = {}
     for index, call in enumerate(conv_calls(mod)):
@@ -246,9 +249,10 @@ def prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> t
         if layouts is not None:
             wanted[call] = layouts
     converted = sum(layouts[0] != NCHW for layouts in wanted.values())
-    if not converted:
+    if not converted and not cpu:
         return mod
-    mod = simplify_sums(mod)
+    if converted:
+        mod = simplify_sums(mod)
 
     # ConvertLayout asks for the layouts of the original call (before it rewrites its args).
     def layout_cb(call: relax.Call) -> dict[str, list[str]]:
@@ -263,17 +267,37 @@ def prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> t
         relax.transform.ConvertLayout({}, layout_cb),
         relax.transform.CanonicalizeBindings(),
     ])  # fmt: skip
+    custom = {_CONV2D: _legalize_conv2d}
+    if cpu:
+        custom[_GELU] = _legalize_gelu
     legalize = tvm.transform.Sequential([
         *dispatch,
-        relax.transform.LegalizeOps(customize_legalize_map={_CONV2D: _legalize_conv2d}),
+        relax.transform.LegalizeOps(customize_legalize_map=custom),
         relax.transform.FoldConstant(),
     ])  # fmt: skip
     with target, tvm.transform.PassContext(opt_level=3):
         # The weights' layout transforms are folded in numpy before legalizing (tuner.fold);
         # FoldConstant would build each of them with LLVM.
-        out = legalize(fold_constants(convert(mod)))
+        out = legalize(fold_constants(convert(mod) if converted else mod))
     logger.info("layout plan %s: %d of %d convs converted", plan, converted, len(wanted))
     return out
+
+
+def _legalize_gelu(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """GELU with TOPI's ``fast_erf`` (a float32 rational approximation, ~1e-7 relative error).
+
+    TVM's own legalization calls ``erf``, which LLVM lowers to a scalar ``erff`` call per
+    element: in BERT's FFN matmul + GELU task that held the register-tiled template at 151
+    GFLOPS against 259 without GELU (benchmarks/op_ceiling.py).
+    """
+    if str(call.args[0].ty.dtype) != "float32":
+        return relax.transform.legalize_ops.nn._nn_gelu(bb, call)
+
+    def te_gelu(x):
+        half = tvm.tirx.const(0.5, "float32")
+        return x * (half + topi.fast_erf(x * tvm.tirx.const(0.5**0.5, "float32")) * half)
+
+    return bb.call_te(te_gelu, call.args[0], primfunc_name_hint="gelu")
 
 
 # ----------------------------------------------------------------------------- the chooser

@@ -42,6 +42,68 @@ def conv_bias_relu() -> tvm.IRModule:
     return tvm.IRModule({"main": te.create_prim_func([data, weight, bias, out])})
 
 
+def conv_nchwc(c: int = 32, hw: int = 14, o: int = 32, k: int = 3, stride: int = 1, pad: int = 1,
+               ic_block: int = 16, oc_block: int = 16, *, epilogue: bool = True) -> tvm.IRModule:
+    """A conv in the blocked NCHW[x]c layout + bias + relu, as the layout pass emits it
+    (without ``epilogue``, the bare conv)."""
+    data = te.placeholder((1, c // ic_block, hw, hw, ic_block), name="data")
+    kernel = te.placeholder((o // oc_block, c // ic_block, k, k, ic_block, oc_block), name="kernel")
+    bias = te.placeholder((1, o // oc_block, 1, 1, oc_block), name="bias")
+    with tvm.target.Target({"kind": "llvm"}):  # conv2d_NCHWc asks for a current target
+        conv = topi.nn.conv2d_NCHWc(data, kernel, stride, pad, 1, layout=f"NCHW{ic_block}c",
+                                    out_layout=f"NCHW{oc_block}c")
+    if not epilogue:
+        return tvm.IRModule({"main": te.create_prim_func([data, kernel, conv])})
+    out = topi.nn.relu(topi.add(conv, bias))
+    return tvm.IRModule({"main": te.create_prim_func([data, kernel, bias, out])})
+
+
+def conv_nchwc_first() -> tvm.IRModule:
+    """ResNet's first conv, smaller: 7x7 stride 2 over 3 input channels (channel block 3)."""
+    return conv_nchwc(c=3, hw=32, o=16, k=7, stride=2, pad=3, ic_block=3)
+
+
+def dense(batch: tuple[int, ...] = (1,), m: int = 32, k: int = 64, n: int = 48, *,
+          batched_b: bool = False, epilogue: bool = True) -> tvm.IRModule:
+    """A matmul as Relax legalizes it (block ``matmul``), + bias + relu (without
+    ``epilogue``, the bare matmul); B is a weight (k, n), or with ``batched_b`` a batched
+    operand as in attention."""
+    a = te.placeholder((*batch, m, k), name="A")
+    b = te.placeholder((*batch, k, n) if batched_b else (k, n), name="B")
+    bias = te.placeholder((n,), name="bias")
+    r = te.reduce_axis((0, k), name="k")
+
+    def body(*idx):
+        *bi, i, j = idx
+        return te.sum(a[(*bi, i, r)] * (b[(*bi, r, j)] if batched_b else b[r, j]), axis=r)
+
+    c = te.compute((*batch, m, n), body, name="matmul")
+    if not epilogue:
+        return tvm.IRModule({"main": te.create_prim_func([a, b, c])})
+    out = topi.nn.relu(topi.add(c, bias))
+    return tvm.IRModule({"main": te.create_prim_func([a, b, bias, out])})
+
+
+def batch_matmul() -> tvm.IRModule:
+    """Attention's context, smaller: 2 heads of (16 x 32) @ (32 x 32), no epilogue."""
+    return dense((1, 2), 16, 32, 32, batched_b=True, epilogue=False)
+
+
+def conv_nchwc_bare() -> tvm.IRModule:
+    """A stride-2 1x1 NCHW16c conv with nothing after it (the downsampling shortcut)."""
+    return conv_nchwc(c=32, hw=14, o=32, k=1, stride=2, pad=0, epilogue=False)
+
+
+def depthwise(stride: int = 1) -> tvm.IRModule:
+    """A MobileNet depthwise 3x3 conv (pad 1) + bias + relu, as Relax legalizes it."""
+    data = te.placeholder((1, 16, 14, 14), name="data")
+    weight = te.placeholder((16, 1, 3, 3), name="weight")
+    bias = te.placeholder((1, 16, 1, 1), name="bias")
+    conv = topi.nn.group_conv2d_nchw(data, weight, stride, 1, 1, 16)
+    out = topi.nn.relu(topi.add(conv, bias))
+    return tvm.IRModule({"main": te.create_prim_func([data, weight, bias, out])})
+
+
 def relu() -> tvm.IRModule:
     """An elementwise op small enough that its whole space can be enumerated."""
     x = te.placeholder((4, 8), name="x")
@@ -49,7 +111,11 @@ def relu() -> tvm.IRModule:
     return tvm.IRModule({"main": te.create_prim_func([x, y])})
 
 
-TASKS: dict[str, Callable[[], tvm.IRModule]] = {"matmul": matmul, "conv": conv_bias_relu, "relu": relu}
+TASKS: dict[str, Callable[[], tvm.IRModule]] = {
+    "matmul": matmul, "conv": conv_bias_relu, "relu": relu, "conv_nchwc": conv_nchwc,
+    "conv_nchwc_first": conv_nchwc_first, "conv_nchwc_bare": conv_nchwc_bare, "dense": dense,
+    "batch_matmul": batch_matmul, "depthwise": depthwise, "depthwise_s2": lambda: depthwise(2),
+}
 
 # Target configs by name; CUDA ones cross-build (no GPU is needed).
 TARGETS: dict[str, dict] = {
@@ -57,8 +123,8 @@ TARGETS: dict[str, dict] = {
     "cuda-sm90": {"kind": "cuda", "arch": "sm_90"},
 }
 # The (task, target) pairs the suite covers; CUDA keeps to the two heavy patterns.
-TASK_TARGETS = [("matmul", "llvm"), ("conv", "llvm"), ("relu", "llvm"), ("matmul", "cuda-sm90"),
-                ("conv", "cuda-sm90")]
+TASK_TARGETS = [("matmul", "llvm"), ("conv", "llvm"), ("relu", "llvm"), ("conv_nchwc", "llvm"),
+                ("dense", "llvm"), ("depthwise", "llvm"), ("matmul", "cuda-sm90"), ("conv", "cuda-sm90")]
 
 
 @functools.cache

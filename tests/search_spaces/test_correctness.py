@@ -15,7 +15,13 @@ from tuner.tasks import extract_tasks
 
 
 @pytest.mark.parametrize(("kind", "task_name"), [("sketch", "matmul"), ("sketch", "conv"), ("sketch", "relu"),
-                                                 ("x86-conv2d-nchw", "conv")])
+                                                 ("x86-conv2d-nchw", "conv"),
+                                                 ("x86-conv2d-nchwc", "conv_nchwc"),
+                                                 ("x86-conv2d-nchwc", "conv_nchwc_first"),
+                                                 ("x86-conv2d-nchwc", "conv_nchwc_bare"),
+                                                 ("x86-dense", "dense"), ("x86-dense", "batch_matmul"),
+                                                 ("x86-depthwise-conv2d-nchw", "depthwise"),
+                                                 ("x86-depthwise-conv2d-nchw", "depthwise_s2")])
 def test_sampled_points_match_the_reference(kind, task_name):
     sp = space(kind, task_name, "llvm")
     ref = reference(task(task_name), target("llvm"))

@@ -15,13 +15,20 @@ import search_spaces.templates as registry
 def test_builtin_and_user_templates_are_kinds():
     kinds = search_spaces.kinds()
     assert kinds[0] == "sketch"
-    assert {"x86-conv2d-nchw", "user-gemm"} <= set(kinds)
+    assert {"x86-conv2d-nchw", "x86-conv2d-nchwc", "x86-dense", "x86-depthwise-conv2d-nchw", "user-gemm"} <= set(kinds)
 
 
 def test_applicable_kinds_match_the_pattern():
     assert search_spaces.applicable_kinds(task("conv"), target("llvm")) == ["sketch", "x86-conv2d-nchw"]
     assert search_spaces.applicable_kinds(task("matmul"), target("llvm")) == ["sketch", "user-gemm"]
     assert search_spaces.applicable_kinds(task("conv"), target("cuda-sm90")) == ["sketch"]
+    for name in ("conv_nchwc", "conv_nchwc_first", "conv_nchwc_bare"):
+        assert search_spaces.applicable_kinds(task(name), target("llvm")) == ["sketch", "x86-conv2d-nchwc"]
+    for name in ("dense", "batch_matmul"):
+        assert search_spaces.applicable_kinds(task(name), target("llvm")) == ["sketch", "x86-dense"]
+        assert search_spaces.applicable_kinds(task(name), target("cuda-sm90")) == ["sketch"]
+    for name in ("depthwise", "depthwise_s2"):
+        assert search_spaces.applicable_kinds(task(name), target("llvm")) == ["sketch", "x86-depthwise-conv2d-nchw"]
     with pytest.raises(ValueError, match="does not apply"):
         search_spaces.create(task("relu"), target("llvm"), kind="x86-conv2d-nchw")
     with pytest.raises(ValueError, match="unknown search space kind"):

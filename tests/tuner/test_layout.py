@@ -253,3 +253,24 @@ def test_resnet50_conv_tasks_carry_no_batch_norm(cpu_device, request):
     assert len(convs) == 24 and {t.layout for t in convs} == {plan.default}
     assert not [t.name for t in convs if "subtract" in t.name or "divide" in t.name or "multiply" in t.name]
     assert 8.1e9 < sum(t.weight * t.flops for t in tasks) < 8.24e9  # the BN epilogue's FLOPs are gone
+
+
+def test_gelu_on_cpu_uses_fast_erf_and_matches_exact_gelu() -> None:
+    import math
+
+    from tuner.layout import prepare
+
+    target = tvm.target.Target({"kind": "llvm"})
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 256), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.gelu(x))
+        bb.emit_func_output(out)
+    mod = prepare(bb.get(), target, LayoutPlan.parse("NCHW", target))
+    assert "fast_erf" in mod.script() and "T.erf" not in mod.script()
+    data = np.linspace(-6, 6, 1024, dtype="float32").reshape(4, 256)
+    ex = tvm.compile(mod, target=target)
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(data)).numpy()
+    exact = np.vectorize(lambda v: 0.5 * v * (1 + math.erf(v / math.sqrt(2))))(data.astype(np.float64))
+    np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-6)

@@ -554,13 +554,44 @@ class TuningDatabase:
         with self.session() as s:
             s.add(CostModelRow(device_id=device_id, kind=kind, format="ubj", num_samples=num_samples, blob=blob))
 
-    def load_cost_model(self, device_id: int, kind: str) -> bytes | None:
-        """The newest cost model of ``kind`` trained on ``device_id``, or None."""
+    def load_cost_model(self, device_id: int, kind: str, *, same_arch: bool = False) -> bytes | None:
+        """The newest cost model of ``kind`` trained on ``device_id``, or None.
+
+        With ``same_arch``, the newest of any device of the same kind and architecture (the
+        device family: a CPU's LLVM mcpu, a GPU's sm version), this device's own included.
+        """
         with self.session(write=False) as s:
+            devices = self._family_stmt(device_id) if same_arch else [device_id]
             return s.scalar(
-                select(CostModelRow.blob).where(CostModelRow.device_id == device_id, CostModelRow.kind == kind)
+                select(CostModelRow.blob).where(CostModelRow.device_id.in_(devices), CostModelRow.kind == kind)
                 .order_by(CostModelRow.id.desc()).limit(1)
             )  # fmt: skip
+
+    def training_records(self, device_id: int, *, same_arch: bool = True,
+                         limit: int | None = None) -> list[tuple[str, str, RecordRow]]:  # fmt: skip
+        """``(workload key, device fingerprint, record)`` of a device's records, newest first.
+
+        With ``same_arch``, records of every device of the same kind and architecture too.
+        Failed records are included (a cost model learns from them); ``limit`` caps the count.
+        """
+        with self.session(write=False) as s:
+            devices = self._family_stmt(device_id) if same_arch else [device_id]
+            stmt = (
+                select(WorkloadRow.key, DeviceRow.fingerprint, RecordRow)
+                .join(WorkloadRow, RecordRow.workload_id == WorkloadRow.id)
+                .join(DeviceRow, RecordRow.device_id == DeviceRow.id)
+                .where(RecordRow.device_id.in_(devices))
+                .order_by(RecordRow.id.desc())
+            )  # fmt: skip
+            if limit is not None:
+                stmt = stmt.limit(limit)
+            return [(k, fp, row) for k, fp, row in s.execute(stmt).all()]
+
+    @staticmethod
+    def _family_stmt(device_id: int):
+        """Ids of the devices with ``device_id``'s kind and architecture, as a subquery."""
+        me = select(DeviceRow.kind, DeviceRow.arch).where(DeviceRow.id == device_id).subquery()
+        return select(DeviceRow.id).join(me, (DeviceRow.kind == me.c.kind) & (DeviceRow.arch == me.c.arch))
 
     # --- operations -------------------------------------------------------------------------
 

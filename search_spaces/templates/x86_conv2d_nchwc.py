@@ -1,0 +1,213 @@
+"""``x86-conv2d-nchwc``: conv2d in the blocked NCHW[x]c layout (+ fused epilogue) for x86.
+
+The classic register-tiled direct convolution of TVM's old ``topi.x86`` ``conv2d_NCHWc``
+schedules: the output channel block (``oc_block``, fixed by the layout) is the vector, a
+tile of ``tile_oh x reg_n`` output pixels are its accumulators, held in registers (local
+scope, vectorized along ``oc_block``, unrolled along the pixels) for the whole reduction.
+Every input element is broadcast once and multiplied into one weight vector per tile
+pixel, so each FMA needs one broadcast and no shuffles. The epilogue (bias, residual add,
+relu...) is applied to the tile while it is still in registers.
+
+The task is what ``topi.nn.conv2d_NCHWc`` gives: a block ``conv2d_NCHWc`` with spatial
+iters (n, oc_chunk, oh, ow, oc_block) and reduce iters (ic, kh, kw), ``ic`` the fused
+input channel (chunk * ic_block + lane); an optional ``data_pad`` block before it;
+elementwise epilogue blocks after it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import tvm
+from tvm.s_tir import Schedule
+
+from search_spaces.constraints import Limits
+from search_spaces.knobs import Knob, divisors
+from search_spaces.templates import Template, register_template
+
+logger = logging.getLogger(__name__)
+
+NAME = "x86-conv2d-nchwc"
+_CONV_PREFIX = "conv2d_NCHWc"
+_PAD = "data_pad"
+# Vector registers the accumulators may take (of 32 zmm on AVX-512, 16 ymm on AVX2, where
+# the constraint counts two per 16-lane block): the rest hold the broadcast input and the
+# weight vectors.
+_ACC_REGISTERS = 24
+# Fewest accumulators: an FMA's result is ready ~4 cycles later and two issue per cycle, so
+# fewer independent accumulators leave the FMA units idle.
+_MIN_ACC_REGISTERS = 4
+# Largest unrolled reduction body (FMAs per unrolled step): beyond it LLVM's build time
+# grows faster than the kernel improves.
+_MAX_UNROLLED_FMAS = 1024
+# Reduction orders: where the kernel window sits relative to the input-channel loops.
+#   0: ic_o, kh, kw, ic_i  (topi's unroll_kw=False)   1: ic_o, kh, ic_i, kw  (unroll_kw=True)
+#   2: kh, kw, ic_o, ic_i  (window outermost: each weight slab streamed once per tile)
+_ORDERS = (0, 1, 2)
+
+
+def _blocks(sch: Schedule) -> list[Any]:
+    return list(sch.get_child_blocks(sch.get_sblock("root")))
+
+
+def _iter_kinds(sch: Schedule, block: Any) -> str:
+    return "".join("S" if int(iv.iter_type) == 0 else "R" if int(iv.iter_type) == 2 else "?"
+                   for iv in sch.get(block).iter_vars)
+
+
+def _conv_block(sch: Schedule) -> Any | None:
+    found = [b for b in _blocks(sch) if sch.get(b).name_hint.startswith(_CONV_PREFIX)]
+    if len(found) != 1:
+        return None
+    return found[0] if _iter_kinds(sch, found[0]) == "SSSSSRRR" else None
+
+
+def _tail(sch: Schedule, conv: Any) -> list[str] | None:
+    """Names of the epilogue blocks after the conv, or None when one is not elementwise
+    over the conv's output shape (it could not be computed at the register tile)."""
+    names = [sch.get(b).name_hint for b in _blocks(sch)]
+    conv_name = sch.get(conv).name_hint
+    before = names[:names.index(conv_name)]
+    if any(n != _PAD and not n.startswith(_PAD) for n in before):
+        return None
+    tail = names[names.index(conv_name) + 1:]
+    out_shape = [int(sch.get(loop).extent) for loop in sch.get_loops(conv)][:5]
+    for name in tail:
+        block = sch.get_sblock(name)
+        if _iter_kinds(sch, block) != "SSSSS":
+            return None
+        if [int(sch.get(loop).extent) for loop in sch.get_loops(block)] != out_shape:
+            return None
+    return tail
+
+
+def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tuple[Knob, ...] | None:
+    if str(target.kind.name) != "llvm":
+        return None
+    sch = Schedule(mod)
+    conv = _conv_block(sch)
+    if conv is None or _tail(sch, conv) is None:
+        return None
+    _, _, oh, ow, oc_block, _, _, kw = (int(sch.get(loop).extent) for loop in sch.get_loops(conv))
+    ic_block = _ic_block(sch, conv)
+    if ic_block is None:
+        return None
+    max_pixels = _ACC_REGISTERS // _regs_per_pixel(oc_block, limits)
+    if max_pixels < 1:
+        return None
+    return (
+        # Output pixels of the register tile: reg_n along the row, tile_oh rows.
+        Knob("reg_n", "choice", tuple(d for d in divisors(ow) if d <= max_pixels)),
+        Knob("tile_oh", "choice", tuple(d for d in divisors(oh) if d <= 4)),
+        # Input channels unrolled per step of the reduction (within one channel block).
+        Knob("tile_ic", "choice", divisors(ic_block)),
+        Knob("order", "choice", _ORDERS),
+        # Kernel-window columns unrolled: 1 (a loop) or all of them.
+        Knob("unroll_kw", "choice", (1, kw) if kw > 1 else (1,)),
+        # Fixed by the layout; a knob so the register constraint can read it.
+        Knob("oc_block", "choice", (oc_block,)),
+        # Loops fused into the parallel loop: (n, oc_chunk), + oh tiles, + ow tiles.
+        Knob("parallel_depth", "choice", (2, 3, 4)),
+        # 0: padding is its own parallel pass; 1: inlined into the conv's loads.
+        Knob("pad_inline", "choice", (0, 1) if _has_pad(sch) else (0,)),
+    )
+
+
+def _has_pad(sch: Schedule) -> bool:
+    return any(sch.get(b).name_hint == _PAD for b in _blocks(sch))
+
+
+def _ic_block(sch: Schedule, conv: Any) -> int | None:
+    """The input layout's channel block (the last extent of the data buffer the conv reads)."""
+    block = sch.get(conv)
+    for region in block.reads:
+        shape = [int(d) for d in region.source.shape]
+        if len(shape) == 5:
+            return shape[-1]
+    return None
+
+
+def _regs_per_pixel(oc_block: int, limits: Limits) -> int:
+    return math.ceil(oc_block / (limits.vector_bits // 32))
+
+
+def _constraint(values: dict[str, Any], limits: Limits) -> str | None:
+    pixels = values["reg_n"] * values["tile_oh"]
+    regs = pixels * _regs_per_pixel(values["oc_block"], limits)
+    if regs > _ACC_REGISTERS:
+        return f"register tile needs {regs} vector registers, more than {_ACC_REGISTERS}"
+    if regs < _MIN_ACC_REGISTERS:
+        return f"register tile of {regs} vector registers, fewer than {_MIN_ACC_REGISTERS}"
+    body = pixels * values["tile_ic"] * values["unroll_kw"]
+    if body > _MAX_UNROLLED_FMAS:
+        return f"unrolled reduction body of ~{body} vector FMAs, more than {_MAX_UNROLLED_FMAS}"
+    return None
+
+
+def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
+    conv = _conv_block(sch)
+    if conv is None:
+        raise ValueError("no conv2d_NCHWc block")
+    tail = _tail(sch, conv)
+    if tail is None:
+        raise ValueError("an epilogue block is not elementwise over the conv's output")
+    conv_name = sch.get(conv).name_hint
+    # The elementwise chain is inlined into its last block, the one that writes the output.
+    for name in tail[:-1]:
+        sch.compute_inline(sch.get_sblock(name))
+    pad = _has_pad(sch)
+    if pad and values["pad_inline"]:
+        sch.compute_inline(sch.get_sblock(_PAD))
+
+    conv = sch.get_sblock(conv_name)
+    if tail:
+        # The tile's accumulators: a compact local buffer that LLVM keeps in registers.
+        sch.set_scope(conv, 0, "local")
+        store = sch.get_sblock(tail[-1])
+    else:
+        # The conv writes the function's output: accumulate in a local tile, then store it.
+        store = sch.cache_write(conv, 0, "local")
+    n, oc_chunk, oh, ow, oc_block, ic, kh, kw = sch.get_loops(conv)
+    oh_o, oh_i = sch.split(oh, [None, values["tile_oh"]])
+    ow_o, ow_i = sch.split(ow, [None, values["reg_n"]])
+    ic_o, ic_i = sch.split(ic, [None, values["tile_ic"]])
+    order = values["order"]
+    if order == 0:
+        reduction = [ic_o, kh, kw, ic_i]
+    elif order == 1:
+        reduction = [ic_o, kh, ic_i, kw]
+    else:
+        reduction = [kh, kw, ic_o, ic_i]
+    sch.reorder(n, oc_chunk, oh_o, ow_o, *reduction, oh_i, ow_i, oc_block)
+    sch.reverse_compute_at(store, ow_o)
+    outer = [n, oc_chunk, oh_o, ow_o][:values["parallel_depth"]]
+    sch.parallel(sch.fuse(*outer))
+    sch.unroll(ic_i)
+    if values["unroll_kw"] > 1:
+        sch.unroll(kw)
+    sch.unroll(oh_i)
+    sch.unroll(ow_i)
+    sch.vectorize(oc_block)
+    epi = sch.get_loops(store)
+    sch.vectorize(epi[-1])
+    sch.unroll(epi[-2])
+    # Parallel and vectorize need the reduction block whole; split its init off last.
+    init = sch.decompose_reduction(conv, reduction[0])
+    init_loops = sch.get_loops(init)
+    sch.vectorize(init_loops[-1])
+    if pad and not values["pad_inline"]:
+        pad_loops = sch.get_loops(sch.get_sblock(_PAD))
+        sch.parallel(sch.fuse(*pad_loops[:3]))
+        sch.vectorize(pad_loops[-1])
+    logger.debug("scheduled %s with %s", conv_name, values)
+
+
+X86_CONV2D_NCHWC = register_template(Template(
+    name=NAME,
+    knobs=_knobs,
+    schedule=_schedule,
+    constraint=_constraint,
+    description="conv2d NCHW[x]c + epilogue, register tile of pixels x oc_block lanes (x86)",
+))

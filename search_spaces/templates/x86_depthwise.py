@@ -1,0 +1,159 @@
+"""``x86-depthwise-conv2d-nchw``: depthwise NCHW conv2d (+ fused epilogue) for x86 CPUs.
+
+MobileNet's depthwise convs, as Relax legalizes them: a block ``group_conv2d_nchw`` (or
+``depthwise_conv2d_nchw``) whose channel reduction has extent 1, so every output channel
+reads only its own input channel. There is no reuse across channels to exploit; the
+schedule keeps a tile of ``tile_c`` channels x ``tile_h`` rows x ``tile_w`` columns of
+accumulators in registers (columns vectorized), broadcasts each of the KHxKW weights once
+per channel and row, and applies the epilogue to the tile in registers. The op is memory
+bound, so the knobs are mostly about how many input rows a tile shares (``tile_h``) and
+how wide its vector loads are.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import tvm
+from tvm.s_tir import Schedule
+
+from search_spaces.constraints import Limits
+from search_spaces.knobs import Knob, divisors
+from search_spaces.templates import Template, register_template
+
+logger = logging.getLogger(__name__)
+
+NAME = "x86-depthwise-conv2d-nchw"
+_PREFIXES = ("group_conv2d_nchw", "depthwise_conv2d_nchw")
+_PADS = ("pad_temp", "PaddedInput")
+# Vector registers the accumulators may take; the rest hold inputs and broadcast weights.
+_ACC_REGISTERS = 24
+
+
+def _blocks(sch: Schedule) -> list[Any]:
+    return list(sch.get_child_blocks(sch.get_sblock("root")))
+
+
+def _iter_kinds(sch: Schedule, block: Any) -> str:
+    return "".join("S" if int(iv.iter_type) == 0 else "R" if int(iv.iter_type) == 2 else "?"
+                   for iv in sch.get(block).iter_vars)
+
+
+def _conv_block(sch: Schedule) -> Any | None:
+    found = [b for b in _blocks(sch) if sch.get(b).name_hint.startswith(_PREFIXES)]
+    if len(found) != 1:
+        return None
+    kinds = _iter_kinds(sch, found[0])
+    if kinds == "SSSSRRR":
+        # Depthwise: the channel reduction (the first reduce iter) has extent 1.
+        if int(sch.get(found[0]).iter_vars[4].dom.extent) != 1:
+            return None
+    elif kinds != "SSSSRR":
+        return None
+    return found[0]
+
+
+def _tail(sch: Schedule, conv: Any) -> list[str] | None:
+    """The epilogue blocks after the conv, or None when one is not elementwise over it."""
+    names = [sch.get(b).name_hint for b in _blocks(sch)]
+    conv_name = sch.get(conv).name_hint
+    if any(n not in _PADS for n in names[:names.index(conv_name)]):
+        return None
+    tail = names[names.index(conv_name) + 1:]
+    out_shape = [int(sch.get(loop).extent) for loop in sch.get_loops(conv)][:4]
+    for name in tail:
+        block = sch.get_sblock(name)
+        if _iter_kinds(sch, block) != "SSSS" or [int(sch.get(lp).extent) for lp in sch.get_loops(block)] != out_shape:
+            return None
+    return tail
+
+
+def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tuple[Knob, ...] | None:
+    if str(target.kind.name) != "llvm":
+        return None
+    sch = Schedule(mod)
+    conv = _conv_block(sch)
+    if conv is None or _tail(sch, conv) is None:
+        return None
+    _, c, h, w, *window = (int(sch.get(loop).extent) for loop in sch.get_loops(conv))
+    lanes = limits.vector_bits // 32
+    has_pad = any(sch.get(b).name_hint in _PADS for b in _blocks(sch))
+    return (
+        Knob("tile_c", "choice", tuple(d for d in divisors(c) if d <= 8)),
+        Knob("tile_h", "choice", tuple(d for d in divisors(h) if d <= 4)),
+        # Within one vector, or whole vectors (a wider odd-sized vector legalizes badly).
+        Knob("tile_w", "choice", tuple(d for d in divisors(w) if d <= lanes or (d % lanes == 0 and d <= 4 * lanes))),
+        Knob("unroll_kw", "choice", (1, window[-1]) if window[-1] > 1 else (1,)),
+        # 0: padding is its own parallel pass; 1: inlined into the conv's loads.
+        Knob("pad_inline", "choice", (0, 1) if has_pad else (0,)),
+        Knob("lanes", "choice", (lanes,)),
+    )
+
+
+def _constraint(values: dict[str, Any], limits: Limits) -> str | None:
+    regs = values["tile_c"] * values["tile_h"] * math.ceil(values["tile_w"] / values["lanes"])
+    if regs > _ACC_REGISTERS:
+        return f"register tile needs {regs} vector registers, more than {_ACC_REGISTERS}"
+    if values["tile_c"] * values["tile_h"] * values["tile_w"] < values["lanes"]:
+        return "register tile smaller than one vector"
+    return None
+
+
+def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
+    conv = _conv_block(sch)
+    if conv is None:
+        raise ValueError("no depthwise conv2d block")
+    tail = _tail(sch, conv)
+    if tail is None:
+        raise ValueError("an epilogue block is not elementwise over the conv's output")
+    conv_name = sch.get(conv).name_hint
+    for name in tail[:-1]:
+        sch.compute_inline(sch.get_sblock(name))
+    pads = [sch.get(b).name_hint for b in _blocks(sch) if sch.get(b).name_hint in _PADS]
+    if pads and values["pad_inline"]:
+        sch.compute_inline(sch.get_sblock(pads[0]))
+    conv = sch.get_sblock(conv_name)
+    if tail:
+        # The tile's accumulators: a compact local buffer that LLVM keeps in registers.
+        sch.set_scope(conv, 0, "local")
+        store = sch.get_sblock(tail[-1])
+    else:
+        store = sch.cache_write(conv, 0, "local")
+    n, c, h, w, *reduction = sch.get_loops(conv)
+    c_o, c_i = sch.split(c, [None, values["tile_c"]])
+    h_o, h_i = sch.split(h, [None, values["tile_h"]])
+    vec = min(values["tile_w"], values["lanes"])
+    w_o, w_v, w_i = sch.split(w, [None, values["tile_w"] // vec, vec])
+    sch.reorder(n, c_o, h_o, w_o, *reduction, c_i, h_i, w_v, w_i)
+    sch.reverse_compute_at(store, w_o)
+    sch.parallel(sch.fuse(n, c_o, h_o))
+    if values["unroll_kw"] > 1:
+        sch.unroll(reduction[-1])
+    sch.unroll(c_i)
+    sch.unroll(h_i)
+    sch.unroll(w_v)
+    sch.vectorize(w_i)
+    epi = sch.get_loops(store)
+    e_o, e_i = sch.split(epi[-1], [None, vec])
+    sch.unroll(e_o)
+    sch.vectorize(e_i)
+    init = sch.decompose_reduction(conv, reduction[0])
+    init_loops = sch.get_loops(init)
+    sch.unroll(init_loops[-2])
+    sch.vectorize(init_loops[-1])
+    if pads and not values["pad_inline"]:
+        pad_loops = sch.get_loops(sch.get_sblock(pads[0]))
+        sch.parallel(sch.fuse(*pad_loops[:2]))
+        sch.vectorize(pad_loops[-1])
+    logger.debug("scheduled %s with %s", conv_name, values)
+
+
+X86_DEPTHWISE_CONV2D_NCHW = register_template(Template(
+    name=NAME,
+    knobs=_knobs,
+    schedule=_schedule,
+    constraint=_constraint,
+    description="depthwise NCHW conv2d + epilogue, register tile of channels x rows x vectors of columns (x86)",
+))

@@ -1,0 +1,98 @@
+"""What the x86 register-tiled templates promise beyond the conformance suite: the register
+budget on AVX-512 and AVX2, which tasks they take, and accumulators that are one tile."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+
+import numpy as np
+import pytest
+import tvm
+from conftest import dense, space, target, task
+from tvm import te, topi
+
+import search_spaces
+from search_spaces import Limits, Point, TemplateSpace
+
+
+def _regs(kind: str, values: dict, lanes: int) -> int:
+    if kind == "x86-conv2d-nchwc":
+        return values["reg_n"] * values["tile_oh"] * math.ceil(values["oc_block"] / lanes)
+    if kind == "x86-depthwise-conv2d-nchw":
+        return values["tile_c"] * values["tile_h"] * math.ceil(values["tile_w"] / lanes)
+    return values["tile_m"] * values["tile_n"] // lanes
+
+
+@pytest.mark.parametrize(("kind", "task_name", "fewest"), [
+    ("x86-conv2d-nchwc", "conv_nchwc", 4), ("x86-dense", "dense", 4), ("x86-depthwise-conv2d-nchw", "depthwise", 1),
+])
+@pytest.mark.parametrize("vector_bits", [512, 256])
+def test_register_budget_holds_for_every_point(kind, task_name, fewest, vector_bits):
+    """Every point inside the constraint keeps ``fewest``..24 accumulator registers, on
+    AVX-512 and on AVX2 (where a 16-lane channel block takes two registers), and the bound
+    bites."""
+    limits = Limits(vector_bits=vector_bits, num_cores=2)
+    sp = TemplateSpace(task(task_name), target("llvm"), kind, limits=limits)
+    knobs = sp.knobs(0)
+    inside = 0
+    for values in itertools.product(*(k.choices for k in knobs)):
+        point = Point(0, values)
+        named = sp.values(point)
+        regs = _regs(kind, named, vector_bits // 32)
+        reason = sp.static_violation(point)
+        if reason is None:
+            inside += 1
+            assert fewest <= regs <= 24, named
+        elif not fewest <= regs <= 24:
+            assert "register" in reason
+    assert 0 < inside == sp.size() < sp.grid_size()
+
+
+def test_templates_take_only_their_pattern():
+    llvm = target("llvm")
+    # NCHW conv is the other template's; a plain 64^3 matmul block named C is not "matmul".
+    assert "x86-conv2d-nchwc" not in search_spaces.applicable_kinds(task("conv"), llvm)
+    assert "x86-dense" not in search_spaces.applicable_kinds(task("matmul"), llvm)
+    # An NT matmul (B is [n, k]) would load B's columns with a stride: not this template's.
+    a = te.placeholder((1, 32, 64), name="A")
+    b = te.placeholder((48, 64), name="B")
+    k = te.reduce_axis((0, 64), name="k")
+    nt = te.compute((1, 32, 48), lambda z, i, j: te.sum(a[z, i, k] * b[j, k], axis=k), name="matmul")
+    assert search_spaces.applicable_kinds(tvm.IRModule({"main": te.create_prim_func([a, b, nt])}), llvm) == ["sketch"]
+    # A reduction after the matmul cannot be computed at the register tile.
+    b = te.placeholder((64, 48), name="B")
+    nn = te.compute((1, 32, 48), lambda z, i, j: te.sum(a[z, i, k] * b[k, j], axis=k), name="matmul")
+    for after, applies in ((topi.nn.relu(nn), True), (topi.sum(nn, axis=2), False)):
+        mod = tvm.IRModule({"main": te.create_prim_func([a, b, after])})
+        assert ("x86-dense" in search_spaces.applicable_kinds(mod, llvm)) is applies
+    # N not a multiple of the vector lanes: no vector tile of C's columns exists.
+    assert "x86-dense" not in search_spaces.applicable_kinds(dense(n=20), llvm)
+
+
+@pytest.mark.parametrize(("kind", "task_name", "acc"), [("x86-conv2d-nchwc", "conv_nchwc", "conv2d_NCHWc_local"),
+                                                        ("x86-dense", "dense", "matmul_local"),
+                                                        ("x86-depthwise-conv2d-nchw", "depthwise",
+                                                         "group_conv2d_nchw_local")])
+def test_accumulators_are_one_register_tile(kind, task_name, acc):
+    """After TVM's buffer planning the accumulator buffer holds exactly the register tile,
+    so LLVM can keep it in registers (a full-size buffer would live in memory)."""
+    sp = space(kind, task_name, "llvm")
+    point = sp.sample(np.random.default_rng(3))
+    values = sp.values(point)
+    st = tvm.s_tir.transform
+    lowered = tvm.transform.Sequential([
+        st.LowerInitBlock(), st.PlanAndUpdateBufferAllocationLocation(), st.ConvertBlocksToOpaque(),
+        st.CompactBufferAllocation(),
+    ])(sp.apply(point).mod)  # fmt: skip
+    found = re.findall(rf"{acc} = T\.\w*alloc_buffer\(\(([^)]*)\)", lowered.script())
+    assert len(found) == 1, found
+    shapes = [[int(d) for d in found[0].split(",") if d.strip()]]
+    if kind == "x86-conv2d-nchwc":
+        want = values["tile_oh"] * values["reg_n"] * values["oc_block"]
+    elif kind == "x86-depthwise-conv2d-nchw":
+        want = values["tile_c"] * values["tile_h"] * values["tile_w"]
+    else:
+        want = values["tile_m"] * values["tile_n"]
+    assert math.prod(shapes[0]) == want, (shapes, values)
