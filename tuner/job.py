@@ -32,6 +32,9 @@ logger = logging.getLogger(__name__)
 
 # Batches in flight: one measured while the next is proposed.
 PIPELINE_DEPTH = 2
+# Newest records the cost model is pre-trained on at the start of a job: rebuilding a
+# record's features costs ~10-20 ms on a 2-core machine.
+PRETRAIN_RECORDS = 2_000
 # Proposals per batch when candidates turn out to be programs measured already.
 _PROPOSE_ROUNDS = 3
 
@@ -151,7 +154,8 @@ class TuningJob:
         self.config = config
         self.model_name = model_name
         self.on_progress = on_progress
-        self.model = cost_models.create("xgb", seed=config.seed)
+        # Replaced in run() by the model pre-trained on the database's records of this device family.
+        self.model: cost_models.CostModel = cost_models.create("xgb", seed=config.seed)
         self.scheduler = TaskScheduler(tasks)
         self.searches: dict[int, _TaskSearch] = {}
         self.inflight: deque[_Batch] = deque()
@@ -174,6 +178,11 @@ class TuningJob:
             db.workload_id(t.workload_key, t.name, t.mod, t.flops)
         self.job_id = db.start_job(self.model_name, self.device_id,
                                    {"device": self.device.name} | _jsonable(asdict(config)), config.trials)  # fmt: skip
+        # Every earlier measurement of this device family (any job, any teammate, any task)
+        # trains the model before the first proposal; without any, a stored model is loaded.
+        self.model = cost_models.pretrain(db, self.device, seed=config.seed, max_records=PRETRAIN_RECORDS)
+        if self.model.num_samples:
+            logger.info("cost model pre-trained on %d records of this device family", self.model.num_samples)
         self.measurer = RayMeasurer(self.device, config.measure)
         try:
             while True:
@@ -306,11 +315,15 @@ class TuningJob:
             # An early-stopped probe's one run is a lower bound: enough to rank it as slow.
             sec = float(min(r.run_secs)) if r.early_stopped else float(np.median(r.run_secs))
             ts.strategies[batch.space].tell(c.id, Result(sec))
+            if r.early_stopped:
+                gflops[n] = np.nan  # a probe is a lower bound, not a training label
+                continue
             gflops[n] = task.flops / sec / 1e9 if task.flops else 1.0 / sec
-            if not r.early_stopped:
-                best = sec if best is None else min(best, sec)
+            best = sec if best is None else min(best, sec)
         self.db.add_records(self.device_id, self.job_id, records)
-        self.model.update(batch.features, gflops, np.full(len(batch.candidates), i))
+        # Groups are workload keys, so this job's measurements join the pre-training records
+        # of the same task.
+        self.model.update(batch.features, gflops, np.full(len(batch.candidates), task.workload_key))
         ts.bandit.update(batch.space, 0, best)
         self.scheduler.update(i, len(batch.candidates), best, failed=failed)
         self.done += len(batch.candidates)
