@@ -182,6 +182,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     idle = "" if summary.device_idle_fraction is None else f"; device idle {summary.device_idle_fraction:.0%}"
     console.print(f"job {summary.job_id}: {summary.trials} trials in {summary.elapsed_s:.0f} s; "
                   f"failed candidates: {summary.errors or 'none'}{idle}")
+    if args.ray_address is None:
+        import ray
+
+        # The local cluster's processes (its device actor's TVM thread pool included) would
+        # share the cores with the closing timings.
+        ray.shutdown()
     if args.no_verify:
         return 0
     return _verify(spec, device, db, args.output, source=args.model, plan=_plan(args, device))
