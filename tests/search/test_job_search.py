@@ -39,9 +39,10 @@ def _hashes(db_path) -> list[str | None]:
         return [h for (h,) in conn.execute("SELECT program_hash FROM records ORDER BY id")]
 
 
-def _bred_from(child: Point, parents: list[Point]) -> bool:
-    """A one-knob mutation of a parent, or a per-knob mix of two parents of its sketch."""
-    same = [p for p in parents if p.sketch == child.sketch]
+def _bred_from(child: tuple[str, Point], parents: list[tuple[str, Point]]) -> bool:
+    """A one-knob mutation of a parent, or a per-knob mix of two parents of its space and sketch."""
+    kind, child = child
+    same = [p for k, p in parents if k == kind and p.sketch == child.sketch]
     for a in same:
         if sum(x != y for x, y in zip(child.decisions, a.decisions, strict=True)) == 1:
             return True
@@ -82,8 +83,11 @@ def test_second_job_seeds_from_the_first_and_never_remeasures(ray_cluster, cpu_d
     # point of job 1 (a one-knob mutation or a mix of two); in a space of 5 million points a
     # random draw essentially never is. (Later batches, ranked by a model trained on a
     # handful of points, may prefer fresh samples; the first is bred from job 1's points.)
-    parents = [Point.from_json(p) for j, w, p, sec in job1 if w == matmul and sec is not None]
-    children = [Point.from_json(p) for j, w, p, _ in rows if j == s2.job_id and w == matmul]
+    # The matmul has a template space beside the sketch one: points are compared within a space.
+    parents = [(parse_record_point(p)[0], Point.from_json(p))
+               for j, w, p, sec in job1 if w == matmul and sec is not None]
+    children = [(parse_record_point(p)[0], Point.from_json(p))
+                for j, w, p, _ in rows if j == s2.job_id and w == matmul]
     assert parents and children
     assert sum(_bred_from(c, parents) for c in children) >= 1, (children, parents)
 
