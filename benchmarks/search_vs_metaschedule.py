@@ -201,10 +201,13 @@ def phase_compare(args, device, result: dict) -> dict:
                     rec.trace.apply_to_schedule(sch, remove_postproc=False)
                     builds[f"{strategy}/seed{run['seed']}"] = tvm.compile(sch.mod, target=device.target)
                 db.close()
-        args_np = [np.random.default_rng(0).uniform(-1, 1, [int(d) for d in b.shape]).astype("float32")
-                   for b in task.mod["main"].buffer_map.values()]  # fmt: skip
+        from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+        args_np = [np.random.default_rng(0).uniform(-1, 1, [int(d) for d in a.shape]).astype("float32")
+                   for a in ArgInfo.from_prim_func(task.mod["main"])]  # fmt: skip
         tensors = [tvm.runtime.tensor(a, dev) for a in args_np]
-        timers = {k: m.time_evaluator("main", dev, number=5, repeat=1, min_repeat_ms=50) for k, m in builds.items()}
+        timers = {k: m.jit().time_evaluator("main", dev, number=5, repeat=1, min_repeat_ms=50)
+                  for k, m in builds.items()}
         torch_fn = _torch_op(torch_op, _cores(device))
         samples: dict[str, list[float]] = {k: [] for k in [*timers, "pytorch"]}
         for _ in range(args.rounds):  # interleaved: noise hits every entry alike
