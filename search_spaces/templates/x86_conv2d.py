@@ -18,6 +18,7 @@ from tvm.s_tir import Schedule
 from search_spaces.constraints import Limits
 from search_spaces.knobs import Knob, divisors
 from search_spaces.templates import Template, register_template
+from search_spaces.templates.blocks import iter_kinds, root_blocks
 
 NAME = "x86-conv2d-nchw"
 _CONV_PREFIX = "conv2d_nchw"
@@ -26,17 +27,11 @@ _CONV_PREFIX = "conv2d_nchw"
 _ACC_REGISTERS = 24
 
 
-def _blocks(sch: Schedule) -> list[Any]:
-    return list(sch.get_child_blocks(sch.get_sblock("root")))
-
-
 def _conv_block(sch: Schedule) -> Any | None:
-    found = [b for b in _blocks(sch) if sch.get(b).name_hint.startswith(_CONV_PREFIX)]
+    found = [b for b in root_blocks(sch) if sch.get(b).name_hint.startswith(_CONV_PREFIX)]
     if len(found) != 1:
         return None
-    block = sch.get(found[0])
-    kinds = "".join("S" if int(iv.iter_type) == 0 else "R" if int(iv.iter_type) == 2 else "?"
-                    for iv in block.iter_vars)
+    kinds = iter_kinds(sch, found[0])
     return found[0] if kinds == "SSSSRRR" else None
 
 
@@ -76,7 +71,7 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     if conv is None:
         raise ValueError("no conv2d_nchw block")
     conv_name = sch.get(conv).name_hint
-    names = [sch.get(b).name_hint for b in _blocks(sch)]
+    names = [sch.get(b).name_hint for b in root_blocks(sch)]
     # Everything after the conv is an elementwise chain: inline it into the last block, the
     # one that writes the function's output.
     tail = names[names.index(conv_name) + 1:]

@@ -26,6 +26,7 @@ from tvm.s_tir import Schedule
 from search_spaces.constraints import Limits
 from search_spaces.knobs import Knob, divisors
 from search_spaces.templates import Template, register_template
+from search_spaces.templates.blocks import iter_kinds, root_blocks
 
 logger = logging.getLogger(__name__)
 
@@ -48,26 +49,17 @@ _MAX_UNROLLED_FMAS = 1024
 _ORDERS = (0, 1, 2)
 
 
-def _blocks(sch: Schedule) -> list[Any]:
-    return list(sch.get_child_blocks(sch.get_sblock("root")))
-
-
-def _iter_kinds(sch: Schedule, block: Any) -> str:
-    return "".join("S" if int(iv.iter_type) == 0 else "R" if int(iv.iter_type) == 2 else "?"
-                   for iv in sch.get(block).iter_vars)
-
-
 def _conv_block(sch: Schedule) -> Any | None:
-    found = [b for b in _blocks(sch) if sch.get(b).name_hint.startswith(_CONV_PREFIX)]
+    found = [b for b in root_blocks(sch) if sch.get(b).name_hint.startswith(_CONV_PREFIX)]
     if len(found) != 1:
         return None
-    return found[0] if _iter_kinds(sch, found[0]) == "SSSSSRRR" else None
+    return found[0] if iter_kinds(sch, found[0]) == "SSSSSRRR" else None
 
 
 def _tail(sch: Schedule, conv: Any) -> list[str] | None:
     """Names of the epilogue blocks after the conv, or None when one is not elementwise
     over the conv's output shape (it could not be computed at the register tile)."""
-    names = [sch.get(b).name_hint for b in _blocks(sch)]
+    names = [sch.get(b).name_hint for b in root_blocks(sch)]
     conv_name = sch.get(conv).name_hint
     before = names[:names.index(conv_name)]
     if any(n != _PAD and not n.startswith(_PAD) for n in before):
@@ -76,7 +68,7 @@ def _tail(sch: Schedule, conv: Any) -> list[str] | None:
     out_shape = [int(sch.get(loop).extent) for loop in sch.get_loops(conv)][:5]
     for name in tail:
         block = sch.get_sblock(name)
-        if _iter_kinds(sch, block) != "SSSSS":
+        if iter_kinds(sch, block) != "SSSSS":
             return None
         if [int(sch.get(loop).extent) for loop in sch.get_loops(block)] != out_shape:
             return None
@@ -116,7 +108,7 @@ def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tupl
 
 
 def _has_pad(sch: Schedule) -> bool:
-    return any(sch.get(b).name_hint == _PAD for b in _blocks(sch))
+    return any(sch.get(b).name_hint == _PAD for b in root_blocks(sch))
 
 
 def _ic_block(sch: Schedule, conv: Any) -> int | None:

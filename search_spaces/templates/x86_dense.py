@@ -23,6 +23,7 @@ from tvm.s_tir import Schedule
 from search_spaces.constraints import Limits
 from search_spaces.knobs import Knob, divisors
 from search_spaces.templates import Template, register_template
+from search_spaces.templates.blocks import iter_kinds, root_blocks
 
 logger = logging.getLogger(__name__)
 
@@ -38,15 +39,6 @@ _MIN_ACC_REGISTERS = 4
 _MAX_UNROLLED_FMAS = 512
 
 
-def _blocks(sch: Schedule) -> list[Any]:
-    return list(sch.get_child_blocks(sch.get_sblock("root")))
-
-
-def _iter_kinds(sch: Schedule, block: Any) -> str:
-    return "".join("S" if int(iv.iter_type) == 0 else "R" if int(iv.iter_type) == 2 else "?"
-                   for iv in sch.get(block).iter_vars)
-
-
 def _last_index_var(region: Any) -> Any:
     """The variable of the last (innermost) index of a read region, or None."""
     last = region.region[-1].min
@@ -55,11 +47,11 @@ def _last_index_var(region: Any) -> Any:
 
 def _matmul_block(sch: Schedule) -> Any | None:
     """The one NN matmul block: iters (S..., m, n, k), reading A[..., m, k] and B[..., k, n]."""
-    blocks = _blocks(sch)
+    blocks = root_blocks(sch)
     found = [b for b in blocks if sch.get(b).name_hint.startswith(_PREFIX)]
     if len(found) != 1 or sch.get(blocks[0]).name_hint != sch.get(found[0]).name_hint:
         return None
-    kinds = _iter_kinds(sch, found[0])
+    kinds = iter_kinds(sch, found[0])
     if len(kinds) < 3 or kinds != "S" * (len(kinds) - 1) + "R":
         return None
     block = sch.get(found[0])
@@ -83,12 +75,12 @@ def _b_read_index(sch: Schedule, block: Any) -> int:
 
 def _tail(sch: Schedule, block: Any) -> list[str] | None:
     """Names of the epilogue blocks, or None when one is not elementwise over C."""
-    names = [sch.get(b).name_hint for b in _blocks(sch)]
+    names = [sch.get(b).name_hint for b in root_blocks(sch)]
     tail = names[names.index(sch.get(block).name_hint) + 1:]
     out_shape = [int(sch.get(loop).extent) for loop in sch.get_loops(block)][:-1]
     for name in tail:
         b = sch.get_sblock(name)
-        if _iter_kinds(sch, b) != "S" * len(out_shape):
+        if iter_kinds(sch, b) != "S" * len(out_shape):
             return None
         if [int(sch.get(loop).extent) for loop in sch.get_loops(b)] != out_shape:
             return None

@@ -22,6 +22,7 @@ from tvm.s_tir import Schedule
 from search_spaces.constraints import Limits
 from search_spaces.knobs import Knob, divisors
 from search_spaces.templates import Template, register_template
+from search_spaces.templates.blocks import iter_kinds, root_blocks
 
 logger = logging.getLogger(__name__)
 
@@ -32,20 +33,11 @@ _PADS = ("pad_temp", "PaddedInput")
 _ACC_REGISTERS = 24
 
 
-def _blocks(sch: Schedule) -> list[Any]:
-    return list(sch.get_child_blocks(sch.get_sblock("root")))
-
-
-def _iter_kinds(sch: Schedule, block: Any) -> str:
-    return "".join("S" if int(iv.iter_type) == 0 else "R" if int(iv.iter_type) == 2 else "?"
-                   for iv in sch.get(block).iter_vars)
-
-
 def _conv_block(sch: Schedule) -> Any | None:
-    found = [b for b in _blocks(sch) if sch.get(b).name_hint.startswith(_PREFIXES)]
+    found = [b for b in root_blocks(sch) if sch.get(b).name_hint.startswith(_PREFIXES)]
     if len(found) != 1:
         return None
-    kinds = _iter_kinds(sch, found[0])
+    kinds = iter_kinds(sch, found[0])
     if kinds == "SSSSRRR":
         # Depthwise: the channel reduction (the first reduce iter) has extent 1.
         if int(sch.get(found[0]).iter_vars[4].dom.extent) != 1:
@@ -57,7 +49,7 @@ def _conv_block(sch: Schedule) -> Any | None:
 
 def _tail(sch: Schedule, conv: Any) -> list[str] | None:
     """The epilogue blocks after the conv, or None when one is not elementwise over it."""
-    names = [sch.get(b).name_hint for b in _blocks(sch)]
+    names = [sch.get(b).name_hint for b in root_blocks(sch)]
     conv_name = sch.get(conv).name_hint
     if any(n not in _PADS for n in names[:names.index(conv_name)]):
         return None
@@ -65,7 +57,7 @@ def _tail(sch: Schedule, conv: Any) -> list[str] | None:
     out_shape = [int(sch.get(loop).extent) for loop in sch.get_loops(conv)][:4]
     for name in tail:
         block = sch.get_sblock(name)
-        if _iter_kinds(sch, block) != "SSSS" or [int(sch.get(lp).extent) for lp in sch.get_loops(block)] != out_shape:
+        if iter_kinds(sch, block) != "SSSS" or [int(sch.get(lp).extent) for lp in sch.get_loops(block)] != out_shape:
             return None
     return tail
 
@@ -79,7 +71,7 @@ def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tupl
         return None
     _, c, h, w, *window = (int(sch.get(loop).extent) for loop in sch.get_loops(conv))
     lanes = limits.vector_bits // 32
-    has_pad = any(sch.get(b).name_hint in _PADS for b in _blocks(sch))
+    has_pad = any(sch.get(b).name_hint in _PADS for b in root_blocks(sch))
     return (
         Knob("tile_c", "choice", tuple(d for d in divisors(c) if d <= 8)),
         Knob("tile_h", "choice", tuple(d for d in divisors(h) if d <= 4)),
@@ -111,7 +103,7 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     conv_name = sch.get(conv).name_hint
     for name in tail[:-1]:
         sch.compute_inline(sch.get_sblock(name))
-    pads = [sch.get(b).name_hint for b in _blocks(sch) if sch.get(b).name_hint in _PADS]
+    pads = [sch.get(b).name_hint for b in root_blocks(sch) if sch.get(b).name_hint in _PADS]
     if pads and values["pad_inline"]:
         sch.compute_inline(sch.get_sblock(pads[0]))
     conv = sch.get_sblock(conv_name)
