@@ -16,3 +16,21 @@ def iter_kinds(sch: Schedule, block: Any) -> str:
     """A block's iteration variables as a string: ``S`` spatial, ``R`` reduction, ``?`` other."""
     return "".join("S" if int(iv.iter_type) == 0 else "R" if int(iv.iter_type) == 2 else "?"
                    for iv in sch.get(block).iter_vars)  # fmt: skip
+
+
+def loop_extents(sch: Schedule, block: Any) -> list[int]:
+    """The extents of the loops around ``block``, outermost first."""
+    return [int(sch.get(loop).extent) for loop in sch.get_loops(block)]
+
+
+def elementwise_tail(sch: Schedule, block: Any, spatial: int) -> list[str] | None:
+    """Names of the blocks after ``block``, or None when one of them is not elementwise over
+    ``block``'s ``spatial`` outer loops (then it could not be computed at the register tile)."""
+    names = [sch.get(b).name_hint for b in root_blocks(sch)]
+    tail = names[names.index(sch.get(block).name_hint) + 1:]
+    out_shape = loop_extents(sch, block)[:spatial]
+    for name in tail:
+        b = sch.get_sblock(name)
+        if iter_kinds(sch, b) != "S" * spatial or loop_extents(sch, b) != out_shape:
+            return None
+    return tail

@@ -26,7 +26,7 @@ from tvm.s_tir import Schedule
 from search_spaces.constraints import Limits
 from search_spaces.knobs import Knob, divisors
 from search_spaces.templates import Template, register_template
-from search_spaces.templates.blocks import iter_kinds, root_blocks
+from search_spaces.templates.blocks import elementwise_tail, iter_kinds, root_blocks
 
 logger = logging.getLogger(__name__)
 
@@ -64,15 +64,7 @@ def _tail(sch: Schedule, conv: Any) -> list[str] | None:
     before = names[:names.index(conv_name)]
     if any(n != _PAD and not n.startswith(_PAD) for n in before):
         return None
-    tail = names[names.index(conv_name) + 1:]
-    out_shape = [int(sch.get(loop).extent) for loop in sch.get_loops(conv)][:5]
-    for name in tail:
-        block = sch.get_sblock(name)
-        if iter_kinds(sch, block) != "SSSSS":
-            return None
-        if [int(sch.get(loop).extent) for loop in sch.get_loops(block)] != out_shape:
-            return None
-    return tail
+    return elementwise_tail(sch, conv, 5)
 
 
 def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tuple[Knob, ...] | None:

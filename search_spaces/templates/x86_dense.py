@@ -23,7 +23,7 @@ from tvm.s_tir import Schedule
 from search_spaces.constraints import Limits
 from search_spaces.knobs import Knob, divisors
 from search_spaces.templates import Template, register_template
-from search_spaces.templates.blocks import iter_kinds, root_blocks
+from search_spaces.templates.blocks import elementwise_tail, iter_kinds, root_blocks
 
 logger = logging.getLogger(__name__)
 
@@ -75,16 +75,7 @@ def _b_read_index(sch: Schedule, block: Any) -> int:
 
 def _tail(sch: Schedule, block: Any) -> list[str] | None:
     """Names of the epilogue blocks, or None when one is not elementwise over C."""
-    names = [sch.get(b).name_hint for b in root_blocks(sch)]
-    tail = names[names.index(sch.get(block).name_hint) + 1:]
-    out_shape = [int(sch.get(loop).extent) for loop in sch.get_loops(block)][:-1]
-    for name in tail:
-        b = sch.get_sblock(name)
-        if iter_kinds(sch, b) != "S" * len(out_shape):
-            return None
-        if [int(sch.get(loop).extent) for loop in sch.get_loops(b)] != out_shape:
-            return None
-    return tail
+    return elementwise_tail(sch, block, len(sch.get_loops(block)) - 1)
 
 
 def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tuple[Knob, ...] | None:

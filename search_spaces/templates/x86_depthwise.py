@@ -22,7 +22,7 @@ from tvm.s_tir import Schedule
 from search_spaces.constraints import Limits
 from search_spaces.knobs import Knob, divisors
 from search_spaces.templates import Template, register_template
-from search_spaces.templates.blocks import iter_kinds, root_blocks
+from search_spaces.templates.blocks import elementwise_tail, iter_kinds, root_blocks
 
 logger = logging.getLogger(__name__)
 
@@ -53,13 +53,7 @@ def _tail(sch: Schedule, conv: Any) -> list[str] | None:
     conv_name = sch.get(conv).name_hint
     if any(n not in _PADS for n in names[:names.index(conv_name)]):
         return None
-    tail = names[names.index(conv_name) + 1:]
-    out_shape = [int(sch.get(loop).extent) for loop in sch.get_loops(conv)][:4]
-    for name in tail:
-        block = sch.get_sblock(name)
-        if iter_kinds(sch, block) != "SSSS" or [int(sch.get(lp).extent) for lp in sch.get_loops(block)] != out_shape:
-            return None
-    return tail
+    return elementwise_tail(sch, conv, 4)
 
 
 def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tuple[Knob, ...] | None:
