@@ -1,7 +1,8 @@
 """Whole models against the peers: ``nightshift bench`` for a list of models on one database.
 
 For each model: the build from ``--db`` (and the zero-trial fallback build when the database
-tunes any of its operators) against ONNX Runtime, OpenVINO (f32 and default precision),
+tunes any of its operators) against ONNX Runtime, OpenVINO (f32 through ``INFERENCE_PRECISION_HINT``, and its
+default precision),
 PyTorch eager and ``torch.compile``, interleaved in rounds on one random input, on the
 device's ``num-cores`` threads (see tuner/bench.py). Writes
 benchmarks/results/e2e_vs_peers.json, and e2e_vs_peers.png (ratios to the fastest f32 peer)

@@ -2,9 +2,10 @@
 
 One process, one random input, one thread count (the device's ``num-cores``) for everyone:
 the build from the tuning database, the zero-trial fallback build (every operator on the
-fallback schedule), and the installed peers (ONNX Runtime, OpenVINO at f32 and at its default
-precision, PyTorch eager and ``torch.compile``) all run the same network. Zoo models reach the
-peers as the same network rebuilt in PyTorch (:mod:`tuner.peers.torch_zoo`) with the zoo's
+fallback schedule), and the installed peers (ONNX Runtime, OpenVINO at f32 with
+``INFERENCE_PRECISION_HINT=f32`` and at its default precision, bf16 on CPUs with AVX512_BF16
+or AMX, labelled as it reports it, PyTorch eager and ``torch.compile``) all run the same
+network. Zoo models reach the peers as the same network rebuilt in PyTorch (:mod:`tuner.peers.torch_zoo`) with the zoo's
 weights, exported to ONNX; ONNX models as the file itself. Runs are interleaved in rounds,
 because this project's machines drift by 1.5x within minutes: every round runs every entry
 once (after an untimed warm-up run that also absorbs the previous runtime's spinning

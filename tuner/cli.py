@@ -197,7 +197,8 @@ def _verify(spec, device, db, output: Path | None, source: str | None = None, *,
     """Compile untuned and tuned, run both on the same input, compare, report latency.
 
     Beside the untuned build, the tuned one is timed interleaved with the zero-trial fallback
-    build and the faster of ONNX Runtime and OpenVINO (f32) where installed (``tuner.bench``).
+    build and the faster of ONNX Runtime and OpenVINO (f32: ``INFERENCE_PRECISION_HINT=f32``) where
+    installed (``tuner.bench``).
     """
     import numpy as np
 

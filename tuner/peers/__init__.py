@@ -2,7 +2,9 @@
 
 Each peer implements :class:`Peer` (``available()``, ``prepare(model, threads)``,
 ``run(inputs)``); :func:`create` makes one by name. Runtimes are imported only in
-``prepare``, so listing peers costs nothing where they are not installed.
+``prepare``, so listing peers costs nothing where they are not installed. OpenVINO comes twice:
+``openvino-f32`` sets ``INFERENCE_PRECISION_HINT=f32``; ``openvino`` keeps the default (bf16 on
+CPUs with AVX512_BF16 or AMX) and reports the precision it ran in.
 """
 
 from __future__ import annotations
