@@ -11,7 +11,7 @@ import tvm_ffi
 from dbtest_utils import add_mod, fake_cpu, matmul_mod
 
 from tuner.compile import fallback_schedule
-from tuner.db import NewRecord, TuningDatabase, database_url, redact
+from tuner.db import NewRecord, TuningDatabase, database_url, migrate, redact
 from tuner.db.tvm_adapter import MetaScheduleDatabase
 from tuner.errors import DatabaseError, UserInputError
 from tuner.tasks import workload_key
@@ -197,7 +197,8 @@ def test_newer_schema_is_refused(db_url):
     with db.engine.begin() as conn:
         conn.execute(sa.text("UPDATE alembic_version SET version_num = '9999'"))
     db.close()
-    with pytest.raises(DatabaseError, match=r"schema 9999, newer than this Nightshift's 0003; upgrade Nightshift"):
+    head = migrate.head_revision()
+    with pytest.raises(DatabaseError, match=rf"schema 9999, newer than this Nightshift's {head}; upgrade Nightshift"):
         TuningDatabase(db_url)
 
 

@@ -25,7 +25,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # Kept in nightshift_meta by the migrations, for people reading the database; alembic's
 # revision is what Nightshift checks.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 def _now() -> datetime:
@@ -78,7 +78,10 @@ class JobRow(Base):
     """A tuning job: its configuration, state and progress."""
 
     __tablename__ = "jobs"
+    __table_args__ = (Index("ix_jobs_name", "name"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    # What a user resumes by (tune --job NAME); NULL for jobs older than schema 4.
+    name: Mapped[str | None] = mapped_column(String(256), nullable=True)
     model: Mapped[str] = mapped_column(String(512))
     device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"))
     config: Mapped[str] = mapped_column(Text)
@@ -87,6 +90,11 @@ class JobRow(Base):
     trials_total: Mapped[int] = mapped_column(Integer, default=0)
     host: Mapped[str | None] = mapped_column(String(256), nullable=True)
     tvm_version: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    # None: no time budget. elapsed_sec sums the tuning time of every run of the job.
+    time_budget_sec: Mapped[float | None] = mapped_column(Float, nullable=True)
+    elapsed_sec: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    # A running job writes this at least every minute; a stale one means the job is dead.
+    heartbeat_at: Mapped[datetime | None] = mapped_column(nullable=True)
     created_at: Mapped[datetime] = mapped_column(default=_now)
     updated_at: Mapped[datetime] = mapped_column(default=_now, onupdate=_now)
 
