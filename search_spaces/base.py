@@ -157,7 +157,12 @@ class SearchSpace(abc.ABC):
         got = self._cached(point)
         if isinstance(got, str):
             raise InvalidPointError(got)
-        return got.copy()
+        try:
+            return got.copy()
+        except tvm.error.InternalError:
+            # TVM 0.27's Schedule.copy fails on any tensorized schedule (unordered_map::at,
+            # with TVM's own dot_16x4_vnni too): schedule the point afresh instead.
+            return self._schedule(point)
 
     def to_trace(self, point: Point) -> Trace:
         """The TVM trace of ``point`` (postprocessing included): what TVM's database stores

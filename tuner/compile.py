@@ -68,6 +68,7 @@ def compile_model(
     policy: FallbackPolicy = "same-arch",
     fallback: bool = True,
     plan: LayoutPlan | None = None,
+    precision: str = "fp32",
 ) -> Compiled:
     """Build ``spec`` for ``device``; with ``db``, every tuned operator gets its best schedule.
 
@@ -79,17 +80,21 @@ def compile_model(
         fallback: give untuned operators the fallback schedule (else TVM's default lowering).
         plan: each conv's data layout, as the tasks were extracted with (default
             :meth:`LayoutPlan.for_target`, as :func:`tuner.tasks.extract_tasks`'s).
+        precision: the model's precision (:func:`tuner.precision.apply_precision`), as the
+            tasks were extracted in; records of another precision are never used.
     """
+    from tuner.precision import apply_precision
+
     start = time.perf_counter()
     plan = LayoutPlan.for_target(device.target) if plan is None else plan
-    mod = prepare(spec.bound(), device.target, plan)
+    mod = prepare(apply_precision(spec.bound(), precision), device.target, plan)
     if db is None:
         with device.target, tvm.transform.PassContext(opt_level=3):
             ex = tvm.compile(mod, target=device.target)
         return Compiled(ex, {}, {}, time.perf_counter() - start)
     target = device.target
     adapter = MetaScheduleDatabase(
-        db, db.device_id(device), policy=policy, read_only=True,
+        db, db.device_id(device), policy=policy, read_only=True, precision=precision,
         fallback=(lambda w: fallback_record(w, target)) if fallback else None,
     )  # fmt: skip
     ex = ms.relax_integration.compile_relax(adapter, mod, target, params=None)

@@ -42,9 +42,17 @@ class Task:
     layout: str = ""
 
 
-def workload_key(mod: tvm.IRModule) -> str:
-    """Stable key of a PrimFunc module: TVM's structural hash, as hex."""
-    return hashlib.sha256(str(tvm_ffi.structural_hash(mod)).encode()).hexdigest()[:32]
+def workload_key(mod: tvm.IRModule, precision: str = "fp32") -> str:
+    """Stable key of a PrimFunc module: TVM's structural hash, as hex.
+
+    A reduced ``precision`` (``bf16``, ``int8``) is part of the key of every task of a model
+    compiled in it, float32 epilogues included, so records of one precision never serve a
+    lookup of another; fp32 keys are the plain hash.
+    """
+    text = str(tvm_ffi.structural_hash(mod))
+    if precision != "fp32":
+        text += f"/{precision}"
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def program_hash(mod: tvm.IRModule) -> str:
@@ -94,22 +102,28 @@ def fuse(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
         return seq(mod)
 
 
-def extract_tasks(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan | None = None) -> list[Task]:
+def extract_tasks(
+    mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan | None = None, *, precision: str = "fp32"
+) -> list[Task]:
     """Fused-operator tasks of a bound Relax module, heaviest (weight x FLOPs) first.
 
     ``plan`` sets each conv's data layout (:func:`tuner.layout.prepare`; default
-    :meth:`LayoutPlan.for_target`); compile with the same plan. Identical workloads (same
-    PrimFunc structure) are merged into one task whose weight is the number of occurrences.
+    :meth:`LayoutPlan.for_target`); ``precision`` the model's precision
+    (:func:`tuner.precision.apply_precision`); compile with the same plan and precision.
+    Identical workloads (same PrimFunc structure) are merged into one task whose weight is
+    the number of occurrences.
     """
+    from tuner.precision import apply_precision
+
     plan = LayoutPlan.for_target(target) if plan is None else plan
-    fused = fuse(prepare(mod, target, plan), target)
+    fused = fuse(prepare(apply_precision(mod, precision), target, plan), target)
     extracted = ms.relax_integration.extract_tasks(fused, target)
     by_key: dict[str, Task] = {}
     for ext in extracted:
         task_mod = ext.dispatched[0]
         if task_mod["main"].attrs and task_mod["main"].attrs.get("tirx.is_scheduled", False):
             continue
-        key = workload_key(task_mod)
+        key = workload_key(task_mod, precision)
         if key in by_key:
             old = by_key[key]
             by_key[key] = Task(old.name, old.mod, old.weight + int(ext.weight), old.flops, key, old.layout)

@@ -1,7 +1,7 @@
 """Hand-written schedule templates for operator patterns, and their registry.
 
 A template is a schedule function over a few named knobs, for the tasks it recognizes.
-Templates ship here (``x86-conv2d-nchw``, ``x86-conv2d-nchwc``, ``x86-dense``,
+Templates ship here (``x86-conv2d-nchw``, ``x86-conv2d-nchwc``, ``x86-dense``, ``x86-dense-bf16``,
 ``x86-depthwise-conv2d-nchw``) or come from other packages, either by calling
 :func:`register_template` or through the ``nightshift.templates`` entry-point group, whose
 entries load to a :class:`Template` (or a zero-argument callable returning one)::
@@ -109,4 +109,10 @@ def _load_entry_points() -> None:
 
 
 # The built-in templates register themselves on import.
-from search_spaces.templates import x86_conv2d, x86_conv2d_nchwc, x86_dense, x86_depthwise  # noqa: E402, F401
+from search_spaces.templates import (  # noqa: E402, F401
+    x86_conv2d,
+    x86_conv2d_nchwc,
+    x86_dense,
+    x86_dense_bf16,
+    x86_depthwise,
+)

@@ -104,6 +104,18 @@ def depthwise(stride: int = 1) -> tvm.IRModule:
     return tvm.IRModule({"main": te.create_prim_func([data, weight, bias, out])})
 
 
+def dense_bf16(m: int = 32, k: int = 64, n: int = 48) -> tvm.IRModule:
+    """A bf16 dense layer as ``tuner.precision.bf16`` writes it (block ``matmul_bf16``,
+    weight packed [k/2, n, 2], float32 accumulation) + bias + relu."""
+    from tuner.precision.bf16 import packed_matmul
+
+    a = te.placeholder((1, m, k), name="A", dtype="bfloat16")
+    w = te.placeholder((k // 2, n, 2), name="W", dtype="bfloat16")
+    bias = te.placeholder((n,), name="bias")
+    out = topi.nn.relu(topi.add(packed_matmul(a, w), bias))
+    return tvm.IRModule({"main": te.create_prim_func([a, w, bias, out])})
+
+
 def relu() -> tvm.IRModule:
     """An elementwise op small enough that its whole space can be enumerated."""
     x = te.placeholder((4, 8), name="x")
@@ -115,6 +127,7 @@ TASKS: dict[str, Callable[[], tvm.IRModule]] = {
     "matmul": matmul, "conv": conv_bias_relu, "relu": relu, "conv_nchwc": conv_nchwc,
     "conv_nchwc_first": conv_nchwc_first, "conv_nchwc_bare": conv_nchwc_bare, "dense": dense,
     "batch_matmul": batch_matmul, "depthwise": depthwise, "depthwise_s2": lambda: depthwise(2),
+    "dense_bf16": dense_bf16,
 }
 
 # Target configs by name; CUDA ones cross-build (no GPU is needed).
@@ -124,7 +137,8 @@ TARGETS: dict[str, dict] = {
 }
 # The (task, target) pairs the suite covers; CUDA keeps to the two heavy patterns.
 TASK_TARGETS = [("matmul", "llvm"), ("conv", "llvm"), ("relu", "llvm"), ("conv_nchwc", "llvm"),
-                ("dense", "llvm"), ("depthwise", "llvm"), ("matmul", "cuda-sm90"), ("conv", "cuda-sm90")]
+                ("dense", "llvm"), ("depthwise", "llvm"), ("dense_bf16", "llvm"), ("matmul", "cuda-sm90"),
+                ("conv", "cuda-sm90")]
 
 
 @functools.cache

@@ -59,6 +59,8 @@ class MetaScheduleDatabase(PyDatabase):
         fallback: schedules a workload that has no usable record; without it such a
             workload is left to TVM's default lowering.
         read_only: do not store workloads TVM commits (compiling must not write).
+        precision: the model's precision, part of every workload key
+            (:func:`tuner.tasks.workload_key`).
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class MetaScheduleDatabase(PyDatabase):
         policy: FallbackPolicy = "same-arch",
         fallback: Fallback | None = None,
         read_only: bool = False,
+        precision: str = "fp32",
     ) -> None:
         super().__init__()
         self.db = db
@@ -76,6 +79,7 @@ class MetaScheduleDatabase(PyDatabase):
         self.policy: FallbackPolicy = policy
         self.fallback = fallback
         self.read_only = read_only
+        self.precision = precision
         self.decisions: dict[str, Decision] = {}  # workload key -> what was used
         self._replays: dict[int, bool] = {}
 
@@ -93,15 +97,15 @@ class MetaScheduleDatabase(PyDatabase):
         # workload: so that each gets the fallback, and each gets a reported decision.
         if self.read_only or self.fallback is not None:
             return True
-        return self.db.get_workload(workload_key(mod)) is not None
+        return self.db.get_workload(workload_key(mod, self.precision)) is not None
 
     def commit_workload(self, mod: tvm.IRModule) -> Workload:
         if not self.read_only:
-            self.db.workload_id(workload_key(mod), _func_name(mod), mod, 0.0)
+            self.db.workload_id(workload_key(mod, self.precision), _func_name(mod), mod, 0.0)
         return Workload(mod)
 
     def commit_tuning_record(self, record: TuningRecord) -> None:
-        key = workload_key(record.workload.mod)
+        key = workload_key(record.workload.mod, self.precision)
         self.db.workload_id(key, _func_name(record.workload.mod), record.workload.mod, 0.0)
         run_secs = [float(x) for x in (record.run_secs or [])]
         record_json = json.dumps(record.as_json())
@@ -113,7 +117,7 @@ class MetaScheduleDatabase(PyDatabase):
         ])
 
     def get_top_k(self, workload: Workload, top_k: int) -> list[TuningRecord]:
-        key = workload_key(workload.mod)
+        key = workload_key(workload.mod, self.precision)
         stored = self.db.get_workload(key)
         name = stored.name if stored is not None else _func_name(workload.mod)
         found = self.db.lookup(key, self.device_id, top_k, policy=self.policy,

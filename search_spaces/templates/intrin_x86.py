@@ -1,0 +1,96 @@
+"""x86 dot-product tensor intrinsics that TVM 0.27 does not ship: ``vdpbf16ps`` (AVX512_BF16).
+
+Registered the way ``tvm.s_tir.tensor_intrin.x86`` registers ``dot_16x4_vnni``: a
+description (16 float32 lanes, each adding the products of 2 adjacent bfloat16 pairs) and
+an implementation that calls LLVM's ``llvm.x86.avx512bf16.dpbf16ps.512``.
+
+TVM legalizes every bfloat16 value to float32 (compute) and uint16 (storage) before code
+generation, so a TIR call cannot hand LLVM the ``<32 x bfloat>`` operands the intrinsic
+takes. The implementation therefore passes the bits as ``<16 x i32>`` to a 4-line LLVM IR
+helper (linked into the module through ``pragma_import_llvm``, inlined by LLVM) that
+bitcasts them and calls the intrinsic.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import tvm
+from tvm.s_tir import TensorIntrin
+from tvm.script import tirx as T
+
+BF16_DOT_16x2_INTRIN = "dot_16x2_bf16_avx512"
+# The same, accumulating into a register tile (a ``local`` buffer), as templates do.
+BF16_DOT_16x2_LOCAL_INTRIN = "dot_16x2_bf16_avx512_local"
+# LLVM feature name of the instruction set the intrinsic needs.
+BF16_FEATURE = "avx512bf16"
+
+_HELPER = "nightshift_dpbf16ps_512"
+_HELPER_IR = f"""
+define linkonce_odr <16 x float> @{_HELPER}(<16 x float> %acc, <16 x i32> %a, <16 x i32> %b) alwaysinline {{
+  %a.bf = bitcast <16 x i32> %a to <32 x bfloat>
+  %b.bf = bitcast <16 x i32> %b to <32 x bfloat>
+  %r = call <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float> %acc, <32 x bfloat> %a.bf, <32 x bfloat> %b.bf)
+  ret <16 x float> %r
+}}
+declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float>, <32 x bfloat>, <32 x bfloat>)
+"""
+
+
+def _bf16_dot_16x2(scope: str):
+    """The description and implementation, for an accumulator ``C`` in ``scope``."""
+
+    @T.prim_func(s_tir=True)
+    def desc(
+        A: T.Buffer((2,), "bfloat16", offset_factor=1),
+        B: T.Buffer((16, 2), "bfloat16", offset_factor=1),
+        C: T.Buffer((16,), "float32", offset_factor=1, scope=scope),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:2], B[0:16, 0:2])
+            T.writes(C[0:16])
+            for i in T.serial(0, 16):
+                for k in T.serial(0, 2):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        C[vi] = C[vi] + T.cast(A[vk], "float32") * T.cast(B[vi, vk], "float32")
+
+    @T.prim_func(s_tir=True)
+    def impl(
+        A: T.Buffer((2,), "bfloat16", offset_factor=1),
+        B: T.Buffer((16, 2), "bfloat16", offset_factor=1),
+        C: T.Buffer((16,), "float32", offset_factor=1, scope=scope),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:2], B[0:16, 0:2])
+            T.writes(C[0:16])
+            with T.attr(0, "pragma_import_llvm", _HELPER_IR):
+                # The pair of A is one 32-bit lane, broadcast to all 16 lanes.
+                A_pair = T.reinterpret(A.vload([0], "bfloat16x2"), dtype="int32")
+                C[T.ramp(T.int32(0), 1, 16)] = T.call_pure_extern(
+                    "float32x16", _HELPER,
+                    C.vload([0], dtype="float32x16"),
+                    T.broadcast(A_pair, 16),
+                    T.reinterpret(B.vload([0, 0], dtype="bfloat16x32"), dtype="int32x16"),
+                )
+
+    return desc, impl
+
+
+@cache
+def register_intrinsics() -> None:
+    """Register the intrinsics (once per process; TensorIntrin names are global)."""
+    TensorIntrin.register(BF16_DOT_16x2_INTRIN, *_bf16_dot_16x2("global"), override=True)
+    TensorIntrin.register(BF16_DOT_16x2_LOCAL_INTRIN, *_bf16_dot_16x2("local"), override=True)
+
+
+def target_has_bf16_dot(target: tvm.target.Target) -> bool:
+    """Whether ``target`` (an LLVM CPU) has ``vdpbf16ps``."""
+    from tvm.target import codegen
+
+    if str(target.kind.name) != "llvm":
+        return False
+    try:
+        return bool(codegen.target_has_features(BF16_FEATURE, target))
+    except (RuntimeError, ValueError):  # an mcpu LLVM does not know
+        return False

@@ -1,0 +1,104 @@
+"""bf16: conv2d and matmul read bfloat16 inputs and weights and accumulate in float32.
+
+Every other operator stays float32, and so do the outputs of the converted ones (their
+``out_dtype``), so a bias, a residual add or a softmax after them sees float32. Constant
+weights are converted once, here, at compile time. A matmul by a constant 2-D weight
+``[K, N]`` (every dense layer) becomes ``matmul_bf16``, whose weight is pre-packed as
+``[K/2, N, 2]``: the pairs of reduction elements that one ``vdpbf16ps`` lane multiplies
+and adds are adjacent, and the 16 output columns of one register are one contiguous load
+(:mod:`tuner.precision.intrin`, template ``x86-dense-bf16``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import ml_dtypes
+import numpy as np
+import tvm
+from tvm import relax, te
+from tvm.ir.expr import Constant
+
+from tuner.fold import fold_constants
+
+logger = logging.getLogger(__name__)
+
+BF16 = "bfloat16"
+PACKED_MATMUL = "matmul_bf16"
+# Reduction elements per vdpbf16ps lane.
+PAIR = 2
+
+
+def pack_weight(weight: np.ndarray) -> np.ndarray:
+    """A ``[K, N]`` float weight as bfloat16 ``[K/2, N, 2]`` (``out[k // 2, n, k % 2]``)."""
+    k, n = weight.shape
+    return np.ascontiguousarray(weight.astype(ml_dtypes.bfloat16).reshape(k // PAIR, PAIR, n).transpose(0, 2, 1))
+
+
+def packed_matmul(a: te.Tensor, w: te.Tensor) -> te.Tensor:
+    """``a @ W`` in float32 for a bfloat16 ``a[..., K]`` and a packed ``w[K/2, N, 2]``."""
+    half, n, pair = (int(d) for d in w.shape)
+    ko = te.reduce_axis((0, half), "ko")
+    ki = te.reduce_axis((0, pair), "ki")
+
+    def body(*idx):
+        return te.sum(
+            a[(*idx[:-1], ko * pair + ki)].astype("float32") * w[ko, idx[-1], ki].astype("float32"),
+            axis=[ko, ki],
+        )
+
+    return te.compute((*a.shape[:-1], n), body, name=PACKED_MATMUL)
+
+
+def _const_value(expr: relax.Expr) -> np.ndarray | None:
+    return expr.value.numpy() if isinstance(expr, Constant) else None
+
+
+@relax.expr_functor.mutator
+class _ToBF16(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule) -> None:
+        super().__init__(mod)
+        self.converted = {"conv2d": 0, "matmul": 0, "packed matmul": 0}
+
+    def _bf16(self, expr: relax.Expr) -> relax.Expr:
+        value = _const_value(expr)
+        if value is not None:  # a weight: converted once, now
+            return relax.const(value.astype(ml_dtypes.bfloat16), BF16)
+        return relax.op.astype(expr, BF16)
+
+    def visit_call_(self, op: relax.Call) -> relax.Expr:
+        call = super().visit_call_(op)
+        if not isinstance(call.op, tvm.ir.Op) or call.op.name not in ("relax.nn.conv2d", "relax.matmul"):
+            return call
+        if any(str(a.ty.dtype) != "float32" for a in call.args[:2]):
+            return call
+        a, b = call.args[0], call.args[1]
+        if call.op.name == "relax.nn.conv2d":
+            at = call.attrs
+            self.converted["conv2d"] += 1
+            return relax.op.nn.conv2d(
+                self._bf16(a), self._bf16(b), strides=at.strides, padding=at.padding, dilation=at.dilation,
+                groups=int(at.groups), data_layout=str(at.data_layout), kernel_layout=str(at.kernel_layout),
+                out_layout=str(at.out_layout) if at.out_layout else None, out_dtype="float32",
+            )  # fmt: skip
+        weight = _const_value(b)
+        if weight is not None and weight.ndim == 2 and weight.shape[0] % PAIR == 0:
+            self.converted["packed matmul"] += 1
+            packed = relax.const(pack_weight(weight), BF16)
+            # call_te takes bound variables, not calls.
+            lhs = self.builder_.emit(self._bf16(a))
+            return self.builder_.call_te(packed_matmul, lhs, packed, primfunc_name_hint=PACKED_MATMUL)
+        self.converted["matmul"] += 1
+        return relax.op.matmul(self._bf16(a), self._bf16(b), out_dtype="float32")
+
+
+def to_bf16(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` (bound: weights as constants) with bf16 conv2d and matmul, float32 elsewhere."""
+    mod = fold_constants(mod)  # weights reach the calls as constants (no permute_dims left)
+    mutator = _ToBF16(mod)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            mutator.builder_.update_func(gv, mutator.visit_expr(func))
+    out = relax.transform.DeadCodeElimination()(mutator.builder_.get())
+    logger.info("bf16: %s", ", ".join(f"{n} {k}" for k, n in mutator.converted.items()))
+    return out
