@@ -61,6 +61,9 @@ class BenchConfig:
         seed: seed of the random input.
         plan: the layout plan both TVM builds use (a :class:`tuner.layout.LayoutPlan`; None:
             the target's default), as in the tuning job.
+        precision: the TVM builds' precision (``fp32``, ``bf16``, ``int8``; see
+            :mod:`tuner.precision`); other than fp32, their accuracy against TVM's fp32
+            build is measured on ``accuracy_inputs`` inputs.
     """
 
     rounds: int = 10
@@ -71,6 +74,8 @@ class BenchConfig:
     low_precision_tolerance: float = 5e-2
     seed: int = 0
     plan: Any = None
+    precision: str = "fp32"
+    accuracy_inputs: int = 8
 
     def __post_init__(self) -> None:
         if self.rounds < 1:
@@ -157,6 +162,8 @@ class BenchResult:
     order: list[list[str]]
     reference: str | None
     fastest_peer: str | None
+    # The TVM build's accuracy against TVM's fp32 build (reduced precisions only).
+    accuracy: Any = None
 
     def entry(self, key: str) -> Entry:
         """The entry named ``key`` (``tvm``, ``tvm-fallback`` or a peer name)."""
@@ -186,6 +193,8 @@ class BenchResult:
             "reference": self.reference,
             "fastest_peer": self.fastest_peer,
             "ok": self.ok,
+            "precision": self.config.precision,
+            "accuracy_vs_fp32": self.accuracy.to_json() if self.accuracy is not None else None,
             "order": self.order,
             "entries": [
                 {"key": e.key, "label": e.label, "kind": e.kind, "precision": e.precision, "status": e.status,
@@ -322,6 +331,8 @@ def bench(
     threads = int(device.target_config.get("num-cores") or 1)
     inputs = spec.random_inputs(seed=config.seed)
     precision = "f16" if any(i.dtype == "float16" for i in spec.inputs) else "f32"
+    tvm_precision = precision
+    accuracy = None
     entries: list[Entry] = []
     runners: dict[str, Runner] = {}
     outputs: dict[str, list[np.ndarray]] = {}
@@ -339,27 +350,34 @@ def bench(
     with ExitStack() as stack:
         stage("compiling from the database")
         if compiled is None:
-            compiled = compile_model(spec, device, db, plan=config.plan)
+            compiled = compile_model(spec, device, db, plan=config.plan, precision=config.precision)
+        if config.precision != "fp32":
+            tvm_precision = config.precision  # checked with the low-precision tolerance
+            stage(f"measuring {config.precision} accuracy against fp32")
+            from tuner.precision.accuracy import measure_accuracy
+
+            fp32 = compile_model(spec, device, db, plan=config.plan)
+            accuracy = measure_accuracy(spec, device, fp32, compiled, num_inputs=config.accuracy_inputs)
         tuned_any = bool(compiled.tuned)
         label = "TVM, database" if tuned_any else "TVM fallback (no records for this device)"
-        db_entry = Entry(TVM_DB, label, "tvm", precision,
+        db_entry = Entry(TVM_DB, label, "tvm", tvm_precision,
                          note=f"{len(compiled.tuned)} ops tuned, {len(compiled.fallback)} untuned, "
                               f"compiled in {compiled.compile_s:.1f} s")  # fmt: skip
         entries.append(db_entry)
-        first_run(db_entry, TvmRunner(compiled, device, label, precision))
+        first_run(db_entry, TvmRunner(compiled, device, label, tvm_precision))
         if config.fallback and tuned_any:
             stage("compiling the fallback build")
             tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nightshift-bench-")))
             # A database without records: every operator gets the fallback schedule.
             empty = TuningDatabase(str(tmp / "empty.db"))
             try:
-                fallback = compile_model(spec, device, empty, plan=config.plan)
+                fallback = compile_model(spec, device, empty, plan=config.plan, precision=config.precision)
             finally:
                 empty.close()
-            fb_entry = Entry(TVM_FALLBACK, "TVM fallback (0 trials)", "tvm", precision,
+            fb_entry = Entry(TVM_FALLBACK, "TVM fallback (0 trials)", "tvm", tvm_precision,
                              note=f"{len(fallback.fallback)} ops on the fallback schedule")  # fmt: skip
             entries.append(fb_entry)
-            first_run(fb_entry, TvmRunner(fallback, device, fb_entry.label, precision))
+            first_run(fb_entry, TvmRunner(fallback, device, fb_entry.label, tvm_precision))
 
         model: PeerModel | None = None
         for item in config.peers:
@@ -402,7 +420,7 @@ def bench(
                 entry.agrees = entry.max_error <= tol
     fast = [e for e in entries if e.kind == "peer" and e.samples_s and e.precision == "f32"]
     fastest = min(fast, key=lambda e: e.median_s or 0.0).key if fast else None
-    return BenchResult(spec.name, device, threads, config, entries, order, reference, fastest)
+    return BenchResult(spec.name, device, threads, config, entries, order, reference, fastest, accuracy)
 
 
 def _describe(err: BaseException) -> str:

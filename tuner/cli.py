@@ -48,6 +48,8 @@ def _add_model_args(p: argparse.ArgumentParser, *, required: bool = True) -> Non
     p.add_argument("--dtype", default="float32", help="zoo models' dtype (default float32)")
     p.add_argument("--layout", default=None, choices=("auto", "NCHW", "NHWC", "NCHWc"),
                    help="convs' data layout; auto (default): NCHWc blocked by the vector width on x86 AVX2/AVX-512")
+    p.add_argument("--precision", default=None, choices=("fp32", "bf16", "int8"),
+                   help="fp32 (default); bf16 (needs AVX512_BF16 or AMX); int8 from a QDQ model (needs VNNI)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
@@ -72,10 +74,12 @@ def _add_tune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", type=Path, default=None, help="write the tuned module (.so)")
     p.add_argument("--no-verify", action="store_true",
                    help="skip compiling and checking the whole model after tuning")
+    p.add_argument("--accuracy-inputs", type=int, default=None,
+                   help="random inputs the accuracy vs fp32 is measured on, for bf16/int8 (default 8)")
 
 
 _TUNE_DEFAULTS = {"device": "cpu", "trials": 64, "trials_per_batch": 16, "build_timeout": 60.0, "seed": 0,
-                  "strategy": "evolutionary"}
+                  "strategy": "evolutionary", "precision": "fp32", "accuracy_inputs": 8}
 
 
 def _apply_config(args: argparse.Namespace) -> None:
@@ -111,8 +115,11 @@ def _load(args: argparse.Namespace):
 
     args.device = args.device or "cpu"
     from tuner.frontends import load_model
+    from tuner.precision import check_device
 
     device = parse_device(args.device, target_arch=args.target_arch, num_cores=args.num_cores)
+    args.precision = args.precision or "fp32"
+    check_device(args.precision, device)  # before any work: no silent slow emulation
     spec = load_model(args.model, batch_size=args.batch_size, dtype=args.dtype)
     return device, spec
 
@@ -129,8 +136,8 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 
     device, spec = _load(args)
     with console.status("extracting tasks"):
-        tasks = extract_tasks(spec.bound(), device.target, _plan(args, device))
-    table = Table(title=f"{spec.name} on {device.name} ({device.arch}): {len(tasks)} tasks")
+        tasks = extract_tasks(spec.bound(), device.target, _plan(args, device), precision=args.precision)
+    table = Table(title=f"{spec.name} on {device.name} ({device.arch}), {args.precision}: {len(tasks)} tasks")
     for col in ("#", "task", "layout", "weight", "MFLOP", "workload key"):
         table.add_column(col, justify="right" if col in ("#", "weight", "MFLOP") else "left")
     for i, t in enumerate(tasks):
@@ -157,8 +164,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise UserInputError(f"{device.name} is not on this machine: tuning needs the device to time on")
     db = _open_db(args.db)
     with console.status("extracting tasks"):
-        tasks = extract_tasks(spec.bound(), device.target, _plan(args, device))
-    console.print(f"[bold]{spec.name}[/]: {len(tasks)} tasks on {device.name} ({device.arch}, "
+        tasks = extract_tasks(spec.bound(), device.target, _plan(args, device), precision=args.precision)
+    console.print(f"[bold]{spec.name}[/] ({args.precision}): {len(tasks)} tasks on {device.name} ({device.arch}, "
                   f"fingerprint {device.fingerprint}); database {db.url.render_as_string(hide_password=True)}")
     with console.status("starting Ray"):
         connect(args.ray_address)
@@ -190,7 +197,45 @@ def cmd_tune(args: argparse.Namespace) -> int:
         ray.shutdown()
     if args.no_verify:
         return 0
+    if args.precision != "fp32":
+        return _verify_reduced(spec, device, db, args.output, plan=_plan(args, device), precision=args.precision,
+                               num_inputs=args.accuracy_inputs)  # fmt: skip
     return _verify(spec, device, db, args.output, source=args.model, plan=_plan(args, device))
+
+
+def _verify_reduced(spec, device, db, output: Path | None, *, plan, precision: str, num_inputs: int) -> int:
+    """Compile the reduced-precision model and its fp32 build (the database's records of each),
+    report latency and accuracy against fp32 (:mod:`tuner.precision.accuracy`)."""
+    import numpy as np
+
+    from tuner.compile import compile_model, run_model
+    from tuner.precision.accuracy import measure_accuracy
+
+    inputs = spec.random_inputs(seed=0)
+    with console.status("compiling and running the fp32 model"):
+        ref = compile_model(spec, device, db, plan=plan)
+        _, ref_lat = run_model(ref, device, inputs)
+    with console.status(f"compiling and running the {precision} model"):
+        tuned = compile_model(spec, device, db, plan=plan, precision=precision)
+        _, tuned_lat = run_model(tuned, device, inputs)
+    with console.status(f"measuring accuracy on {num_inputs} inputs"):
+        acc = measure_accuracy(spec, device, ref, tuned, num_inputs=num_inputs)
+    table = Table(title=f"{spec.name} on {device.name}")
+    for col in ("build", "latency (ms)", "max rel. error", "top-1 agreement"):
+        table.add_column(col, justify="left" if col == "build" else "right")
+    table.add_row(f"fp32 ({len(ref.tuned)} ops tuned)", f"{ref_lat * 1e3:,.2f}", "reference", "reference")
+    top1 = "n/a" if acc.top1_agreement is None else f"{acc.top1_agreement:.1%}"
+    table.add_row(f"{precision} ({len(tuned.tuned)} ops tuned, {len(tuned.fallback)} default)",
+                  f"{tuned_lat * 1e3:,.2f}", f"{acc.max_rel_error:.2e}", top1)  # fmt: skip
+    out.print(table)
+    out.print(f"{precision} speed-up over fp32 {ref_lat / tuned_lat:.2f}x; accuracy {acc.describe()}")
+    if output is not None:
+        tuned.executable.export_library(str(output))
+        out.print(f"wrote {output}")
+    if not np.isfinite(acc.max_rel_error):
+        console.print(f"[red]error:[/] the {precision} model's output is not finite")
+        return 1
+    return 0
 
 
 def _verify(spec, device, db, output: Path | None, source: str | None = None, *, plan=None) -> int:
@@ -260,8 +305,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
     device, spec = _load(args)
     db = _open_db(args.db)
     with console.status("compiling"):
-        compiled = compile_model(spec, device, db, policy=args.policy, plan=_plan(args, device))
-    table = Table(title=f"{spec.name} on {device.name} ({device.arch}): what each operator got")
+        compiled = compile_model(spec, device, db, policy=args.policy, plan=_plan(args, device),
+                                 precision=args.precision)  # fmt: skip
+    table = Table(title=f"{spec.name} on {device.name} ({device.arch}), {args.precision}: what each operator got")
     for col in ("operator", "schedule", "detail"):
         table.add_column(col)
     order = {"tuned": 0, "same-arch": 1, "fallback": 2, "tvm-default": 3}
@@ -286,12 +332,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json is not None and not args.json.parent.is_dir():
         raise UserInputError(f"--json {args.json}: folder {args.json.parent} does not exist")
     device, spec = _load(args)
-    config = BenchConfig(rounds=args.rounds, peers=tuple(args.peers), plan=_plan(args, device))
+    config = BenchConfig(rounds=args.rounds, peers=tuple(args.peers), plan=_plan(args, device),
+                         precision=args.precision, accuracy_inputs=args.accuracy_inputs)  # fmt: skip
     db = _open_db(args.db)
     with console.status("benchmarking") as status:
         result = bench(spec, device, db, source=args.model, config=config,
                        on_stage=lambda text: status.update(text))  # fmt: skip
     out.print(render(result))
+    if result.accuracy is not None:
+        out.print(f"TVM {args.precision} accuracy {result.accuracy.describe()}")
     if args.json is not None:
         try:
             args.json.write_text(json.dumps(result.to_json(), indent=2) + "\n")
@@ -327,6 +376,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     _add_db_arg(p)
     p.add_argument("--json", type=Path, default=None, help="also write the results as JSON to this file")
     p.add_argument("--rounds", type=int, default=10, help="interleaved timed rounds (default 10)")
+    p.add_argument("--accuracy-inputs", type=int, default=8,
+                   help="random inputs the accuracy vs fp32 is measured on, for bf16/int8 (default 8)")
     p.add_argument("--peers", nargs="+", choices=list(PEERS), default=list(PEERS), metavar="PEER",
                    help=f"peers to run (default all: {' '.join(PEERS)})")
     p.set_defaults(func=cmd_bench)

@@ -94,6 +94,10 @@ class _ToBF16(relax.PyExprMutator):
 
 def to_bf16(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` (bound: weights as constants) with bf16 conv2d and matmul, float32 elsewhere."""
+    from search_spaces.templates.intrin_x86 import register_intrinsics
+
+    # Records of x86-dense-bf16 replay a tensorize by the intrinsic's name.
+    register_intrinsics()
     mod = fold_constants(mod)  # weights reach the calls as constants (no permute_dims left)
     mutator = _ToBF16(mod)
     for gv, func in mod.functions_items():

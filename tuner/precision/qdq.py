@@ -1,0 +1,161 @@
+"""int8 from quantized (QDQ) models: dequantize -> conv2d/matmul chains as integer operators.
+
+An ONNX model that onnxruntime's ``quantize_static`` wrote in the QDQ format imports as
+``quantize``/``dequantize`` pairs around float operators. By the time a model is bound
+(:meth:`tuner.frontends.ModelSpec.bound`), TVM's constant folding has turned each weight's
+``dequantize`` into its float32 values, while each activation's ``dequantize(q, scale,
+zero_point)`` stays. A conv2d or matmul reading such an activation and a constant weight is
+rewritten as::
+
+    acc = conv2d(int16(q) - zero_point, int16(w_q), out_dtype=int32)   # exact integer sums
+    out = float32(acc) * (scale * w_scale[channel])                     # requantize
+
+where ``w_q``, ``w_scale`` are the weight's per-output-channel int8 values and scales,
+recovered exactly (the symmetric ``max |w| / 127`` scale ``quantize_static`` uses; a weight
+whose values are not ``int8 x scale`` is left alone). The bias add and the next
+``quantize`` stay as they are and fuse into the operator's task: the requantize epilogue.
+Operands fit int16 (``uint8 - zero_point`` and int8), so the sums are exact in int32.
+
+What is not this pattern stays float32 and is reported (:class:`Int8Rewrite`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.ir.expr import Constant
+
+logger = logging.getLogger(__name__)
+
+_OPS = ("relax.nn.conv2d", "relax.matmul")
+# Operand dtype of the integer operators: holds uint8 - zero point and int8 exactly.
+_OPERAND = "int16"
+# Largest relative difference between a weight and its int8 reconstruction that still
+# counts as "this weight was quantized" (float32 rounding of w_q * scale).
+_EXACT = 1e-5
+
+
+@dataclass
+class Int8Rewrite:
+    """The rewritten module and what the pass did.
+
+    Attributes:
+        mod: the module with integer operators where the pattern matched.
+        rewritten: per operator (``conv2d``, ``matmul``), how many became integer.
+        unhandled: one line per conv2d/matmul left in float32, saying why.
+    """
+
+    mod: tvm.IRModule
+    rewritten: dict[str, int] = field(default_factory=dict)
+    unhandled: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        """One line for the terminal."""
+        done = ", ".join(f"{n} {op}" for op, n in self.rewritten.items() if n) or "nothing"
+        if not self.unhandled:
+            return f"int8: rewrote {done}"
+        why = "; ".join(sorted(set(self.unhandled)))
+        return f"int8: rewrote {done}; {len(self.unhandled)} left in fp32 ({why})"
+
+
+def quantize_weight(weight: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Symmetric per-channel int8 values and scales of ``weight`` along ``axis``, or None
+    when ``weight`` is not (to float32 rounding) int8 values times those scales."""
+    moved = np.moveaxis(weight.astype(np.float64), axis, 0).reshape(weight.shape[axis], -1)
+    scale = np.max(np.abs(moved), axis=1) / 127.0
+    scale[scale == 0] = 1.0
+    q = np.rint(moved / scale[:, None])
+    if np.max(np.abs(q * scale[:, None] - moved)) > _EXACT * max(float(np.max(np.abs(moved))), 1e-30):
+        return None
+    q = np.moveaxis(q.reshape(np.moveaxis(weight, axis, 0).shape), 0, axis)
+    return q.astype(np.int8), scale.astype(np.float32)
+
+
+def _scalar(expr: relax.Expr) -> float | None:
+    if isinstance(expr, Constant):
+        value = expr.value.numpy()
+        if value.size == 1:
+            return float(value.reshape(()))
+    return None
+
+
+@relax.expr_functor.mutator
+class _ToInt8(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule) -> None:
+        super().__init__(mod)
+        self.report = Int8Rewrite(mod, {"conv2d": 0, "matmul": 0})
+
+    def _dequantized(self, expr: relax.Expr) -> relax.Call | None:
+        if isinstance(expr, relax.Var):
+            expr = self.lookup_binding(expr)
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.dequantize":
+            return expr
+        return None
+
+    def visit_call_(self, op: relax.Call) -> relax.Expr:
+        call = super().visit_call_(op)
+        if not isinstance(call.op, tvm.ir.Op) or call.op.name not in _OPS:
+            return call
+        name = call.op.name.split(".")[-1]
+        deq = self._dequantized(call.args[0])
+        weight = call.args[1]
+        if deq is None:
+            self.report.unhandled.append(f"{name}: input not dequantized")
+            return call
+        sx, zx = _scalar(deq.args[1]), _scalar(deq.args[2])
+        if sx is None or zx is None:
+            self.report.unhandled.append(f"{name}: per-channel activation scale")
+            return call
+        if not isinstance(weight, Constant) or str(weight.ty.dtype) != "float32":
+            self.report.unhandled.append(f"{name}: weight not a constant")
+            return call
+        w = weight.value.numpy()
+        if name == "conv2d":
+            at = call.attrs
+            if str(at.data_layout) != "NCHW" or str(at.kernel_layout) != "OIHW":
+                self.report.unhandled.append("conv2d: layout other than NCHW/OIHW")
+                return call
+            axis, shape = 0, (1, w.shape[0], 1, 1)
+        else:
+            if w.ndim != 2:
+                self.report.unhandled.append("matmul: weight not 2-D")
+                return call
+            axis, shape = 1, (w.shape[1],)
+        quantized = quantize_weight(w, axis)
+        if quantized is None:
+            self.report.unhandled.append(f"{name}: weight not int8 x per-channel scale")
+            return call
+        wq, sw = quantized
+        x = relax.op.astype(deq.args[0], _OPERAND)
+        if zx != 0:
+            x = relax.op.subtract(x, relax.const(int(zx), _OPERAND))
+        x = self.builder_.emit(x)
+        w_const = relax.const(wq.astype(_OPERAND), _OPERAND)
+        if name == "conv2d":
+            at = call.attrs
+            acc = relax.op.nn.conv2d(
+                x, w_const, strides=at.strides, padding=at.padding, dilation=at.dilation, groups=int(at.groups),
+                data_layout="NCHW", kernel_layout="OIHW", out_dtype="int32",
+            )  # fmt: skip
+        else:
+            acc = relax.op.matmul(x, w_const, out_dtype="int32")
+        acc = self.builder_.emit(acc)
+        scale = relax.const((np.float32(sx) * sw).reshape(shape).astype(np.float32), "float32")
+        self.report.rewritten[name] += 1
+        return relax.op.multiply(relax.op.astype(acc, "float32"), scale)
+
+
+def to_int8(mod: tvm.IRModule) -> Int8Rewrite:
+    """Rewrite a bound QDQ module's dequantize -> conv2d/matmul chains into integer operators."""
+    mutator = _ToInt8(mod)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            mutator.builder_.update_func(gv, mutator.visit_expr(func))
+    report = mutator.report
+    report.mod = relax.transform.DeadCodeElimination()(mutator.builder_.get())
+    logger.info("%s", report.describe())
+    return report
