@@ -143,9 +143,19 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     for i, t in enumerate(tasks):
         table.add_row(str(i), t.name, t.layout, str(t.weight), f"{t.flops / 1e6:,.1f}", t.workload_key)
     out.print(table)
+    _print_precision(spec, args.precision)
     total = sum(t.weight * t.flops for t in tasks)
     out.print(f"total {total / 1e9:,.2f} GFLOP per inference")
     return 0
+
+
+def _print_precision(spec, precision: str) -> None:
+    """Say which operators the precision converted and which stay fp32 (and why)."""
+    from tuner.precision import describe
+
+    line = describe(spec.bound(), precision)
+    if line is not None:
+        out.print(line)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -165,6 +175,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     db = _open_db(args.db)
     with console.status("extracting tasks"):
         tasks = extract_tasks(spec.bound(), device.target, _plan(args, device), precision=args.precision)
+    _print_precision(spec, args.precision)
     console.print(f"[bold]{spec.name}[/] ({args.precision}): {len(tasks)} tasks on {device.name} ({device.arch}, "
                   f"fingerprint {device.fingerprint}); database {db.url.render_as_string(hide_password=True)}")
     with console.status("starting Ray"):

@@ -21,11 +21,14 @@ logger = logging.getLogger(__name__)
 Precision = Literal["fp32", "bf16", "int8"]
 PRECISIONS: tuple[Precision, ...] = ("fp32", "bf16", "int8")
 
-# A precision runs at speed when the CPU has one of these (/proc/cpuinfo flag names, as
-# tuner.device records them); the first is the one named when none is there.
-_NEEDS: dict[str, tuple[str, ...]] = {
-    "bf16": ("avx512_bf16", "amx_bf16"),
-    "int8": ("avx512_vnni", "avx_vnni", "amx_int8"),
+# A precision runs at speed when the target has one of these LLVM CPU features (and the
+# host, when it is the device, the matching /proc/cpuinfo flag); the first is the one named
+# when none is there.
+_NEEDS: dict[str, tuple[tuple[str, str], ...]] = {
+    "bf16": (("avx512bf16", "avx512_bf16"), ("amx-bf16", "amx_bf16")),
+    # AVX-512BW without VNNI: TVM's dot_16x4_avx512 (vpmaddubsw + vpmaddwd).
+    "int8": (("avx512vnni", "avx512_vnni"), ("avxvnni", "avx_vnni"), ("amx-int8", "amx_int8"),
+             ("avx512bw", "avx512bw")),
 }
 
 
@@ -40,12 +43,28 @@ def check_precision(precision: str) -> Precision:
     return precision  # type: ignore[return-value]
 
 
-def missing_feature(precision: str, isa_flags: list[str] | tuple[str, ...]) -> str | None:
-    """The CPU feature ``precision`` needs that ``isa_flags`` lack, or None when it has one."""
+def missing_feature(precision: str, target: tvm.target.Target, host_flags: list[str] | None = None) -> str | None:
+    """The CPU feature ``precision`` needs that ``target`` lacks, or None when it has one.
+
+    Args:
+        precision: ``fp32``, ``bf16`` or ``int8``.
+        target: an LLVM target (its ``mcpu``, as LLVM knows it, says what it has).
+        host_flags: the host's ``/proc/cpuinfo`` flags when the target is this machine: a
+            hypervisor may hide a feature the CPU model has, and the code would then fault.
+    """
+    from tvm.target import codegen
+
     needs = _NEEDS.get(precision)
-    if needs is None or any(f in isa_flags for f in needs):
+    if needs is None:
         return None
-    return needs[0]
+    for llvm_name, flag in needs:
+        try:
+            has = bool(codegen.target_has_features(llvm_name, target))
+        except (RuntimeError, ValueError):  # a target LLVM cannot resolve has none
+            has = False
+        if has and (host_flags is None or flag in host_flags):
+            return None
+    return needs[0][0]
 
 
 def check_device(precision: str, device) -> None:
@@ -60,12 +79,16 @@ def check_device(precision: str, device) -> None:
         return
     if device.kind != "cpu":
         raise UnsupportedPrecisionError(f"--precision {precision} is implemented for CPUs only, not {device.name}")
-    missing = missing_feature(precision, device.description.get("isa_flags", ()))
+    from tuner.device import host_cpu_info
+
+    host = host_cpu_info()
+    on_host = device.arch == host["mcpu"]
+    missing = missing_feature(precision, device.target, list(host["isa_flags"]) if on_host else None)
     if missing is not None:
-        alternatives = " or ".join(_NEEDS[precision])
+        alternatives = " or ".join(name for name, _ in _NEEDS[precision])
         raise UnsupportedPrecisionError(
-            f"--precision {precision} needs the CPU feature {missing} ({alternatives}), which "
-            f"{device.description.get('model', 'this CPU')} lacks")
+            f"--precision {precision} needs the CPU feature {missing} ({alternatives}), which the target "
+            f"{device.arch} lacks")
 
 
 def apply_precision(mod: tvm.IRModule, precision: str) -> tvm.IRModule:
@@ -79,5 +102,24 @@ def apply_precision(mod: tvm.IRModule, precision: str) -> tvm.IRModule:
     if precision == "int8":
         from tuner.precision.qdq import to_int8
 
-        return to_int8(mod).mod
+        rewrite = to_int8(mod)
+        if not any(rewrite.rewritten.values()):
+            raise UserInputError(
+                "--precision int8 needs a quantized (QDQ) ONNX model, as onnxruntime.quantization.quantize_static "
+                f"writes it: this one has no dequantize -> conv2d/matmul chain ({rewrite.describe()})")
+        return rewrite.mod
     return mod
+
+
+def describe(mod: tvm.IRModule, precision: str) -> str | None:
+    """One line on what ``precision`` does to the bound module (which operators it converts,
+    which it leaves in fp32 and why); None for fp32."""
+    if precision == "int8":
+        from tuner.precision.qdq import to_int8
+
+        return to_int8(mod).describe()
+    if precision == "bf16":
+        from tuner.precision.bf16 import bf16_summary
+
+        return bf16_summary(mod)
+    return None

@@ -94,6 +94,16 @@ class _ToBF16(relax.PyExprMutator):
 
 def to_bf16(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` (bound: weights as constants) with bf16 conv2d and matmul, float32 elsewhere."""
+    return _convert(mod)[0]
+
+
+def bf16_summary(mod: tvm.IRModule) -> str:
+    """One line: what :func:`to_bf16` converts in ``mod``."""
+    counts = _convert(mod)[1]
+    return "bf16: " + ", ".join(f"{n} {k}" for k, n in counts.items()) + "; every other operator in fp32"
+
+
+def _convert(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, int]]:
     from search_spaces.templates.intrin_x86 import register_intrinsics
 
     # Records of x86-dense-bf16 replay a tensorize by the intrinsic's name.
@@ -105,4 +115,4 @@ def to_bf16(mod: tvm.IRModule) -> tvm.IRModule:
             mutator.builder_.update_func(gv, mutator.visit_expr(func))
     out = relax.transform.DeadCodeElimination()(mutator.builder_.get())
     logger.info("bf16: %s", ", ".join(f"{n} {k}" for k, n in mutator.converted.items()))
-    return out
+    return out, mutator.converted

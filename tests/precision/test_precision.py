@@ -1,0 +1,127 @@
+"""--precision: the CPU check, precision-keyed workloads, the bf16 pass, accuracy reporting."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.ir.expr import Constant
+
+from tuner.compile import compile_model
+from tuner.device import host_cpu_info, parse_device
+from tuner.errors import UserInputError
+from tuner.frontends import load_model
+from tuner.precision import UnsupportedPrecisionError, apply_precision, check_device, missing_feature
+from tuner.precision.accuracy import compare, measure_accuracy
+from tuner.precision.bf16 import pack_weight, to_bf16
+from tuner.tasks import extract_tasks, workload_key
+
+HAS_BF16 = "avx512_bf16" in host_cpu_info()["isa_flags"] or "amx_bf16" in host_cpu_info()["isa_flags"]
+needs_bf16 = pytest.mark.skipif(not HAS_BF16, reason="this CPU has no AVX512_BF16 (or AMX-BF16)")
+BIN = Path(sys.executable).parent
+
+
+def _llvm(mcpu: str) -> tvm.target.Target:
+    return tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
+
+
+def test_missing_feature_names_what_the_target_lacks():
+    assert missing_feature("bf16", _llvm("haswell")) == "avx512bf16"
+    assert missing_feature("int8", _llvm("haswell")) == "avx512vnni"
+    assert missing_feature("bf16", _llvm("sapphirerapids")) is None
+    assert missing_feature("int8", _llvm("cascadelake")) is None
+    # The target has it, the host's flags do not (a hypervisor hiding it): still missing.
+    assert missing_feature("bf16", _llvm("sapphirerapids"), host_flags=["avx512f"]) == "avx512bf16"
+    assert missing_feature("fp32", _llvm("haswell")) is None
+
+
+def test_check_device_refuses_a_cpu_without_the_feature():
+    with pytest.raises(UnsupportedPrecisionError, match="avx512bf16"):
+        check_device("bf16", parse_device("cpu", target_arch="haswell"))
+    check_device("fp32", parse_device("cpu", target_arch="haswell"))
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = os.environ | {"COLUMNS": "200", "NO_COLOR": "1"}
+    env.pop("NIGHTSHIFT_DB", None)
+    return subprocess.run([str(BIN / args[0]), *args[1:]], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=300)  # fmt: skip
+
+
+def test_cli_exits_2_naming_the_missing_feature(tmp_path):
+    proc = _cli("tune", "--model", "tiny", "--precision", "bf16", "--target-arch", "haswell", "--trials", "4",
+                "--db", str(tmp_path / "t.db"), cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "avx512bf16" in lines[0], proc.stderr
+    assert not (tmp_path / "t.db").exists(), "refused before touching the database"
+
+
+def test_int8_on_a_float_model_says_it_needs_a_qdq_model():
+    with pytest.raises(UserInputError, match="quantized \\(QDQ\\)"):
+        apply_precision(load_model("tiny").bound(), "int8")
+
+
+def test_precision_is_part_of_every_workload_key():
+    mod = load_model("tiny").bound()
+    target = parse_device("cpu").target
+    fp32 = {t.workload_key: t for t in extract_tasks(mod, target)}
+    bf16 = {t.workload_key: t for t in extract_tasks(mod, target, precision="bf16")}
+    assert fp32 and bf16 and not set(fp32) & set(bf16)
+    # fp32 keys are the plain structural hash (records from before precisions stay valid).
+    assert all(workload_key(t.mod) == k for k, t in fp32.items())
+    # An operator identical in both precisions (an fp32 epilogue) still gets one key per precision.
+    task = next(iter(fp32.values()))
+    keys = {workload_key(task.mod, p) for p in ("fp32", "bf16", "int8")}
+    assert len(keys) == 3
+
+
+def test_bf16_pass_casts_convs_and_matmuls_and_packs_weights():
+    mod = to_bf16(load_model("tiny").bound())
+    convs, packed = [], []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.nn.conv2d":
+            convs.append(expr)
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.call_tir":
+            packed.append(expr)
+
+    relax.analysis.post_order_visit(mod["main"].body, visit)
+    assert len(convs) == 2 and len(packed) == 1
+    for call in convs:
+        assert [str(a.ty.dtype) for a in call.args] == ["bfloat16", "bfloat16"]
+        assert str(call.ty.dtype) == "float32"
+        assert isinstance(call.args[1], Constant)  # converted once, at compile time
+    w = np.arange(12, dtype=np.float32).reshape(4, 3)
+    p = pack_weight(w)
+    assert p.shape == (2, 3, 2) and p.dtype == ml_dtypes.bfloat16
+    assert all(float(p[k // 2, n, k % 2]) == w[k, n] for k in range(4) for n in range(3))
+
+
+def test_accuracy_compare():
+    ref = [[np.array([[1.0, 3.0, 2.0], [0.5, 0.1, 0.2]], dtype=np.float32)]]
+    got = [[np.array([[1.0, 2.9, 3.1], [0.5, 0.1, 0.2]], dtype=np.float32)]]
+    acc = compare(ref, got)
+    assert acc.rows == 2 and acc.top1_agreement == 0.5
+    assert acc.max_rel_error == pytest.approx(1.1 / 3.0)
+    assert compare(ref, ref).max_rel_error == 0.0 and compare(ref, ref).top1_agreement == 1.0
+
+
+@needs_bf16
+def test_bf16_model_runs_within_tolerance_of_fp32():
+    """The whole tiny model in bf16 (fallback schedules), against its fp32 build: bf16 keeps
+    8 bits of mantissa, so outputs agree to about 1e-2 of their scale; the stated tolerance
+    is 3e-2."""
+    spec, device = load_model("tiny"), parse_device("cpu")
+    fp32 = compile_model(spec, device, None)
+    bf16 = compile_model(spec, device, None, precision="bf16")
+    acc = measure_accuracy(spec, device, fp32, bf16, num_inputs=4)
+    assert 0.0 < acc.max_rel_error < 3e-2, acc
+    assert acc.top1_agreement is not None and acc.top1_agreement >= 0.75
