@@ -1,0 +1,107 @@
+"""int8 from a QDQ model written by onnxruntime's quantize_static, against ONNX Runtime's own
+int8 execution of the same file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tuner.compile import compile_model
+from tuner.device import parse_device
+from tuner.frontends import load_model
+from tuner.precision.accuracy import run_outputs
+from tuner.precision.qdq import quantize_weight, to_int8
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+quantization = pytest.importorskip("onnxruntime.quantization")
+
+
+def _small_model(path: Path) -> None:
+    """conv 3x3 (3->16) + relu, conv 3x3 (16->16) + relu, global pool, matmul (16->32) + add."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = {
+        "w1": rng.normal(0, 0.3, (16, 3, 3, 3)), "b1": rng.normal(0, 0.1, 16),
+        "w2": rng.normal(0, 0.1, (16, 16, 3, 3)), "b2": rng.normal(0, 0.1, 16),
+        "wf": rng.normal(0, 0.3, (16, 32)), "bf": rng.normal(0, 0.1, 32),
+    }  # fmt: skip
+    node = helper.make_node
+    nodes = [
+        node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]), node("Relu", ["c1"], ["r1"]),
+        node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]), node("Relu", ["c2"], ["r2"]),
+        node("GlobalAveragePool", ["r2"], ["p"]), node("Flatten", ["p"], ["f"]),
+        node("MatMul", ["f", "wf"], ["m"], name="fc"), node("Add", ["m", "bf"], ["y"]),
+    ]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "small", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+
+
+class _Calibration(quantization.CalibrationDataReader):
+    def __init__(self) -> None:
+        rng = np.random.default_rng(1)
+        self._it = iter([{"x": rng.uniform(-1, 1, (1, 3, 16, 16)).astype(np.float32)} for _ in range(8)])
+
+    def get_next(self):
+        return next(self._it, None)
+
+
+def _quantize(tmp_path: Path, exclude: list[str]) -> Path:
+    src, out = tmp_path / "fp32.onnx", tmp_path / f"qdq{len(exclude)}.onnx"
+    _small_model(src)
+    quantization.quantize_static(
+        str(src), str(out), _Calibration(), quant_format=quantization.QuantFormat.QDQ, per_channel=True,
+        activation_type=quantization.QuantType.QUInt8, weight_type=quantization.QuantType.QInt8,
+        nodes_to_exclude=exclude,
+    )  # fmt: skip
+    return out
+
+
+def test_int8_matches_onnx_runtime_int8(tmp_path):
+    path = _quantize(tmp_path, [])
+    spec = load_model(str(path))
+    report = to_int8(spec.bound())
+    assert report.rewritten == {"conv2d": 2, "matmul": 1} and not report.unhandled
+    device = parse_device("cpu")
+    int8 = compile_model(spec, device, None, precision="int8")
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    # The output is quantized (uint8) then dequantized: one step of it is its scale.
+    step = next(float(onnx.numpy_helper.to_array(t)) for t in onnx.load(str(path)).graph.initializer
+                if t.name == "y_scale")  # fmt: skip
+    for seed in range(3):
+        x = spec.random_inputs(seed=seed)
+        want = session.run(None, {"x": x[0]})[0]
+        got = run_outputs(int8.executable, device, x)[0]
+        # Integer sums are exact; only the float requantize may round the other way.
+        assert np.max(np.abs(got - want)) <= step * 1.001, (seed, np.max(np.abs(got - want)), step)
+        assert np.mean(got == want) > 0.9
+
+
+def test_a_chain_the_pass_does_not_handle_stays_fp32_and_is_reported(tmp_path):
+    spec = load_model(str(_quantize(tmp_path, ["fc"])))
+    report = to_int8(spec.bound())
+    assert report.rewritten == {"conv2d": 2, "matmul": 0}
+    # ONNX Runtime still quantizes fc's input (Flatten's output) but leaves its weight fp32.
+    assert report.unhandled == ["matmul: weight not int8 x per-channel scale"]
+    assert "1 left in fp32" in report.describe()
+
+
+def test_quantize_weight_recovers_int8_values_exactly():
+    rng = np.random.default_rng(2)
+    q = rng.integers(-127, 128, size=(8, 4, 3, 3)).astype(np.int8)
+    q[:, 0, 0, 0] = 127  # the max-abs element, as symmetric quantization writes it
+    scale = rng.uniform(1e-3, 1e-1, 8).astype(np.float32)
+    w = q.astype(np.float32) * scale[:, None, None, None]
+    got = quantize_weight(w, 0)
+    assert got is not None
+    assert np.array_equal(got[0], q) and np.allclose(got[1], scale, rtol=1e-6)
+    assert quantize_weight(rng.normal(size=(8, 4, 3, 3)).astype(np.float32), 0) is None
