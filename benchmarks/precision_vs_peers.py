@@ -5,10 +5,12 @@ random input, the device's ``num-cores`` threads), from the same ``--db``:
 
 - fp32: TVM fp32 against ONNX Runtime, OpenVINO f32 and PyTorch eager;
 - bf16: TVM ``--precision bf16`` against OpenVINO at its default precision (bf16 on CPUs
-  with AVX512_BF16 or AMX) and PyTorch eager under ``torch.autocast("cpu", torch.bfloat16)``;
+  with AVX512_BF16 or AMX) and PyTorch eager under ``torch.autocast("cpu", torch.bfloat16)``,
+  with OpenVINO f32 as the reference row;
 - int8: the model exported to ONNX and quantized by onnxruntime's ``quantize_static``
   (QDQ, per-channel int8 weights, uint8 activations, calibrated on ``--calibration`` random
-  inputs); TVM ``--precision int8`` against ONNX Runtime and OpenVINO on that same file.
+  inputs); TVM ``--precision int8`` against ONNX Runtime and OpenVINO on that same file (their
+  rows say f32, the precision they were asked for; they execute the file's int8 kernels).
 
 Every reduced-precision row reports its accuracy against the model's fp32 TVM build over
 ``--accuracy-inputs`` random inputs (max relative error, top-1 agreement). Writes
@@ -116,7 +118,8 @@ def main() -> None:
                     qdq = quantize_qdq(fp32_onnx, work / f"{name}_qdq.onnx", spec, args.calibration)
                     run_spec, source, peers = load_model(str(qdq)), str(qdq), ("onnxruntime", "openvino-f32")
                 elif precision == "bf16":
-                    run_spec, source, peers = spec, name, ("openvino", TorchBf16Peer())
+                    # OpenVINO f32 is the f32 reference the table's ratios and errors are taken to.
+                    run_spec, source, peers = spec, name, ("openvino-f32", "openvino", TorchBf16Peer())
                 else:
                     run_spec, source, peers = spec, name, ("onnxruntime", "openvino-f32", "torch")
                 config = BenchConfig(rounds=args.rounds, peers=peers, precision=precision,

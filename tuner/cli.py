@@ -119,6 +119,8 @@ def _load(args: argparse.Namespace):
 
     device = parse_device(args.device, target_arch=args.target_arch, num_cores=args.num_cores)
     args.precision = args.precision or "fp32"
+    if getattr(args, "accuracy_inputs", 1) < 1:
+        raise UserInputError(f"--accuracy-inputs must be a positive count, got {args.accuracy_inputs}")
     check_device(args.precision, device)  # before any work: no silent slow emulation
     spec = load_model(args.model, batch_size=args.batch_size, dtype=args.dtype)
     return device, spec
