@@ -552,13 +552,14 @@ class TuningDatabase:
             peak = self._peaks[device_id] = device_peak_flops(row.kind if row else "cpu", cores or 1024)
         return peak
 
-    def best(self, workload_key: str, device_id: int, k: int = 1) -> list[RecordRow]:
-        """The ``k`` fastest successful records of a workload on one device (any TVM version)."""
+    def best(self, workload_key: str, device_id: int, k: int = 1, *, origin: str = "local") -> list[RecordRow]:
+        """The ``k`` fastest successful records of a workload on one device (any TVM version),
+        measured by Nightshift (``origin="local"``) or imported (``"import"``)."""
         with self.session(write=False) as s:
             wid = s.scalar(select(WorkloadRow.id).where(WorkloadRow.key == workload_key))
             if wid is None:
                 return []
-            return list(s.scalars(_best_stmt(wid, [device_id]).limit(k)))
+            return list(s.scalars(_best_stmt(wid, [device_id], origin).limit(k)))
 
     def lookup(
         self,
