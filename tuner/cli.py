@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import time
 import tomllib
@@ -78,6 +77,14 @@ _TUNE_DEFAULTS = {"device": "cpu", "trials": 64, "trials_per_batch": 16, "build_
                   "strategy": "evolutionary"}
 
 
+# What each config key must hold (TOML types); anything not listed is a string.
+_CONFIG_TYPES: dict[str, type | tuple[type, ...]] = {
+    "trials": int, "trials_per_batch": int, "build_timeout": (int, float), "seed": int, "num_cores": int,
+    "batch_size": int, "verbose": bool, "no_verify": bool,
+}  # fmt: skip
+_TYPE_NAMES = {int: "an integer", (int, float): "a number", bool: "true or false", str: "a string"}
+
+
 def _apply_config(args: argparse.Namespace) -> None:
     """Fill options from ``--config``; the command line wins; unknown keys are errors."""
     values: dict = {}
@@ -91,8 +98,13 @@ def _apply_config(args: argparse.Namespace) -> None:
             raise UserInputError(f"config {args.config}: unknown option(s) {', '.join(unknown)}")
     for key, value in values.items():
         key = key.replace("-", "_")
-        if getattr(args, key) in (None, False):
-            setattr(args, key, Path(value) if key == "output" else value)
+        want = _CONFIG_TYPES.get(key, str)
+        if isinstance(value, bool) != (want is bool) or not isinstance(value, want):
+            raise UserInputError(f"config {args.config}: {key} must be {_TYPE_NAMES[want]}, got {value!r}")
+        # `is None`/`is False`: a 0 given on the command line (--seed 0) must win too.
+        current = getattr(args, key)
+        if current is None or current is False:
+            setattr(args, key, Path(value) if key in ("output", "config") else value)
     for key, value in _TUNE_DEFAULTS.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -100,10 +112,11 @@ def _apply_config(args: argparse.Namespace) -> None:
         raise UserInputError("no model: pass --model NAME|FILE.onnx|package.module:factory or a --config with one")
 
 
-def _open_db(text: str | None):
-    from tuner.db import TuningDatabase
+def _open_db(text: str | None, *, create: bool = False):
+    """The tuning database of ``--db``/the environment; only ``tune`` creates a missing one."""
+    from tuner.cli_db import db_text, open_existing
 
-    return TuningDatabase(text or os.environ.get(DB_ENV) or DEFAULT_DB)
+    return open_existing(db_text(text), create=create)
 
 
 def _load(args: argparse.Namespace):
@@ -155,11 +168,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
     device, spec = _load(args)
     if device.kind == "cuda" and not device.present:
         raise UserInputError(f"{device.name} is not on this machine: tuning needs the device to time on")
-    db = _open_db(args.db)
+    db = _open_db(args.db, create=True)
     with console.status("extracting tasks"):
         tasks = extract_tasks(spec.bound(), device.target, _plan(args, device))
+    from tuner.db import redact
+
     console.print(f"[bold]{spec.name}[/]: {len(tasks)} tasks on {device.name} ({device.arch}, "
-                  f"fingerprint {device.fingerprint}); database {db.url.render_as_string(hide_password=True)}")
+                  f"fingerprint {device.fingerprint}); database {redact(db.url)}")
     with console.status("starting Ray"):
         connect(args.ray_address)
     columns = (TextColumn("[progress.description]{task.description}"), BarColumn(),
@@ -264,14 +279,29 @@ def cmd_compile(args: argparse.Namespace) -> int:
     table = Table(title=f"{spec.name} on {device.name} ({device.arch}): what each operator got")
     for col in ("operator", "schedule", "detail"):
         table.add_column(col)
-    order = {"tuned": 0, "same-arch": 1, "fallback": 2, "tvm-default": 3}
+    order = {"tuned": 0, "same-arch": 1, "foreign": 2, "fallback": 3, "tvm-default": 4}
     for d in sorted(compiled.decisions.values(), key=lambda d: (order.get(d.kind, 9), d.name)):
         table.add_row(d.name, d.kind, d.detail)
     kinds = [d.kind for d in compiled.decisions.values()]
     out.print(f"{kinds.count('tuned')} operators tuned on this device, {kinds.count('same-arch')} from another "
-              f"device of the same architecture, {kinds.count('fallback')} with the fallback schedule, "
-              f"{kinds.count('tvm-default')} with TVM's default lowering")
+              f"device of the same architecture, {kinds.count('foreign')} from imported records, "
+              f"{kinds.count('fallback')} with the fallback schedule, {kinds.count('tvm-default')} with TVM's "
+              "default lowering")
     out.print(table)
+    if db.rejected:
+        console.print(f"[yellow]warning:[/] {len(db.rejected)} record(s) rejected by the trace allow-list: "
+                      + "; ".join(f"record {i}: {r}" for i, r in sorted(db.rejected.items())[:5]),
+                      soft_wrap=True, highlight=False)  # fmt: skip
+    from tuner.compile import verify_model, verify_wanted
+
+    if verify_wanted(args.verify, spec, device):
+        with console.status("checking the output against the untuned build"):
+            worst = verify_model(spec, device, compiled, plan=_plan(args, device))
+        if worst is not None:
+            console.print(f"[red]error:[/] the compiled model's output differs from the untuned build's "
+                          f"(max relative difference {worst:.2e}); {args.output} not written")
+            return 1
+        out.print("output checked against the untuned build")
     compiled.executable.export_library(str(args.output))
     out.print(f"wrote {args.output} in {compiled.compile_s:.1f} s")
     return 0
@@ -321,6 +351,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", type=Path, required=True, help="output library (.so)")
     p.add_argument("--policy", choices=("same-arch", "device"), default="same-arch",
                    help="same-arch (default): records of another device of the same architecture may stand in")
+    p.add_argument("--verify", choices=("auto", "on", "off"), default="auto",
+                   help="check the output against the untuned build (auto, default: when that build is cheap)")
     p.set_defaults(func=cmd_compile)
     p = sub.add_parser("bench", help="time the tuned and fallback builds against ONNX Runtime, OpenVINO, PyTorch")
     _add_model_args(p)
