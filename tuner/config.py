@@ -157,6 +157,12 @@ DEFAULTS: dict[str, Any] = {
 _PATHS = ("output", "log_json")
 
 
+def _redact(text: str) -> str:
+    from tuner.db.database import redact
+
+    return repr(redact(text))
+
+
 def load_config(path: Path) -> dict[str, Any]:
     """The validated options of a TOML config file, keys with ``_``.
 
@@ -179,7 +185,8 @@ def load_config(path: Path) -> dict[str, Any]:
         try:
             values[name] = check(value)
         except ValueError as err:
-            raise UserInputError(f"config {path}: key {key!r} {err}, got {value!r}") from err
+            shown = _redact(value) if name == "db" and isinstance(value, str) else repr(value)
+            raise UserInputError(f"config {path}: key {key!r} {err}, got {shown}") from err
     return values
 
 

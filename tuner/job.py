@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 import threading
 import time
 from collections import deque
@@ -328,7 +330,8 @@ class TuningJob:
         assert self.device_id is not None
         db, config = self.db, self.config
         row = db.find_job(self.name, self.device_id)
-        settings = {"device": self.device.name} | _jsonable(asdict(config))
+        # The process id lets a rerun on the same host see at once that a killed run is dead.
+        settings = {"device": self.device.name, "pid": os.getpid()} | _jsonable(asdict(config))
         total = config.trials or 0
         if row is not None and row.state != "done":
             if row.model != self.model_name:
@@ -338,7 +341,7 @@ class TuningJob:
             if beat is not None and beat.tzinfo is None:
                 beat = beat.replace(tzinfo=UTC)  # SQLite hands back naive UTC
             age = None if beat is None else (datetime.now(UTC) - beat).total_seconds()
-            if row.state == "running" and age is not None and age < STALE_AFTER_S:
+            if row.state == "running" and age is not None and age < STALE_AFTER_S and _alive(row):
                 raise JobRunning(f"job {self.name!r} is running on {row.host} (heartbeat {age:.0f} s ago); "
                                  "wait for it or stop it, or pass another --job name")  # fmt: skip
             self.job_id, self.resumed = row.id, True
@@ -718,3 +721,23 @@ def _connection_lost(err: DatabaseError) -> bool:
             "connection", "server closed", "timeout expired", "could not connect", "terminating",
             "database is locked", "unable to open", "disk i/o"))  # fmt: skip
     return False
+
+
+def _alive(row: Any) -> bool:
+    """Whether the process that last ran a job may still run: on another host, assume so
+    (its heartbeat decides); on this one, whether its process exists."""
+    if row.host != socket.gethostname():
+        return True
+    try:
+        pid = int(json.loads(row.config).get("pid", 0))
+    except (ValueError, TypeError, AttributeError):
+        return True
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
