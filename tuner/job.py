@@ -286,6 +286,8 @@ class TuningJob:
                     if batch is not None:
                         self.inflight.append(batch)
                         self.submitted += len(batch.candidates)
+                        self._emit("batch_submitted", task=i, task_name=self.tasks[i].name,
+                                   trials=len(batch.candidates), elapsed_s=self.elapsed_s)  # fmt: skip
                 if not self.inflight:
                     break
                 self._complete(self.inflight.popleft())

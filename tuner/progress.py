@@ -7,7 +7,8 @@ state the events add up to, so every reader computes trials per minute, estimate
 and the rest the same way.
 
 Events, in order: ``job_start`` (job id and name, resumed or not, budget, trials cap, the
-tasks with their weight, FLOPs and reuse rule), ``batch_done`` (per measured batch: task,
+tasks with their weight, FLOPs and reuse rule), ``batch_submitted`` (a batch proposed and
+sent to be built and timed), ``batch_done`` (per measured batch: task,
 trials, errors by class, the task's best), ``task_done`` (a task gets no more trials, and
 why), ``retry`` (the database or the Ray cluster is unreachable; waiting), ``job_end``
 (state ``done``/``stopped``/``failed``, why, totals).
