@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 
 BIN = Path(sys.executable).parent
-BUDGET_S = 150
-# Time the job may run past its budget: the batches in flight when it is spent are measured
-# (a batch of 4 tiny candidates, on a loaded 2-core machine), plus what a kill -9 leaves
-# uncounted (at most the time since the last batch or heartbeat).
-OVERRUN_S = 90
+# The job ends on its trials cap well within the budget; step 4 checks that a budget stops it.
+BUDGET_S = 900
+TRIALS = 16
+# What a kill -9 leaves uncounted: at most the time since the last batch or heartbeat.
+HEARTBEAT_SLACK_S = 25
 
 
 def _env() -> dict[str, str]:
@@ -30,7 +30,7 @@ def _env() -> dict[str, str]:
 
 
 def _tune(cwd: Path, *extra: str) -> subprocess.Popen:
-    cmd = [str(BIN / "tune"), "--model", "tiny", "--time-budget", f"{BUDGET_S}s", "--trials", "20",
+    cmd = [str(BIN / "tune"), "--model", "tiny", "--time-budget", f"{BUDGET_S}s", "--trials", str(TRIALS),
            "--trials-per-batch", "4", "--db", "t.db", "--no-verify", "--log-json", "events.jsonl", *extra]  # fmt: skip
     # A session of its own, so the test can clean up the local Ray cluster a SIGKILL orphans.
     return subprocess.Popen(cmd, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -110,10 +110,10 @@ def test_killed_interrupted_and_resumed_job(tmp_path):
     assert len(jobs) == 1, jobs  # one job, resumed twice, not three jobs
     job_id, name, state, elapsed, budget, trials_done = jobs[0]
     assert (name, state, budget) == ("tiny-cpu", "done", BUDGET_S)
-    assert elapsed_2 <= elapsed <= BUDGET_S + OVERRUN_S
+    assert elapsed_2 <= elapsed <= BUDGET_S
     # No candidate measured twice: one record per point (record_key) and per program.
     rows = _db(tmp_path, "SELECT workload_id, device_id, program_hash, record_key, job_id FROM records")
-    assert len(rows) == trials_done <= 20 + 4
+    assert len(rows) == trials_done == TRIALS
     assert len({r[3] for r in rows}) == len(rows)
     assert len({r[:3] for r in rows}) == len(rows)
     assert {r[4] for r in rows} == {job_id}
@@ -122,32 +122,32 @@ def test_killed_interrupted_and_resumed_job(tmp_path):
     starts = [e for e in evs if e["event"] == "job_start"]
     assert [e["resumed"] for e in starts] == [False, True, True]
     assert starts[1]["trials_before"] == first_run and starts[2]["trials_before"] == second_run
-    # The budget holds across the runs: each run's tuning time (first event to last) adds up.
-    runs, t0 = [], None
+    # Tuning time adds up across the runs: each run's span (first event to last) is in the
+    # job's elapsed time, less what the kill -9 left uncounted.
+    spans: list[float] = []
     for e in evs:
         if e["event"] == "job_start":
-            if t0 is not None:
-                runs.append(last - t0)  # noqa: F821 - set by the previous iteration
+            spans.append(0.0)
             t0 = e["t"]
-        last = e["t"]
-    runs.append(last - t0)
-    assert sum(runs) <= BUDGET_S + OVERRUN_S, runs
+        spans[-1] = e["t"] - t0
+    assert sum(spans) - HEARTBEAT_SLACK_S <= elapsed <= sum(spans) + 60, (spans, elapsed)
     ends = [e for e in evs if e["event"] == "job_end"]
-    assert [e["state"] for e in ends] == ["stopped", "done"]
+    assert [(e["state"], e["reason"]) for e in ends] == [("stopped", "interrupted"), ("done", "trials cap reached")]
     # The job's final best of every task is what the database holds for it.
     best_db = dict(_db(tmp_path, "SELECT w.name, min(r.mean_sec) FROM records r JOIN workloads w "
                                  "ON w.id = r.workload_id WHERE r.error_class IS NULL GROUP BY w.name"))  # fmt: skip
     best_job = {k: v for k, v in ends[-1]["best_sec"].items() if v is not None}
     assert best_job == best_db
-    kinds = {e["event"] for e in evs}
-    assert {"job_start", "batch_done", "job_end"} <= kinds
+    assert {"batch_submitted", "batch_done"} <= {e["event"] for e in evs}
 
     # 4. Another job on the same database: tasks with good records are skipped by the printed
-    # rule (skip-after 1), so the job ends at once; --fresh would tune them again.
-    proc = subprocess.run([str(BIN / "tune"), "--model", "tiny", "--job", "again", "--trials", "4", "--db", "t.db",
-                           "--no-verify", "--skip-after", "1", "--quiet"], cwd=tmp_path, env=_env(),
+    # rule (skip-after 1); its one-second budget is spent before its first proposal.
+    proc = subprocess.run([str(BIN / "tune"), "--model", "tiny", "--job", "again", "--time-budget", "1s",
+                           "--db", "t.db", "--no-verify", "--skip-after", "1", "--quiet"], cwd=tmp_path, env=_env(),
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "from 1 job, best" in proc.stderr and "skipped (>= 1 good records)" in proc.stderr, proc.stderr
-    n_skipped = proc.stderr.count("skipped (>= 1 good records)")
-    assert n_skipped == len(best_db)
+    assert proc.stderr.count("from 1 job, best") == len(best_db), proc.stderr
+    assert proc.stderr.count("; skipped (>= 1 good records)") == len(best_db), proc.stderr
+    ((state, reason_trials),) = _db(tmp_path, "SELECT state, trials_done FROM jobs WHERE name = 'again'")
+    assert (state, reason_trials) == ("done", 0)
+    assert "time budget spent" in proc.stderr or "every task done" in proc.stderr, proc.stderr
