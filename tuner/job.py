@@ -300,6 +300,7 @@ class TuningJob:
             raise
         finally:
             self._stop_heartbeat.set()
+            heartbeat.join(timeout=30)  # its last stamp must not land after the job's end
             stats = self.measurer.stats
             self.measurer.close()
             self._finish_job(state, reason)
