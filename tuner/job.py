@@ -393,14 +393,14 @@ class TuningJob:
 
     # --- faults ------------------------------------------------------------------------------
 
-    def _retrying(self, what: str, call: Callable[..., T], *args: Any) -> T:
+    def _retrying(self, what: str, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``call(*args)``, retried with backoff while the database is unreachable, for up
         to ``config.retry_s``; then the error is raised."""
         deadline = time.monotonic() + self.config.retry_s
         delay, attempt = 1.0, 0
         while True:
             try:
-                return call(*args)
+                return call(*args, **kwargs)
             except DatabaseError as err:
                 attempt += 1
                 if not _connection_lost(err) or time.monotonic() + delay > deadline:

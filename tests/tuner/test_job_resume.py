@@ -44,7 +44,7 @@ def _events(cwd: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _wait_batches(proc: subprocess.Popen, cwd: Path, n: int, timeout: float = 400) -> None:
+def _wait_batches(proc: subprocess.Popen, cwd: Path, n: int, timeout: float = 1200) -> None:
     """Until this run has written ``n`` more batches (counted from its job_start)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
