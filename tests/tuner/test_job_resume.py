@@ -44,8 +44,8 @@ def _events(cwd: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _wait_batches(proc: subprocess.Popen, cwd: Path, n: int, timeout: float = 1200) -> None:
-    """Until this run has written ``n`` more batches (counted from its job_start)."""
+def _wait_batches(proc: subprocess.Popen, cwd: Path, n: int, run: int, timeout: float = 1200) -> None:
+    """Until run number ``run`` (1-based) has started and written ``n`` batches."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         evs = _events(cwd)
@@ -73,7 +73,7 @@ def test_killed_interrupted_and_resumed_job(tmp_path):
     rng = random.Random()
     # 1. Killed with SIGKILL at a random point after its first batch is stored.
     proc = _tune(tmp_path)
-    _wait_batches(proc, tmp_path, 1)
+    _wait_batches(proc, tmp_path, 1, run=1)
     time.sleep(rng.uniform(0, 8))
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
@@ -87,7 +87,7 @@ def test_killed_interrupted_and_resumed_job(tmp_path):
     # 2. The same command resumes it at once (the killed process is gone; its heartbeat is
     # fresh); Ctrl-C stops it cleanly after a random delay.
     proc = _tune(tmp_path)
-    _wait_batches(proc, tmp_path, 1)
+    _wait_batches(proc, tmp_path, 1, run=2)
     time.sleep(rng.uniform(0, 4))
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=300)
