@@ -10,20 +10,11 @@ import argparse
 import logging
 import sys
 import time
-import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rich.console import Console
 from rich.logging import RichHandler
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 
 from tuner.errors import NightshiftError, UserInputError
@@ -57,59 +48,33 @@ def _add_db_arg(p: argparse.ArgumentParser) -> None:
 
 def _add_tune_args(p: argparse.ArgumentParser) -> None:
     _add_model_args(p, required=False)
+    # None unless given, so that a config file fills them (tuner.config.DEFAULTS has the defaults).
+    p.set_defaults(batch_size=None, dtype=None, verbose=None)
     _add_db_arg(p)
-    p.add_argument("--config", type=Path, default=None, help="TOML file of these options")
-    p.add_argument("--trials", type=int, default=None, help="measurements in all (default 64)")
+    p.add_argument("--config", type=Path, default=None, help="TOML file of these options (see configs/)")
+    p.add_argument("--job", default=None,
+                   help="job name: running the same name again resumes it (default: MODEL-DEVICE)")
+    p.add_argument("--time-budget", default=None,
+                   help="tuning time over all runs of the job: 90s, 45m, 2h, 8h (default: none)")
+    p.add_argument("--trials", type=int, default=None,
+                   help="measurements in all, a cap beside --time-budget (default 64 without a budget)")
     p.add_argument("--trials-per-batch", type=int, default=None,
                    help="candidates proposed, built and timed together (default 16)")
     p.add_argument("--build-timeout", type=float, default=None, help="seconds per build (60)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default 0)")
     p.add_argument("--strategy", default=None,
                    help="search strategy: evolutionary (default), random, grid, optuna-tpe, optuna-cmaes")
+    p.add_argument("--fresh", action="store_true", default=None,
+                   help="ignore other jobs' records: skip no task, seed no search from them")
+    p.add_argument("--skip-after", type=int, default=None,
+                   help="skip a task with this many good records on the device (default 512; 0: never)")
     p.add_argument("--ray-address", default=None,
                    help="existing Ray cluster (auto, ray://host:10001); default: start one locally")
     p.add_argument("-o", "--output", type=Path, default=None, help="write the tuned module (.so)")
-    p.add_argument("--no-verify", action="store_true",
+    p.add_argument("--no-verify", action="store_true", default=None,
                    help="skip compiling and checking the whole model after tuning")
-
-
-_TUNE_DEFAULTS = {"device": "cpu", "trials": 64, "trials_per_batch": 16, "build_timeout": 60.0, "seed": 0,
-                  "strategy": "evolutionary"}
-
-
-# What each config key must hold (TOML types); anything not listed is a string.
-_CONFIG_TYPES: dict[str, type | tuple[type, ...]] = {
-    "trials": int, "trials_per_batch": int, "build_timeout": (int, float), "seed": int, "num_cores": int,
-    "batch_size": int, "verbose": bool, "no_verify": bool,
-}  # fmt: skip
-_TYPE_NAMES = {int: "an integer", (int, float): "a number", bool: "true or false", str: "a string"}
-
-
-def _apply_config(args: argparse.Namespace) -> None:
-    """Fill options from ``--config``; the command line wins; unknown keys are errors."""
-    values: dict = {}
-    if args.config is not None:
-        try:
-            values = tomllib.loads(args.config.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as err:
-            raise UserInputError(f"cannot read config {args.config}: {err}") from err
-        unknown = sorted(k for k in values if k.replace("-", "_") not in vars(args))
-        if unknown:
-            raise UserInputError(f"config {args.config}: unknown option(s) {', '.join(unknown)}")
-    for key, value in values.items():
-        key = key.replace("-", "_")
-        want = _CONFIG_TYPES.get(key, str)
-        if isinstance(value, bool) != (want is bool) or not isinstance(value, want):
-            raise UserInputError(f"config {args.config}: {key} must be {_TYPE_NAMES[want]}, got {value!r}")
-        # `is None`/`is False`: a 0 given on the command line (--seed 0) must win too.
-        current = getattr(args, key)
-        if current is None or current is False:
-            setattr(args, key, Path(value) if key in ("output", "config") else value)
-    for key, value in _TUNE_DEFAULTS.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    if not args.model:
-        raise UserInputError("no model: pass --model NAME|FILE.onnx|package.module:factory or a --config with one")
+    p.add_argument("-q", "--quiet", action="store_true", default=None, help="no live view")
+    p.add_argument("--log-json", type=Path, default=None, help="append one JSON object per job event to FILE")
 
 
 def _open_db(text: str | None, *, create: bool = False):
@@ -155,19 +120,32 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    """Run a tuning job, then compile and check the model with its best schedules."""
+    """Run (or resume) a tuning job, then compile and check the model with its best schedules."""
+    from tuner.config import apply_config, parse_duration
     from tuner.job import TuneConfig, tune_tasks
     from tuner.measure.ray_measure import MeasureConfig, connect
+    from tuner.progress import JsonLog, LiveView
     from tuner.tasks import extract_tasks
 
-    _apply_config(args)
-    config = TuneConfig(
-        trials=args.trials, batch_size=args.trials_per_batch, seed=args.seed, strategy=args.strategy,
-        measure=MeasureConfig(build_timeout_s=args.build_timeout),
-    )  # fmt: skip
+    apply_config(args)
+    if args.verbose:
+        logging.getLogger().setLevel(logging.DEBUG)
+    budget = None if args.time_budget is None else parse_duration(args.time_budget)
+    trials = args.trials if args.trials is not None or budget is not None else 64
     device, spec = _load(args)
+    config = TuneConfig(
+        trials=trials, time_budget_s=budget, batch_size=args.trials_per_batch, seed=args.seed,
+        strategy=args.strategy, measure=MeasureConfig(build_timeout_s=args.build_timeout),
+        name=args.job or f"{spec.name}-{device.name}", fresh=args.fresh, skip_after=args.skip_after,
+    )  # fmt: skip
     if device.kind == "cuda" and not device.present:
         raise UserInputError(f"{device.name} is not on this machine: tuning needs the device to time on")
+    log = None
+    if args.log_json is not None:
+        try:
+            log = JsonLog(args.log_json)
+        except OSError as err:
+            raise UserInputError(f"cannot write --log-json {args.log_json}: {err.strerror}") from err
     db = _open_db(args.db, create=True)
     with console.status("extracting tasks"):
         tasks = extract_tasks(spec.bound(), device.target, _plan(args, device))
@@ -177,26 +155,27 @@ def cmd_tune(args: argparse.Namespace) -> int:
                   f"fingerprint {device.fingerprint}); database {redact(db.url)}")
     with console.status("starting Ray"):
         connect(args.ray_address)
-    columns = (TextColumn("[progress.description]{task.description}"), BarColumn(),
-               MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
-    with Progress(*columns, console=console) as bar:
-        trial_bar = bar.add_task("tuning", total=config.trials)
+    view = LiveView(console, quiet=args.quiet)
 
-        def report(p) -> None:
-            best = max(p.best_gflops.values(), default=0.0)
-            bar.update(trial_bar, completed=p.trials_done, description=(
-                f"[cyan]{p.task_name[:24]}[/] task {p.tasks_done}/{p.num_tasks} "
-                f"err {p.errors} {best:.1f} GFLOPS"))
-            if not console.is_terminal:
-                # No live bar in a log file: one line per batch, with the ETA.
-                eta = p.elapsed_s / p.trials_done * (p.trials_total - p.trials_done)
-                console.print(f"trials {p.trials_done}/{p.trials_total} ({p.task_name}, task {p.tasks_done}/"
-                              f"{p.num_tasks}) elapsed {p.elapsed_s:.0f} s, eta {eta:.0f} s, errors {p.errors}")
+    def on_event(ev: dict) -> None:
+        view(ev)
+        if log is not None:
+            log(ev)
 
-        summary = tune_tasks(tasks, device, db, config, model_name=spec.name, on_progress=report)
+    try:
+        summary = tune_tasks(tasks, device, db, config, model_name=spec.name, on_event=on_event)
+    except KeyboardInterrupt:
+        view.close()
+        console.print(f"stopped job {config.name}; everything measured is saved. Resume with:\n  "
+                      f"{_resume_command(config.name)}", highlight=False, soft_wrap=True)
+        return 130
+    finally:
+        view.close()
+        if log is not None:
+            log.close()
     idle = "" if summary.device_idle_fraction is None else f"; device idle {summary.device_idle_fraction:.0%}"
-    console.print(f"job {summary.job_id}: {summary.trials} trials in {summary.elapsed_s:.0f} s; "
-                  f"failed candidates: {summary.errors or 'none'}{idle}")
+    console.print(f"job {summary.name} (#{summary.job_id}) {summary.state}: {summary.reason}; {summary.trials} "
+                  f"trials in {summary.elapsed_s:.0f} s; failed candidates: {summary.errors or 'none'}{idle}")
     if args.ray_address is None:
         import ray
 
@@ -206,6 +185,18 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.no_verify:
         return 0
     return _verify(spec, device, db, args.output, source=args.model, plan=_plan(args, device))
+
+
+def _resume_command(name: str) -> str:
+    """The command line that resumes the job: this one, with ``--job NAME``."""
+    import shlex
+
+    argv = [Path(sys.argv[0]).name, *sys.argv[1:]]
+    if argv[0] not in ("tune", "nightshift"):
+        argv = ["tune", *sys.argv[1:]]
+    if "--job" not in argv and not any(a.startswith("--job=") for a in argv):
+        argv += ["--job", name]
+    return shlex.join(argv)
 
 
 def _verify(spec, device, db, output: Path | None, source: str | None = None, *, plan=None) -> int:

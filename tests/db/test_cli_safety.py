@@ -55,11 +55,13 @@ def test_config_values_are_typed_and_the_command_line_wins(tmp_path, capsys):
     bad = tmp_path / "bad.toml"
     bad.write_text('model = "tiny"\ntrials = "many"\n')
     assert cli.main(["tune", "--config", str(bad)]) == 2
-    assert "trials must be an integer" in _one_line_error(capsys)
+    assert "'trials' must be a positive integer" in _one_line_error(capsys)
     good = tmp_path / "good.toml"
     good.write_text('model = "tiny"\nseed = 5\ntrials = 8\n')
     args = cli._parser("nightshift").parse_args(["tune", "--config", str(good), "--seed", "0"])
-    cli._apply_config(args)
+    from tuner.config import apply_config
+
+    apply_config(args)
     assert (args.seed, args.trials) == (0, 8)
 
 

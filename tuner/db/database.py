@@ -390,13 +390,21 @@ class TuningDatabase:
         with self.session(write=False) as s:
             return s.scalar(select(WorkloadRow).where(WorkloadRow.key == key))
 
-    def start_job(self, model: str, device_id: int, config: dict, trials_total: int) -> int:
-        """Record a new running job and return its id."""
+    def start_job(self, model: str, device_id: int, config: dict, trials_total: int, *,
+                  name: str | None = None, time_budget_sec: float | None = None) -> int:  # fmt: skip
+        """Record a new running job and return its id.
+
+        Args:
+            name: what ``tune --job NAME`` resumes it by.
+            time_budget_sec: tuning time the job may spend over all its runs (None: no limit).
+        """
 
         def work(s: Session) -> int:
+            now = _utcnow()
             job = JobRow(
                 model=model, device_id=device_id, config=json.dumps(config, sort_keys=True),
                 trials_total=trials_total, host=socket.gethostname(), tvm_version=tvm.__version__,
+                name=name, time_budget_sec=time_budget_sec, elapsed_sec=0.0, heartbeat_at=now,
             )  # fmt: skip
             s.add(job)
             s.flush()
@@ -406,8 +414,17 @@ class TuningDatabase:
         with self.session() as s:
             return work(s)
 
-    def update_job(self, job_id: int, *, trials_done: int | None = None, state: str | None = None) -> None:
-        """Update a job's progress or state."""
+    def update_job(self, job_id: int, *, trials_done: int | None = None, state: str | None = None,
+                   elapsed_sec: float | None = None, time_budget_sec: float | None = None,
+                   trials_total: int | None = None, heartbeat: bool = False,
+                   config: dict | None = None) -> None:  # fmt: skip
+        """Update a job's progress or state.
+
+        Args:
+            state: ``running``, ``done``, ``stopped`` (interrupted, resumable) or ``failed``.
+            elapsed_sec: tuning time spent over all the job's runs.
+            heartbeat: stamp ``heartbeat_at`` (a running job does at least every minute).
+        """
 
         def work(s: Session) -> None:
             job = s.get(JobRow, job_id)
@@ -417,8 +434,32 @@ class TuningDatabase:
                 job.trials_done = trials_done
             if state is not None:
                 job.state = state
+            if elapsed_sec is not None:
+                job.elapsed_sec = elapsed_sec
+            if time_budget_sec is not None:
+                job.time_budget_sec = time_budget_sec
+            if trials_total is not None:
+                job.trials_total = trials_total
+            if config is not None:
+                job.config = json.dumps(config, sort_keys=True)
+            if heartbeat:
+                job.heartbeat_at = _utcnow()
 
         self._write(work)
+
+    def find_job(self, name: str, device_id: int | None = None) -> JobRow | None:
+        """The newest job called ``name`` (on ``device_id`` if given), or None."""
+        stmt = select(JobRow).where(JobRow.name == name)
+        if device_id is not None:
+            stmt = stmt.where(JobRow.device_id == device_id)
+        with self.session(write=False) as s:
+            return s.scalar(stmt.order_by(JobRow.id.desc()).limit(1))
+
+    def job_trials(self, job_id: int) -> int:
+        """Records the job wrote (its measured trials, failed ones included): what a resumed
+        job counts as done, even when it was killed before updating ``trials_done``."""
+        with self.session(write=False) as s:
+            return int(s.scalar(select(func.count(RecordRow.id)).where(RecordRow.job_id == job_id)) or 0)
 
     # --- records ----------------------------------------------------------------------------
 

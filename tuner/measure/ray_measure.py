@@ -148,7 +148,10 @@ def connect(address: str | None = None, *, num_cpus: int | None = None,
     if address:
         ray.init(address=address, **kwargs)
     else:
-        ray.init(num_cpus=num_cpus, resources=local_device_resources() | (resources or {}), **kwargs)
+        # "local", not None: with None, Ray joins the newest cluster a `ray start` on this
+        # machine recorded in /tmp/ray (another user's), and then refuses our resources.
+        ray.init(address="local", num_cpus=num_cpus, resources=local_device_resources() | (resources or {}),
+                 **kwargs)  # fmt: skip
     logger.info("Ray cluster: %s", ray.cluster_resources())
 
 
