@@ -44,6 +44,7 @@ from ray.exceptions import (
 from tuner.device import Device
 from tuner.errors import NightshiftError, UserInputError
 from tuner.measure.builder import build_task
+from tuner.measure.cuda import reference_module
 from tuner.measure.pause import pausable
 from tuner.measure.results import BuildResult, ErrorClass, Measurement, RunResult
 from tuner.measure.runner import ArgSpec, CandidateRunner, Reference, TimingConfig
@@ -258,7 +259,9 @@ class RayMeasurer:
         ]
         ref = None
         if time_them and task.workload_key not in self._refs:
-            ref = _Cand(next(self._ids), task.workload_key, entry, tvm.ir.save_json(task.mod), False, None,
+            # On CUDA the reference is the task under TVM's default GPU schedule (tuner.measure.cuda).
+            ref_mod = reference_module(task.mod, self.device.target)
+            ref = _Cand(next(self._ids), task.workload_key, entry, tvm.ir.save_json(ref_mod), False, None,
                         args=_arg_specs(task.mod))
             self._refs[task.workload_key] = _RefState(ref)
         with self._cv:
