@@ -138,8 +138,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         strategy=args.strategy, measure=MeasureConfig(build_timeout_s=args.build_timeout),
         name=args.job or f"{spec.name}-{device.name}", fresh=args.fresh, skip_after=args.skip_after,
     )  # fmt: skip
-    if device.kind == "cuda" and not device.present:
-        raise UserInputError(f"{device.name} is not on this machine: tuning needs the device to time on")
+    if device.kind == "cuda":
+        device = _gpu_worker_device(device, args.ray_address)
     log = None
     if args.log_json is not None:
         try:
@@ -154,7 +154,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     console.print(f"[bold]{spec.name}[/]: {len(tasks)} tasks on {device.name} ({device.arch}, "
                   f"fingerprint {device.fingerprint}); database {redact(db.url)}")
     with console.status("starting Ray"):
-        connect(args.ray_address)
+        connect(args.ray_address)  # already connected for a CUDA device
     view = LiveView(console, quiet=args.quiet)
 
     def on_event(ev: dict) -> None:
@@ -184,6 +184,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
         ray.shutdown()
     if args.no_verify:
         return 0
+    if device.kind == "cuda":
+        from tuner.measure.cuda import gpu_identity
+
+        if gpu_identity(device.index) is None:  # tuned on a GPU worker: compile and check there
+            console.print(f"no {device.name} on this machine to check the tuned model on; run "
+                          f"`nightshift compile` on a machine with the GPU")
+            return 0
     return _verify(spec, device, db, args.output, source=args.model, plan=_plan(args, device))
 
 
@@ -197,6 +204,27 @@ def _resume_command(name: str) -> str:
     if "--job" not in argv and not any(a.startswith("--job=") for a in argv):
         argv += ["--job", name]
     return shlex.join(argv)
+
+
+def _gpu_worker_device(device, ray_address: str | None):
+    """The CUDA device as the cluster node that times it sees it (the driver may have no GPU)."""
+    import ray
+
+    from tuner.measure.cuda import CudaToolchainError, identify_gpu_worker
+    from tuner.measure.ray_measure import connect, device_resource, worker_command
+
+    with console.status("starting Ray"):
+        connect(ray_address)
+    resource = device_resource(device)
+    if ray.cluster_resources().get(resource, 0) < 1:
+        where = "this machine has none and no --ray-address was given" if ray_address is None else \
+            "no node of the Ray cluster offers it"
+        raise UserInputError(f"no GPU worker for {device.name} ({resource}): {where}; start one with: "
+                             f"{worker_command(device)}")
+    try:
+        return identify_gpu_worker(device)
+    except CudaToolchainError as err:
+        raise UserInputError(str(err)) from err
 
 
 def _verify(spec, device, db, output: Path | None, source: str | None = None, *, plan=None) -> int:
