@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import tvm
+import tvm.runtime.vm  # not imported by `import tvm` under TVM_USE_RUNTIME_LIB=1
 
 from tuner.errors import UserInputError
 
@@ -176,15 +177,8 @@ class Artifact:
         return list(self.metadata.get("inputs", []))
 
     def check_inputs(self, arrays: Sequence[np.ndarray]) -> None:
-        """Raise :class:`UserInputError` unless ``arrays`` match the inputs' number, shapes, dtypes."""
-        want = self.inputs
-        if len(arrays) != len(want):
-            names = ", ".join(w["name"] for w in want)
-            raise UserInputError(f"the model takes {len(want)} input(s) ({names}), got {len(arrays)}")
-        for a, w in zip(arrays, want, strict=True):
-            if list(a.shape) != list(w["shape"]) or str(a.dtype) != w["dtype"]:
-                raise UserInputError(f"input {w['name']}: expected shape {tuple(w['shape'])} {w['dtype']}, "
-                                     f"got {tuple(a.shape)} {a.dtype}")  # fmt: skip
+        """Raise :class:`UserInputError` unless ``arrays`` match the inputs (see :func:`check_inputs`)."""
+        check_inputs(self.metadata, arrays)
 
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Run ``main`` on ``arrays`` (checked first); its outputs as numpy arrays."""
@@ -225,6 +219,18 @@ def read_metadata(path: Path) -> dict[str, Any]:
     if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
         raise UserInputError(f"{meta_path}: not a Nightshift artifact's metadata (format {FORMAT} expected)")
     return metadata
+
+
+def check_inputs(metadata: dict[str, Any], arrays: Sequence[np.ndarray]) -> None:
+    """Raise :class:`UserInputError` unless ``arrays`` match the metadata's inputs: number, shapes, dtypes."""
+    want = list(metadata.get("inputs", []))
+    if len(arrays) != len(want):
+        names = ", ".join(w["name"] for w in want)
+        raise UserInputError(f"the model takes {len(want)} input(s) ({names}), got {len(arrays)}")
+    for a, w in zip(arrays, want, strict=True):
+        if list(a.shape) != list(w["shape"]) or str(a.dtype) != w["dtype"]:
+            raise UserInputError(f"input {w['name']}: expected shape {tuple(w['shape'])} {w['dtype']}, "
+                                 f"got {tuple(a.shape)} {a.dtype}")  # fmt: skip
 
 
 def load_artifact(path: Path, *, threads: int | None = None) -> Artifact:

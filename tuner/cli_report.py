@@ -51,7 +51,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Run an artifact on the given inputs; print the outputs' summary and, with --repeat, the latency."""
     import numpy as np
 
-    from tuner.artifact import load_artifact, load_inputs, read_metadata
+    from tuner.artifact import check_inputs, load_artifact, load_inputs, read_metadata
     from tuner.cli import out
 
     if args.repeat < 0:
@@ -60,8 +60,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UserInputError(f"--output {args.output}: folder {args.output.parent} does not exist")
     metadata = read_metadata(args.artifact)
     arrays = load_inputs(args.input, metadata.get("inputs", []))
+    # Before loading: TVM's loader logs to stderr, and a usage error is one line.
+    check_inputs(metadata, arrays)
     artifact = load_artifact(args.artifact, threads=args.threads)
-    artifact.check_inputs(arrays)
     outputs = artifact.run(arrays)
     for n, o in enumerate(outputs):
         out.print(f"output {n}: shape {tuple(o.shape)} {o.dtype}, mean {float(np.mean(o)):.6g}, "

@@ -35,6 +35,10 @@ def one_line_error(proc: subprocess.CompletedProcess) -> str:
 
 def tiny_job(tmp_path_factory) -> Path:
     """The folder of the session's tiny job: ``t.db``, ``tiny.so`` + ``tiny.json``, ``tune.out``."""
+    # Development only: reuse the job folder of an earlier session instead of tuning again.
+    reuse = os.environ.get("NIGHTSHIFT_TEST_MORNING_JOB")
+    if reuse:
+        return Path(reuse)
     root = tmp_path_factory.getbasetemp() / "morning_job"
     done = root / "tune.out"
     if not done.exists():
