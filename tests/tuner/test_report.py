@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sqlite3
 import struct
 import zlib
 from pathlib import Path
@@ -57,8 +58,6 @@ def test_figures_are_the_databases(report):
     data = job_data(db, job, artifact=json.loads((report.parent / "tiny.json").read_text()))
     assert data.num_records == TRIALS and job.trials_done == TRIALS and job.shown_state() == "done"
     assert data.weights_from == "the artifact's metadata" and all(t.weight for t in data.tasks)
-    import sqlite3
-
     with sqlite3.connect(report.parent / "t.db") as conn:
         rows = conn.execute("SELECT w.key, min(r.mean_sec), count(r.id) FROM records r JOIN workloads w "
                             "ON w.id = r.workload_id WHERE r.job_id = 1 GROUP BY w.key").fetchall()  # fmt: skip
@@ -70,7 +69,11 @@ def test_figures_are_the_databases(report):
     # Times are in order within the job; the wall time covers every record.
     ats = [m.at_sec for t in data.tasks for m in t.records]
     assert min(ats) >= 0 and data.time.wall >= max(ats) - 1e-6 and data.time.build > 0
-    assert data.estimated_latency("now") == pytest.approx(sum(t.weight * t.best_now for t in data.tasks))
+    # Σ weight × best needs a best for every task; with 8 trials some tasks may have none yet.
+    if all(t.best_now is not None for t in data.tasks):
+        assert data.estimated_latency("now") == pytest.approx(sum(t.weight * t.best_now for t in data.tasks))
+    else:
+        assert data.estimated_latency("now") is None
 
 
 def test_failed_candidates_are_counted_by_class(report, tmp_path):
@@ -176,15 +179,19 @@ def test_opens_in_headless_chromium_without_errors_with_curves(report, tmp_path)
         severe = [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
         assert severe == []
         # One best-so-far curve per task with a successful record, in each of the two charts.
-        meta = json.loads((report.parent / "tiny.json").read_text())
+        with sqlite3.connect(report.parent / "t.db") as conn:
+            (measured,) = conn.execute("SELECT count(DISTINCT workload_id) FROM records WHERE job_id = 1 "
+                                       "AND mean_sec IS NOT NULL").fetchone()  # fmt: skip
+        assert measured >= 2
         curves = driver.find_elements(By.CSS_SELECTOR, ".task svg path.curve")
-        assert len(curves) >= 2 * len(meta["tasks"]) - 2
+        assert len(curves) == 2 * measured
         for c in curves:
             assert re.match(r"M[\d.]+,[\d.]+(H[\d.]+V[\d.]+)*H[\d.]+$", c.get_attribute("d"))
             box = driver.execute_script("const b = arguments[0].getBBox(); return [b.width, b.height];", c)
             assert box[0] > 0  # laid out and drawn, not an empty path
         dots = driver.find_elements(By.CSS_SELECTOR, ".task svg circle")
         assert len(dots) >= TRIALS // 2
+        meta = json.loads((report.parent / "tiny.json").read_text())
         rows = driver.find_elements(By.CSS_SELECTOR, "table.tasks tr")
         assert len(rows) == 1 + len(meta["tasks"])
         # The curves on screen: scroll to them and check the screenshot.

@@ -148,7 +148,10 @@ def connect(address: str | None = None, *, num_cpus: int | None = None,
     if address:
         ray.init(address=address, **kwargs)
     else:
-        ray.init(num_cpus=num_cpus, resources=local_device_resources() | (resources or {}), **kwargs)
+        # "local": a new cluster even where another one was `ray start`-ed on this machine
+        # (plain init() would try to join it and refuse the resources).
+        ray.init(address="local", num_cpus=num_cpus, resources=local_device_resources() | (resources or {}),
+                 **kwargs)  # fmt: skip
     logger.info("Ray cluster: %s", ray.cluster_resources())
 
 

@@ -198,7 +198,7 @@ def _curves(data: JobData) -> str:
         if not t.records:
             continue
         label = f"{t.name} ({len(t.records)} trials, {t.errors} failed)"
-        common = {"log_y": True, "legend": False, "width": 280, "height": 200}
+        common = {"log_y": True, "legend": False, "width": 270, "height": 200}
         by_trial = line_chart(_task_series(t, False), Axes("trial", "latency (ms, log)", title=f"{t.name} vs trials",
                                                            **common))  # fmt: skip
         by_time = line_chart(_task_series(t, True), Axes("wall time since the job started (min)", "latency (ms, log)",
