@@ -70,7 +70,8 @@ def _add_tune_args(p: argparse.ArgumentParser) -> None:
                    help="skip a task with this many good records on the device (default 512; 0: never)")
     p.add_argument("--ray-address", default=None,
                    help="existing Ray cluster (auto, ray://host:10001); default: start one locally")
-    p.add_argument("-o", "--output", type=Path, default=None, help="write the tuned module (.so)")
+    p.add_argument("-o", "--output", type=Path, default=None,
+                   help="write the verified artifact: X.so (+ X.json) or a folder (nightshift run runs it)")
     p.add_argument("--no-verify", action="store_true", default=None,
                    help="skip compiling and checking the whole model after tuning")
     p.add_argument("-q", "--quiet", action="store_true", default=None, help="no live view")
@@ -191,7 +192,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
             console.print(f"no {device.name} on this machine to check the tuned model on; run "
                           f"`nightshift compile` on a machine with the GPU")
             return 0
-    return _verify(spec, device, db, args.output, source=args.model, plan=_plan(args, device))
+    return _verify(spec, device, db, args.output, source=args.model, plan=_plan(args, device),
+                   job={"id": summary.job_id, "name": summary.name}, tasks=tasks)
 
 
 def _resume_command(name: str) -> str:
@@ -227,15 +229,18 @@ def _gpu_worker_device(device, ray_address: str | None):
         raise UserInputError(str(err)) from err
 
 
-def _verify(spec, device, db, output: Path | None, source: str | None = None, *, plan=None) -> int:
-    """Compile untuned and tuned, run both on the same input, compare, report latency.
+def _verify(spec, device, db, output: Path | None, source: str | None = None, *, plan=None,
+            job: dict | None = None, tasks=()) -> int:
+    """Compile untuned and tuned, run both on the same input, verify, report latency, write the artifact.
+
+    The tuned output is verified against ONNX Runtime for ONNX models (where installed), else
+    against the untuned build; ``output`` gets the artifact (``tuner.artifact``).
 
     Beside the untuned build, the tuned one is timed interleaved with the zero-trial fallback
     build and the faster of ONNX Runtime and OpenVINO (f32: ``INFERENCE_PRECISION_HINT=f32``) where
     installed (``tuner.bench``).
     """
-    import numpy as np
-
+    from tuner.artifact import Verification, onnx_reference, scaled_error, write_artifact
     from tuner.compile import compile_model, run_model
 
     inputs = spec.random_inputs(seed=0)
@@ -245,10 +250,12 @@ def _verify(spec, device, db, output: Path | None, source: str | None = None, *,
     with console.status("compiling and running the tuned model"):
         tuned = compile_model(spec, device, db, plan=plan)
         tuned_out, tuned_lat = run_model(tuned, device, inputs)
-    worst = 0.0
-    for a, b in zip(base_out, tuned_out, strict=True):
-        scale = max(float(np.max(np.abs(a))), 1e-6)
-        worst = max(worst, float(np.max(np.abs(a.astype(np.float64) - b))) / scale)
+    worst = scaled_error(base_out, tuned_out)
+    check = Verification("untuned TVM build", worst)
+    if source is not None and source.lower().endswith(".onnx"):
+        reference = onnx_reference(source, inputs, int(device.target_config.get("num-cores", 1)))
+        if reference is not None:
+            check = Verification(reference[0], scaled_error(reference[1], tuned_out))
     peers = _closing_peers(spec, device, db, tuned, source, plan) if device.kind == "cpu" else None
     table = Table(title=f"{spec.name} on {device.name}")
     table.add_column("build")
@@ -266,11 +273,14 @@ def _verify(spec, device, db, output: Path | None, source: str | None = None, *,
     out.print(f"speed-up {base_lat / tuned_lat:.2f}x; max relative output difference {worst:.2e}")
     if peers is not None:
         out.print(peers.summary)
+    if check.reference != "untuned TVM build":
+        out.print(f"max relative output difference vs {check.reference} {check.max_error:.2e}")
     if output is not None:
-        tuned.executable.export_library(str(output))
-        out.print(f"wrote {output}")
-    if not np.isfinite(worst) or worst > 1e-2:
-        console.print("[red]error:[/] the tuned model's output differs from the untuned build's")
+        meta = write_artifact(output, tuned, spec, device, latency_s=tuned_lat, untuned_latency_s=base_lat,
+                              verification=check, job=job, source=source, tasks=tasks, outputs=tuned_out)
+        out.print(f"wrote {output} (metadata {meta}); run it with: nightshift run {output} --input x.npy")
+    if not check.ok:
+        console.print(f"[red]error:[/] the tuned model's output differs from the {check.reference}'s")
         return 1
     if peers is not None and not peers.agree:
         console.print("[red]error:[/] the tuned model's output differs from the peer's (run nightshift bench)")
@@ -387,6 +397,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     from tuner.cli_model import add_model_commands
 
     add_model_commands(sub, _add_db_arg)
+    from tuner.cli_report import add_report_commands
+
+    add_report_commands(sub, _add_db_arg)
     return parser
 
 
