@@ -335,6 +335,8 @@ class TuningJob:
         row = db.find_job(self.name, self.device_id)
         # The process id lets a rerun on the same host see at once that a killed run is dead.
         settings = {"device": self.device.name, "pid": os.getpid()} | _jsonable(asdict(config))
+        # The report weighs each task's best by how often the model calls it.
+        settings["tasks"] = [{"workload_key": t.workload_key, "weight": t.weight} for t in self.tasks]
         total = config.trials or 0
         if row is not None and row.state != "done":
             if row.model != self.model_name:
@@ -577,7 +579,7 @@ class TuningJob:
                 workload_key=task.workload_key, point=record_point(kind, c.point),
                 record_json=json.dumps(rec.as_json()), run_secs=r.run_secs,
                 error_class=str(error) if error else None, error_msg=msg,
-                build_sec=m.build.build_sec, program_hash=h,
+                build_sec=m.build.build_sec, program_hash=h, run_wall_sec=r.busy_s or None,
             ))  # fmt: skip
             if error:
                 failed += 1
