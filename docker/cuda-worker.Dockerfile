@@ -3,7 +3,10 @@
 # loads the built .so bytes and times them on its GPU, so it starts Ray with --num-cpus 0
 # and never receives a build.
 # Build from the repository root:  docker build -f docker/cuda-worker.Dockerfile -t nightshift-cuda .
-FROM nvidia/cuda:12.6.3-runtime-ubuntu22.04
+# The wheel's libtvm_runtime_cuda.so needs libcudart.so.13: a CUDA 13 runtime image (checked
+# against the installed wheel by tests/measure/test_cuda_build.py). The driver (libcuda.so.1)
+# comes from the host through the NVIDIA container toolkit: run with --gpus all.
+FROM nvidia/cuda:13.0.1-runtime-ubuntu22.04
 
 RUN apt-get update \
     && apt-get install -y --no-install-recommends software-properties-common \
@@ -32,5 +35,6 @@ RUN pip install --no-cache-dir --no-deps .
 
 USER nightshift
 ENV RAY_HEAD=ray-head:6379
-# One nightshift_cuda_<sm_XX> resource per GPU, found with the runtime alone.
+# One nightshift_cuda_<sm_XX> resource and one Ray GPU per GPU, found with the runtime alone
+# (the worker loads libtvm_runtime_cuda itself: TVM_USE_RUNTIME_LIB=1 leaves it out).
 CMD ["sh", "-c", "exec python -m tuner.measure.worker --address \"$RAY_HEAD\" --num-cpus 0 --no-cpu-device --block"]

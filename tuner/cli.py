@@ -8,23 +8,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import time
-import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rich.console import Console
 from rich.logging import RichHandler
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 
 from tuner.errors import NightshiftError, UserInputError
@@ -60,54 +50,43 @@ def _add_db_arg(p: argparse.ArgumentParser) -> None:
 
 def _add_tune_args(p: argparse.ArgumentParser) -> None:
     _add_model_args(p, required=False)
+    # None unless given, so that a config file fills them (tuner.config.DEFAULTS has the defaults).
+    p.set_defaults(batch_size=None, dtype=None, verbose=None)
     _add_db_arg(p)
-    p.add_argument("--config", type=Path, default=None, help="TOML file of these options")
-    p.add_argument("--trials", type=int, default=None, help="measurements in all (default 64)")
+    p.add_argument("--config", type=Path, default=None, help="TOML file of these options (see configs/)")
+    p.add_argument("--job", default=None,
+                   help="job name: running the same name again resumes it (default: MODEL-DEVICE)")
+    p.add_argument("--time-budget", default=None,
+                   help="tuning time over all runs of the job: 90s, 45m, 2h, 8h (default: none)")
+    p.add_argument("--trials", type=int, default=None,
+                   help="measurements in all, a cap beside --time-budget (default 64 without a budget)")
     p.add_argument("--trials-per-batch", type=int, default=None,
                    help="candidates proposed, built and timed together (default 16)")
     p.add_argument("--build-timeout", type=float, default=None, help="seconds per build (60)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default 0)")
     p.add_argument("--strategy", default=None,
                    help="search strategy: evolutionary (default), random, grid, optuna-tpe, optuna-cmaes")
+    p.add_argument("--fresh", action="store_true", default=None,
+                   help="ignore other jobs' records: skip no task, seed no search from them")
+    p.add_argument("--skip-after", type=int, default=None,
+                   help="skip a task with this many good records on the device (default 512; 0: never)")
     p.add_argument("--ray-address", default=None,
                    help="existing Ray cluster (auto, ray://host:10001); default: start one locally")
-    p.add_argument("-o", "--output", type=Path, default=None, help="write the tuned module (.so)")
-    p.add_argument("--no-verify", action="store_true",
+    p.add_argument("-o", "--output", type=Path, default=None,
+                   help="write the verified artifact: X.so (+ X.json) or a folder (nightshift run runs it)")
+    p.add_argument("--no-verify", action="store_true", default=None,
                    help="skip compiling and checking the whole model after tuning")
     p.add_argument("--accuracy-inputs", type=int, default=None,
                    help="random inputs the accuracy vs fp32 is measured on, for bf16/int8 (default 8)")
+    p.add_argument("-q", "--quiet", action="store_true", default=None, help="no live view")
+    p.add_argument("--log-json", type=Path, default=None, help="append one JSON object per job event to FILE")
 
 
-_TUNE_DEFAULTS = {"device": "cpu", "trials": 64, "trials_per_batch": 16, "build_timeout": 60.0, "seed": 0,
-                  "strategy": "evolutionary", "precision": "fp32", "accuracy_inputs": 8}
+def _open_db(text: str | None, *, create: bool = False):
+    """The tuning database of ``--db``/the environment; only ``tune`` creates a missing one."""
+    from tuner.cli_db import db_text, open_existing
 
-
-def _apply_config(args: argparse.Namespace) -> None:
-    """Fill options from ``--config``; the command line wins; unknown keys are errors."""
-    values: dict = {}
-    if args.config is not None:
-        try:
-            values = tomllib.loads(args.config.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as err:
-            raise UserInputError(f"cannot read config {args.config}: {err}") from err
-        unknown = sorted(k for k in values if k.replace("-", "_") not in vars(args))
-        if unknown:
-            raise UserInputError(f"config {args.config}: unknown option(s) {', '.join(unknown)}")
-    for key, value in values.items():
-        key = key.replace("-", "_")
-        if getattr(args, key) in (None, False):
-            setattr(args, key, Path(value) if key == "output" else value)
-    for key, value in _TUNE_DEFAULTS.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    if not args.model:
-        raise UserInputError("no model: pass --model NAME|FILE.onnx|package.module:factory or a --config with one")
-
-
-def _open_db(text: str | None):
-    from tuner.db import TuningDatabase
-
-    return TuningDatabase(text or os.environ.get(DB_ENV) or DEFAULT_DB)
+    return open_existing(db_text(text), create=create)
 
 
 def _load(args: argparse.Namespace):
@@ -161,47 +140,63 @@ def _print_precision(spec, precision: str) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    """Run a tuning job, then compile and check the model with its best schedules."""
+    """Run (or resume) a tuning job, then compile and check the model with its best schedules."""
+    from tuner.config import apply_config, parse_duration
     from tuner.job import TuneConfig, tune_tasks
     from tuner.measure.ray_measure import MeasureConfig, connect
+    from tuner.progress import JsonLog, LiveView
     from tuner.tasks import extract_tasks
 
-    _apply_config(args)
-    config = TuneConfig(
-        trials=args.trials, batch_size=args.trials_per_batch, seed=args.seed, strategy=args.strategy,
-        measure=MeasureConfig(build_timeout_s=args.build_timeout),
-    )  # fmt: skip
+    apply_config(args)
+    if args.verbose:
+        logging.getLogger().setLevel(logging.DEBUG)
+    budget = None if args.time_budget is None else parse_duration(args.time_budget)
+    trials = args.trials if args.trials is not None or budget is not None else 64
     device, spec = _load(args)
-    if device.kind == "cuda" and not device.present:
-        raise UserInputError(f"{device.name} is not on this machine: tuning needs the device to time on")
-    db = _open_db(args.db)
+    config = TuneConfig(
+        trials=trials, time_budget_s=budget, batch_size=args.trials_per_batch, seed=args.seed,
+        strategy=args.strategy, measure=MeasureConfig(build_timeout_s=args.build_timeout),
+        name=args.job or f"{spec.name}-{device.name}", fresh=args.fresh, skip_after=args.skip_after,
+    )  # fmt: skip
+    if device.kind == "cuda":
+        device = _gpu_worker_device(device, args.ray_address)
+    log = None
+    if args.log_json is not None:
+        try:
+            log = JsonLog(args.log_json)
+        except OSError as err:
+            raise UserInputError(f"cannot write --log-json {args.log_json}: {err.strerror}") from err
+    db = _open_db(args.db, create=True)
     with console.status("extracting tasks"):
         tasks = extract_tasks(spec.bound(), device.target, _plan(args, device), precision=args.precision)
+    from tuner.db import redact
+
     _print_precision(spec, args.precision)
     console.print(f"[bold]{spec.name}[/] ({args.precision}): {len(tasks)} tasks on {device.name} ({device.arch}, "
-                  f"fingerprint {device.fingerprint}); database {db.url.render_as_string(hide_password=True)}")
+                  f"fingerprint {device.fingerprint}); database {redact(db.url)}")
     with console.status("starting Ray"):
-        connect(args.ray_address)
-    columns = (TextColumn("[progress.description]{task.description}"), BarColumn(),
-               MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
-    with Progress(*columns, console=console) as bar:
-        trial_bar = bar.add_task("tuning", total=config.trials)
+        connect(args.ray_address)  # already connected for a CUDA device
+    view = LiveView(console, quiet=args.quiet)
 
-        def report(p) -> None:
-            best = max(p.best_gflops.values(), default=0.0)
-            bar.update(trial_bar, completed=p.trials_done, description=(
-                f"[cyan]{p.task_name[:24]}[/] task {p.tasks_done}/{p.num_tasks} "
-                f"err {p.errors} {best:.1f} GFLOPS"))
-            if not console.is_terminal:
-                # No live bar in a log file: one line per batch, with the ETA.
-                eta = p.elapsed_s / p.trials_done * (p.trials_total - p.trials_done)
-                console.print(f"trials {p.trials_done}/{p.trials_total} ({p.task_name}, task {p.tasks_done}/"
-                              f"{p.num_tasks}) elapsed {p.elapsed_s:.0f} s, eta {eta:.0f} s, errors {p.errors}")
+    def on_event(ev: dict) -> None:
+        view(ev)
+        if log is not None:
+            log(ev)
 
-        summary = tune_tasks(tasks, device, db, config, model_name=spec.name, on_progress=report)
+    try:
+        summary = tune_tasks(tasks, device, db, config, model_name=spec.name, on_event=on_event)
+    except KeyboardInterrupt:
+        view.close()
+        console.print(f"stopped job {config.name}; everything measured is saved. Resume with:\n  "
+                      f"{_resume_command(config.name)}", highlight=False, soft_wrap=True)
+        return 130
+    finally:
+        view.close()
+        if log is not None:
+            log.close()
     idle = "" if summary.device_idle_fraction is None else f"; device idle {summary.device_idle_fraction:.0%}"
-    console.print(f"job {summary.job_id}: {summary.trials} trials in {summary.elapsed_s:.0f} s; "
-                  f"failed candidates: {summary.errors or 'none'}{idle}")
+    console.print(f"job {summary.name} (#{summary.job_id}) {summary.state}: {summary.reason}; {summary.trials} "
+                  f"trials in {summary.elapsed_s:.0f} s; failed candidates: {summary.errors or 'none'}{idle}")
     if args.ray_address is None:
         import ray
 
@@ -210,10 +205,51 @@ def cmd_tune(args: argparse.Namespace) -> int:
         ray.shutdown()
     if args.no_verify:
         return 0
+    if device.kind == "cuda":
+        from tuner.measure.cuda import gpu_identity
+
+        if gpu_identity(device.index) is None:  # tuned on a GPU worker: compile and check there
+            console.print(f"no {device.name} on this machine to check the tuned model on; run "
+                          f"`nightshift compile` on a machine with the GPU")
+            return 0
     if args.precision != "fp32":
         return _verify_reduced(spec, device, db, args.output, plan=_plan(args, device), precision=args.precision,
                                num_inputs=args.accuracy_inputs)  # fmt: skip
-    return _verify(spec, device, db, args.output, source=args.model, plan=_plan(args, device))
+    return _verify(spec, device, db, args.output, source=args.model, plan=_plan(args, device),
+                   job={"id": summary.job_id, "name": summary.name}, tasks=tasks)
+
+
+def _resume_command(name: str) -> str:
+    """The command line that resumes the job: this one, with ``--job NAME``."""
+    import shlex
+
+    argv = [Path(sys.argv[0]).name, *sys.argv[1:]]
+    if argv[0] not in ("tune", "nightshift"):
+        argv = ["tune", *sys.argv[1:]]
+    if "--job" not in argv and not any(a.startswith("--job=") for a in argv):
+        argv += ["--job", name]
+    return shlex.join(argv)
+
+
+def _gpu_worker_device(device, ray_address: str | None):
+    """The CUDA device as the cluster node that times it sees it (the driver may have no GPU)."""
+    import ray
+
+    from tuner.measure.cuda import CudaToolchainError, identify_gpu_worker
+    from tuner.measure.ray_measure import connect, device_resource, worker_command
+
+    with console.status("starting Ray"):
+        connect(ray_address)
+    resource = device_resource(device)
+    if ray.cluster_resources().get(resource, 0) < 1:
+        where = "this machine has none and no --ray-address was given" if ray_address is None else \
+            "no node of the Ray cluster offers it"
+        raise UserInputError(f"no GPU worker for {device.name} ({resource}): {where}; start one with: "
+                             f"{worker_command(device)}")
+    try:
+        return identify_gpu_worker(device)
+    except CudaToolchainError as err:
+        raise UserInputError(str(err)) from err
 
 
 def _verify_reduced(spec, device, db, output: Path | None, *, plan, precision: str, num_inputs: int) -> int:
@@ -251,15 +287,18 @@ def _verify_reduced(spec, device, db, output: Path | None, *, plan, precision: s
     return 0
 
 
-def _verify(spec, device, db, output: Path | None, source: str | None = None, *, plan=None) -> int:
-    """Compile untuned and tuned, run both on the same input, compare, report latency.
+def _verify(spec, device, db, output: Path | None, source: str | None = None, *, plan=None,
+            job: dict | None = None, tasks=()) -> int:
+    """Compile untuned and tuned, run both on the same input, verify, report latency, write the artifact.
+
+    The tuned output is verified against ONNX Runtime for ONNX models (where installed), else
+    against the untuned build; ``output`` gets the artifact (``tuner.artifact``).
 
     Beside the untuned build, the tuned one is timed interleaved with the zero-trial fallback
     build and the faster of ONNX Runtime and OpenVINO (f32: ``INFERENCE_PRECISION_HINT=f32``) where
     installed (``tuner.bench``).
     """
-    import numpy as np
-
+    from tuner.artifact import Verification, onnx_reference, scaled_error, write_artifact
     from tuner.compile import compile_model, run_model
 
     inputs = spec.random_inputs(seed=0)
@@ -269,10 +308,12 @@ def _verify(spec, device, db, output: Path | None, source: str | None = None, *,
     with console.status("compiling and running the tuned model"):
         tuned = compile_model(spec, device, db, plan=plan)
         tuned_out, tuned_lat = run_model(tuned, device, inputs)
-    worst = 0.0
-    for a, b in zip(base_out, tuned_out, strict=True):
-        scale = max(float(np.max(np.abs(a))), 1e-6)
-        worst = max(worst, float(np.max(np.abs(a.astype(np.float64) - b))) / scale)
+    worst = scaled_error(base_out, tuned_out)
+    check = Verification("untuned TVM build", worst)
+    if source is not None and source.lower().endswith(".onnx"):
+        reference = onnx_reference(source, inputs, int(device.target_config.get("num-cores", 1)))
+        if reference is not None:
+            check = Verification(reference[0], scaled_error(reference[1], tuned_out))
     peers = _closing_peers(spec, device, db, tuned, source, plan) if device.kind == "cpu" else None
     table = Table(title=f"{spec.name} on {device.name}")
     table.add_column("build")
@@ -290,11 +331,14 @@ def _verify(spec, device, db, output: Path | None, source: str | None = None, *,
     out.print(f"speed-up {base_lat / tuned_lat:.2f}x; max relative output difference {worst:.2e}")
     if peers is not None:
         out.print(peers.summary)
+    if check.reference != "untuned TVM build":
+        out.print(f"max relative output difference vs {check.reference} {check.max_error:.2e}")
     if output is not None:
-        tuned.executable.export_library(str(output))
-        out.print(f"wrote {output}")
-    if not np.isfinite(worst) or worst > 1e-2:
-        console.print("[red]error:[/] the tuned model's output differs from the untuned build's")
+        meta = write_artifact(output, tuned, spec, device, latency_s=tuned_lat, untuned_latency_s=base_lat,
+                              verification=check, job=job, source=source, tasks=tasks, outputs=tuned_out)
+        out.print(f"wrote {output} (metadata {meta}); run it with: nightshift run {output} --input x.npy")
+    if not check.ok:
+        console.print(f"[red]error:[/] the tuned model's output differs from the {check.reference}'s")
         return 1
     if peers is not None and not peers.agree:
         console.print("[red]error:[/] the tuned model's output differs from the peer's (run nightshift bench)")
@@ -323,14 +367,29 @@ def cmd_compile(args: argparse.Namespace) -> int:
     table = Table(title=f"{spec.name} on {device.name} ({device.arch}), {args.precision}: what each operator got")
     for col in ("operator", "schedule", "detail"):
         table.add_column(col)
-    order = {"tuned": 0, "same-arch": 1, "fallback": 2, "tvm-default": 3}
+    order = {"tuned": 0, "same-arch": 1, "foreign": 2, "fallback": 3, "tvm-default": 4}
     for d in sorted(compiled.decisions.values(), key=lambda d: (order.get(d.kind, 9), d.name)):
         table.add_row(d.name, d.kind, d.detail)
     kinds = [d.kind for d in compiled.decisions.values()]
     out.print(f"{kinds.count('tuned')} operators tuned on this device, {kinds.count('same-arch')} from another "
-              f"device of the same architecture, {kinds.count('fallback')} with the fallback schedule, "
-              f"{kinds.count('tvm-default')} with TVM's default lowering")
+              f"device of the same architecture, {kinds.count('foreign')} from imported records, "
+              f"{kinds.count('fallback')} with the fallback schedule, {kinds.count('tvm-default')} with TVM's "
+              "default lowering")
     out.print(table)
+    if db.rejected:
+        console.print(f"[yellow]warning:[/] {len(db.rejected)} record(s) rejected by the trace allow-list: "
+                      + "; ".join(f"record {i}: {r}" for i, r in sorted(db.rejected.items())[:5]),
+                      soft_wrap=True, highlight=False)  # fmt: skip
+    from tuner.compile import verify_model, verify_wanted
+
+    if verify_wanted(args.verify, spec, device):
+        with console.status("checking the output against the untuned build"):
+            worst = verify_model(spec, device, compiled, plan=_plan(args, device))
+        if worst is not None:
+            console.print(f"[red]error:[/] the compiled model's output differs from the untuned build's "
+                          f"(max relative difference {worst:.2e}); {args.output} not written")
+            return 1
+        out.print("output checked against the untuned build")
     compiled.executable.export_library(str(args.output))
     out.print(f"wrote {args.output} in {compiled.compile_s:.1f} s")
     return 0
@@ -383,6 +442,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", type=Path, required=True, help="output library (.so)")
     p.add_argument("--policy", choices=("same-arch", "device"), default="same-arch",
                    help="same-arch (default): records of another device of the same architecture may stand in")
+    p.add_argument("--verify", choices=("auto", "on", "off"), default="auto",
+                   help="check the output against the untuned build (auto, default: when that build is cheap)")
     p.set_defaults(func=cmd_compile)
     p = sub.add_parser("bench", help="time the tuned and fallback builds against ONNX Runtime, OpenVINO, PyTorch")
     _add_model_args(p)
@@ -400,6 +461,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     from tuner.cli_model import add_model_commands
 
     add_model_commands(sub, _add_db_arg)
+    from tuner.cli_report import add_report_commands
+
+    add_report_commands(sub, _add_db_arg)
     return parser
 
 

@@ -1,4 +1,4 @@
-"""``nightshift db ...``: init, upgrade, stats, best, export, import, prune.
+"""``nightshift db ...``: init, upgrade, stats, best, coverage, jobs, export, import, prune.
 
 Registered on the main parser by :func:`add_db_commands`. Output goes to the CLI's rich
 consoles; errors are Nightshift's own exceptions, printed by the CLI as one line.
@@ -37,6 +37,12 @@ def add_db_commands(
     command("init", "create the schema in an empty database", cmd_init)
     command("upgrade", "migrate the database to this Nightshift's schema", cmd_upgrade)
     command("stats", "what the database holds", cmd_stats)
+    command("jobs", "jobs and their state (a running job whose heartbeat stopped shows as dead)", cmd_jobs)
+    p = command("coverage", "which operators of a model are tuned for a device, and how well", cmd_coverage,
+                device=True)
+    p.add_argument("--model", required=True, help="zoo name, .onnx file or package.module:factory")
+    p.add_argument("--batch-size", type=int, default=1, help="model batch size (default 1)")
+    p.add_argument("--dtype", default="float32", help="zoo models' dtype (default float32)")
     p = command("best", "best schedule of each workload for a device", cmd_best, device=True)
     p.add_argument("--workload", default=None, help="one workload key: list its top records")
     p.add_argument("--top-k", type=int, default=5, help="records listed with --workload (default 5)")
@@ -45,29 +51,74 @@ def add_db_commands(
     p.add_argument("--top-k", type=int, default=None, help="only the k best records of each workload")
     p = command("import", "read a MetaSchedule JSON database as records of a device", cmd_import, device=True)
     p.add_argument("folder", type=Path, help="folder with database_workload.json and database_tuning_record.json")
-    p = command("prune", "delete all but the best records of each workload and device", cmd_prune)
-    p.add_argument("--keep-top", type=int, required=True, help="successful records kept per workload and device")
+    p.add_argument("--source-tvm-version", default=None, help="TVM version that wrote the files, if known")
+    p = command("prune", "delete old records, or all but the best of each workload, device and TVM version",
+                cmd_prune)
+    p.add_argument("--keep-top", type=int, default=None,
+                   help="successful records kept per workload, device, TVM version and origin")
+    p.add_argument("--tvm-version", default=None, help="only records written by this TVM version")
+    p.add_argument("--older-than", type=float, default=None, metavar="DAYS", help="only records older than DAYS")
     p.add_argument("--keep-failed", action="store_true", help="keep failed records (they stop re-measuring)")
     p.add_argument("--device", default=None, help="only this device's records (cpu or cuda:N)")
     p.add_argument("--dry-run", action="store_true", help="count, delete nothing")
+    p.add_argument("-y", "--yes", action="store_true", help="do not ask before deleting more records than are kept")
+
+
+DB_FILE_ENV = "NIGHTSHIFT_DB_FILE"
+
+
+def db_text(arg: str | None) -> str:
+    """The database URL or path: ``--db``, else ``$NIGHTSHIFT_DB``, else the first line of the
+    file ``$NIGHTSHIFT_DB_FILE``, else ``./nightshift.db``.
+
+    A password need never be on a command line (where ``ps`` and Ray's job list show it): put
+    the URL in the environment or a file, or leave the password out of the URL and let libpq
+    find it (``~/.pgpass``, ``PGPASSFILE``, ``?service=`` with ``~/.pg_service.conf``).
+    """
+    from tuner.cli import DB_ENV, DEFAULT_DB, console
+    from tuner.db.database import redact
+
+    if arg:
+        if redact(arg) != arg:
+            console.print(f"[yellow]warning:[/] --db {redact(arg)} has a password on the command line, where other "
+                          f"users and Ray's job list can read it; use ${DB_ENV}, ${DB_FILE_ENV} or ~/.pgpass",
+                          soft_wrap=True, highlight=False)  # fmt: skip
+        return arg
+    if os.environ.get(DB_ENV):
+        return os.environ[DB_ENV]
+    path = os.environ.get(DB_FILE_ENV)
+    if path:
+        try:
+            text = next((ln.strip() for ln in Path(path).read_text().splitlines() if ln.strip()), "")
+        except OSError as err:
+            raise UserInputError(f"${DB_FILE_ENV}: cannot read {path} ({err.strerror})") from err
+        if not text:
+            raise UserInputError(f"${DB_FILE_ENV}: {path} is empty; write the database URL in it")
+        return text
+    return DEFAULT_DB
 
 
 def _url(args: argparse.Namespace):
-    from tuner.cli import DB_ENV, DEFAULT_DB
     from tuner.db import database_url
 
-    return database_url(args.db or os.environ.get(DB_ENV) or DEFAULT_DB)
+    return database_url(db_text(args.db))
 
 
-def _open(args: argparse.Namespace):
-    from tuner.db import TuningDatabase
+def open_existing(text_or_url, *, create: bool = False):
+    """Open the tuning database; only with ``create`` may a missing SQLite file or an empty
+    database be initialised (``tune`` and ``db init``), else a one-line error says so."""
+    from tuner.db import TuningDatabase, database_url
 
-    url = _url(args)
-    if url.get_backend_name() == "sqlite" and url.database and not Path(url.database).exists():
+    url = database_url(text_or_url) if isinstance(text_or_url, str) else text_or_url
+    if not create and url.get_backend_name() == "sqlite" and url.database and not Path(url.database).exists():
         # Connecting would leave an empty file behind.
         raise UserInputError(f"no tuning database at {url.database}; run `nightshift db init --db {url.database}` "
                              "or pass another --db")
-    return TuningDatabase(url, create=False)
+    return TuningDatabase(url, create=create)
+
+
+def _open(args: argparse.Namespace):
+    return open_existing(_url(args))
 
 
 def _device(args: argparse.Namespace):
@@ -107,6 +158,9 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
     from tuner.errors import DatabaseError
 
     url = _url(args)
+    if url.get_backend_name() == "sqlite" and url.database and not Path(url.database).exists():
+        raise UserInputError(f"no tuning database at {url.database} to upgrade; pass the right --db "
+                             f"(`nightshift db init --db {url.database}` creates a new one)")
     engine = create_engine(url)
     try:
         with engine.connect() as conn:
@@ -142,8 +196,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_best(args: argparse.Namespace) -> int:
-    """Print the best record of every workload (or the top k of one) on a device."""
+    """Print the best record of every workload (or the top k of one) on a device, with its provenance."""
+    import json
+
+    from tvm.s_tir.meta_schedule.database import Workload
+
     from tuner.cli import out
+    from tuner.db.tvm_adapter import replays_cleanly
 
     db = _open(args)
     device = _device(args)
@@ -151,24 +210,99 @@ def cmd_best(args: argparse.Namespace) -> int:
     if args.workload:
         if args.top_k <= 0:
             raise UserInputError(f"--top-k must be a positive integer, got {args.top_k}")
-        found = db.lookup(args.workload, dev_id, args.top_k)
+        stored = db.get_workload(args.workload)
+        workload = Workload.from_json(json.loads(stored.workload_json)) if stored is not None else None
+        found = db.lookup(args.workload, dev_id, args.top_k,
+                          replays=(lambda row: replays_cleanly(row, workload)) if workload is not None else None)
         if not found:
             raise UserInputError(f"no usable record of workload {args.workload} for {device.name} or its architecture")
         table = Table(title=f"workload {args.workload} on {device.name}")
-        for col in ("record", "mean (ms)", "source", "TVM", "job", "point"):
+        for col in ("record", "mean (ms)", "source", "TVM", "job", "written by", "point"):
             table.add_column(col)
         for b in found:
-            table.add_row(str(b.row.id), f"{b.row.mean_sec * 1e3:.4f}", b.source if b.source == "device" else
-                          f"same-arch {b.device_fingerprint}", b.row.tvm_version, str(b.row.job_id or "-"),
-                          b.row.point[:60])  # fmt: skip
+            source = {"device": "this device" if b.device_fingerprint == device.fingerprint else
+                      f"identical device {b.device_fingerprint}", "same-arch": f"same-arch {b.device_fingerprint}",
+                      "foreign": f"FOREIGN import of {b.row.source_file}"}[b.source]  # fmt: skip
+            table.add_row(str(b.row.id), f"{b.row.mean_sec * 1e3:.4f}", source, b.row.tvm_version,
+                          str(b.row.job_id or "-"), _writer(b.row), b.row.point[:60])  # fmt: skip
         out.print(table)
+        if db.rejected:
+            out.print(f"{len(db.rejected)} record(s) rejected by the trace allow-list: "
+                      + "; ".join(f"{i}: {r}" for i, r in sorted(db.rejected.items())[:5]))
         return 0
     table = Table(title=f"best schedules for {device.name} ({device.arch}, fingerprint {device.fingerprint})")
-    for col in ("workload", "name", "best (ms)", "GFLOPS", "records"):
+    for col in ("workload", "name", "best (ms)", "GFLOPS", "records", "TVM", "origin"):
         table.add_column(col, justify="right" if col in ("best (ms)", "GFLOPS", "records") else "left")
     for w, row, n in db.best_per_workload(dev_id):
         gflops = f"{w.flops / row.mean_sec / 1e9:,.1f}" if w.flops and row.mean_sec else "-"
-        table.add_row(w.key, w.summary or w.name, f"{row.mean_sec * 1e3:.4f}", gflops, str(n))
+        origin = "measured" if row.origin == "local" else f"FOREIGN: imported from {row.source_file}"
+        table.add_row(w.key, w.summary or w.name, f"{row.mean_sec * 1e3:.4f}", gflops, str(n), row.tvm_version,
+                      origin)  # fmt: skip
+    out.print(table)
+    return 0
+
+
+def _writer(row) -> str:
+    who = f"{row.os_user or '?'}@{row.host}"
+    return who + (f", nightshift {row.nightshift_version}" if row.nightshift_version else "")
+
+
+def cmd_coverage(args: argparse.Namespace) -> int:
+    """Print which of a model's operators have a record usable on the device, and how fast."""
+    import json
+
+    from tvm.s_tir.meta_schedule.database import Workload
+
+    from tuner.cli import out
+    from tuner.db.tvm_adapter import replays_cleanly
+    from tuner.frontends import load_model
+    from tuner.tasks import extract_tasks
+
+    db = _open(args)
+    device = _device(args)
+    spec = load_model(args.model, batch_size=args.batch_size, dtype=args.dtype)
+    tasks = extract_tasks(spec.bound(), device.target)
+    dev_id = db.find_device_id(device)
+    table = Table(title=f"{spec.name} on {device.name} ({device.arch}): tuning coverage")
+    for col in ("task", "weight", "MFLOP", "records", "best (ms)", "GFLOPS", "source"):
+        table.add_column(col, justify="left" if col in ("task", "source") else "right")
+    covered = weighted = total = 0.0
+    for t in tasks:
+        found = []
+        if dev_id is not None:
+            stored = db.get_workload(t.workload_key)
+            wl = Workload.from_json(json.loads(stored.workload_json)) if stored is not None else None
+            found = db.lookup(t.workload_key, dev_id, 1,
+                              replays=(lambda row, wl=wl: replays_cleanly(row, wl)) if wl is not None else None)
+        n = db.count_records(t.workload_key, dev_id) if dev_id is not None else 0
+        total += t.weight * t.flops
+        if found:
+            b = found[0]
+            covered += 1
+            weighted += t.weight * t.flops
+            gflops = f"{t.flops / b.row.mean_sec / 1e9:,.1f}" if t.flops else "-"
+            table.add_row(t.name, str(t.weight), f"{t.flops / 1e6:,.1f}", str(n), f"{b.row.mean_sec * 1e3:.4f}",
+                          gflops, b.source)  # fmt: skip
+        else:
+            table.add_row(t.name, str(t.weight), f"{t.flops / 1e6:,.1f}", str(n), "-", "-", "untuned")
+    out.print(table)
+    share = weighted / total if total else 0.0
+    out.print(f"{int(covered)} of {len(tasks)} operators tuned for {device.name}, {share:.0%} of the model's FLOPs")
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    """List jobs; a running job whose heartbeat stopped shows as dead."""
+    from tuner.cli import out
+
+    table = Table(title="jobs")
+    for col in ("id", "name", "model", "state", "trials", "host", "heartbeat", "updated"):
+        table.add_column(col)
+    for job, state in _open(args).jobs():
+        shown = f"[red]{state}[/]" if state == "dead" else state
+        beat = job.heartbeat_at.strftime("%Y-%m-%d %H:%M:%S") if job.heartbeat_at else "-"
+        table.add_row(str(job.id), job.name or "-", job.model, shown, f"{job.trials_done}/{job.trials_total}",
+                      job.host or "-", beat, job.updated_at.strftime("%Y-%m-%d %H:%M:%S"))  # fmt: skip
     out.print(table)
     return 0
 
@@ -195,18 +329,42 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     db = _open(args)
     device = _device(args)
-    res = import_json(db, db.device_id(device), device.kind, args.folder)
+    res = import_json(db, db.device_id(device), device.kind, args.folder, tvm_version=args.source_tvm_version)
     out.print(f"imported {res.records} new records of {res.workloads} workloads for {device.name} "
-              f"(fingerprint {device.fingerprint}); {res.skipped} already present or without timings")
+              f"(fingerprint {device.fingerprint}) as foreign records; {res.skipped} already present or without "
+              "timings")
+    for line, reason in res.rejected:
+        out.print(f"rejected record on line {line}: {reason}", soft_wrap=True, highlight=False)
     return 0
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    """Delete all but the best records."""
-    from tuner.cli import out
+    """Delete old records or all but the best; ask before deleting more than is kept."""
+    import sys
+    from datetime import timedelta
 
+    from tuner.cli import console, out
+
+    if args.older_than is not None and not args.older_than > 0:
+        raise UserInputError(f"--older-than must be a positive number of days, got {args.older_than}")
     db = _open(args)
     dev_id = _known_device_id(db, _device(args)) if args.device else None
-    n = db.prune(keep_top=args.keep_top, keep_failed=args.keep_failed, device_id=dev_id, dry_run=args.dry_run)
-    out.print(f"{'would delete' if args.dry_run else 'deleted'} {n} records")
+    opts = {"keep_top": args.keep_top, "keep_failed": args.keep_failed, "device_id": dev_id,
+            "tvm_version": args.tvm_version,
+            "older_than": timedelta(days=args.older_than) if args.older_than is not None else None}  # fmt: skip
+    plan = db.prune(**opts, dry_run=True)
+    if args.dry_run:
+        out.print(f"would delete {plan.deleted} records and keep {plan.kept}")
+        return 0
+    if plan.deleted and (plan.deleted > plan.kept or args.keep_top == 0) and not args.yes:
+        question = f"delete {plan.deleted} records and keep only {plan.kept}?"
+        if not sys.stdin.isatty():
+            raise UserInputError(f"{question[:-1]}: refused without confirmation; check with --dry-run, "
+                                 "then pass --yes")
+        console.print(f"{question} [y/N] ", end="")
+        if input().strip().lower() not in ("y", "yes"):
+            out.print("nothing deleted")
+            return 1
+    res = db.prune(**opts)
+    out.print(f"deleted {res.deleted} records; {res.kept} kept")
     return 0

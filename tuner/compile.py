@@ -248,3 +248,49 @@ def _flatten(out) -> list[np.ndarray]:
     if isinstance(out, tvm.runtime.Tensor):
         return [out.numpy()]
     return [x for o in out for x in _flatten(o)]
+
+
+# Relative output difference beyond which a tuned build is wrong (as `tune`'s closing check).
+VERIFY_TOLERANCE = 1e-2
+# `--verify auto` builds and runs the untuned reference only for models up to this many FLOPs:
+# TVM's default lowering is a naive loop nest (seconds per image for ResNet-50 here).
+VERIFY_AUTO_MAX_FLOPS = 2e9
+
+
+def verify_wanted(mode: str, spec: ModelSpec, device: Device) -> bool:
+    """Whether ``compile --verify MODE`` checks the output: ``on``; ``off``; ``auto`` when the
+    device is here and the model is small enough for the untuned reference to be cheap."""
+    if mode != "auto":
+        return mode == "on"
+    if not device.present:
+        return False
+    from tuner.tasks import extract_tasks
+
+    flops = sum(t.weight * t.flops for t in extract_tasks(spec.bound(), device.target))
+    return flops <= VERIFY_AUTO_MAX_FLOPS
+
+
+def verify_model(spec: ModelSpec, device: Device, compiled: Compiled, *, plan: LayoutPlan | None = None,
+                 reference: Compiled | None = None) -> float | None:  # fmt: skip
+    """Run ``compiled`` and the untuned build (or ``reference``) on the same random input;
+    None when their outputs agree within :data:`VERIFY_TOLERANCE`, else the worst relative
+    difference (inf for a NaN or a different output structure)."""
+    if reference is None:
+        reference = compile_model(spec, device, None, plan=plan)
+    inputs = spec.random_inputs(seed=0)
+    want = _outputs(reference, device, inputs)
+    got = _outputs(compiled, device, inputs)
+    if len(want) != len(got) or any(a.shape != b.shape for a, b in zip(want, got, strict=True)):
+        return float("inf")
+    worst = 0.0
+    for a, b in zip(want, got, strict=True):
+        scale = max(float(np.max(np.abs(a))), 1e-6)
+        worst = max(worst, float(np.max(np.abs(a.astype(np.float64) - b))) / scale)
+    return None if np.isfinite(worst) and worst <= VERIFY_TOLERANCE else float(worst)
+
+
+def _outputs(compiled: Compiled, device: Device, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    device.use_threads()
+    dev = device.tvm_device()
+    vm = relax.VirtualMachine(compiled.executable, dev)
+    return _flatten(vm["main"](*[tvm.runtime.tensor(x, dev) for x in inputs]))

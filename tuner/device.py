@@ -12,8 +12,6 @@ import logging
 import os
 import platform
 import re
-import shutil
-import subprocess
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -177,23 +175,7 @@ def _cuda_device(index: int, arch: str | None) -> Device:
 
 
 def _query_gpu(index: int) -> dict[str, Any] | None:
-    """The GPU's name, SM version, limits and driver, or None if absent."""
-    dev = tvm.cuda(index)
-    if not dev.exist:
-        return None
-    major, _, minor = str(dev.compute_version).partition(".")
-    info: dict[str, Any] = {
-        "gpu": str(dev.device_name),
-        "arch": f"sm_{major}{minor}",
-        "max_num_threads": int(dev.max_threads_per_block),
-        "max_shared_memory_per_block": int(dev.max_shared_memory_per_block),
-        "thread_warp_size": int(dev.warp_size),
-    }
-    if shutil.which("nvidia-smi"):
-        out = subprocess.run(
-            ["nvidia-smi", f"--id={index}", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=30, check=False,
-        )  # fmt: skip
-        if out.returncode == 0:
-            info["driver"] = out.stdout.strip()
-    return info
+    """The GPU's name, SM version, limits, driver and CUDA versions, or None if absent."""
+    from tuner.measure.cuda import gpu_identity
+
+    return gpu_identity(index)

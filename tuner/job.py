@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 from tvm.s_tir import meta_schedule as ms
@@ -23,8 +28,12 @@ from tuner import search
 from tuner.db import NewRecord, TuningDatabase
 from tuner.db.database import measured_results
 from tuner.device import Device
-from tuner.errors import UserInputError
-from tuner.measure.ray_measure import MeasureConfig, RayMeasurer
+from tuner.errors import DatabaseError, UserInputError
+from tuner.measure.ray_measure import MeasureConfig, MeasureError, RayMeasurer, device_resource
+from tuner.measure.results import ErrorClass
+from tuner.progress import EventSink, event
+from tuner.reuse import TaskHistory, job_points, task_histories
+from tuner.reuse import rule as reuse_rule
 from tuner.search import Candidate, NoTaskAvailable, Result, SearchStrategy, SpaceBandit, TaskScheduler
 from tuner.tasks import Task, program_hash
 
@@ -37,44 +46,65 @@ PIPELINE_DEPTH = 2
 PRETRAIN_RECORDS = 2_000
 # Proposals per batch when candidates turn out to be programs measured already.
 _PROPOSE_ROUNDS = 3
+# A running job stamps its row this often (the schema promises at least every minute); a
+# "running" job whose stamp is older than STALE_AFTER_S is dead (killed) and may be resumed.
+HEARTBEAT_S = 20.0
+STALE_AFTER_S = 90.0
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, kw_only=True)
 class TuneConfig:
-    """Options of one tuning job."""
+    """Options of one tuning job.
 
-    trials: int
+    ``trials`` caps the measurements and ``time_budget_s`` the tuning time, both over every
+    run of the job (a resumed job continues with what is left); give at least one.
+    """
+
+    trials: int | None = None
     batch_size: int = 16
     seed: int = 0
     strategy: str = search.DEFAULT_STRATEGY
     measure: MeasureConfig = field(default_factory=MeasureConfig)
+    time_budget_s: float | None = None
+    #: What ``tune --job NAME`` resumes by; None: the model and the device's name.
+    name: str | None = None
+    #: Ignore other jobs' records: no task skipped, no strategy told them.
+    fresh: bool = False
+    #: A task with this many successful records on the device is skipped (0: never).
+    skip_after: int = 512
+    #: How long a lost database or Ray cluster is waited for before the job stops.
+    retry_s: float = 300.0
+    #: Where measurements go when the database stays unreachable; written when the job resumes.
+    spool_dir: Path = field(default_factory=lambda: Path.home() / ".cache" / "nightshift" / "spool")
 
     def __post_init__(self) -> None:
-        if self.trials <= 0:
+        if self.trials is None and self.time_budget_s is None:
+            raise UserInputError("give --trials, --time-budget or both")
+        if self.trials is not None and self.trials <= 0:
             raise UserInputError(f"--trials must be a positive integer, got {self.trials}")
+        if self.time_budget_s is not None and not self.time_budget_s > 0:
+            raise UserInputError(f"--time-budget must be positive, got {self.time_budget_s}")
         if self.batch_size <= 0:
             raise UserInputError(f"--batch must be a positive integer, got {self.batch_size}")
+        if self.skip_after < 0:
+            raise UserInputError(f"--skip-after must be 0 or more, got {self.skip_after}")
         if self.strategy not in search.strategies():
             raise UserInputError(f"--strategy must be one of {', '.join(search.strategies())}, got {self.strategy!r}")
 
 
-@dataclass
-class Progress:
-    """What the job reports after every batch."""
-
-    trials_done: int
-    trials_total: int
-    task_name: str
-    tasks_done: int
-    num_tasks: int
-    errors: int
-    elapsed_s: float
-    best_gflops: dict[str, float]
+class JobRunning(UserInputError):
+    """Another process runs the job (its heartbeat is fresh)."""
 
 
 @dataclass(frozen=True)
 class TuneSummary:
-    """Outcome of a job."""
+    """Outcome of a job's run.
+
+    ``trials`` and ``elapsed_s`` count every run of the job; ``state`` is ``done`` (budget
+    spent, trials cap reached or every task done) or ``stopped``.
+    """
 
     job_id: int
     trials: int
@@ -82,7 +112,9 @@ class TuneSummary:
     best_sec: dict[str, float]
     elapsed_s: float
     device_idle_fraction: float | None = None
-
+    name: str = ""
+    state: str = "done"
+    reason: str = ""
 
 
 def record_point(kind: str, point: search_spaces.Point) -> str:
@@ -141,19 +173,26 @@ class TuningJob:
     Holds the tasks, each task's spaces and strategies (created on its first visit and told
     every record of the task already in the database for this device: earlier jobs, a
     killed run of this one, teammates), the cost model, the task scheduler, the batches in
-    flight, the error counts and the trial counters. :meth:`run` proposes, builds and times
-    with ``PIPELINE_DEPTH`` batches in flight and writes every batch to the database as it
-    completes. Not thread-safe; one job per process at a time.
+    flight, the error counts, the trial counters and the budget. :meth:`run` proposes, builds
+    and times with ``PIPELINE_DEPTH`` batches in flight and writes every batch to the
+    database as it completes.
+
+    The database is the job's state: a job is found by its name on this device, and a job of
+    that name that did not finish (killed, interrupted, failed) is resumed: its tuning time
+    and trials so far count against the budget, its records rebuild the strategies, the
+    cost model and the scheduler, and a candidate is never measured twice. Not
+    thread-safe; one job per process at a time.
     """
 
     def __init__(self, tasks: list[Task], device: Device, db: TuningDatabase, config: TuneConfig, *,
-                 model_name: str, on_progress: Callable[[Progress], None] | None = None) -> None:  # fmt: skip
+                 model_name: str, on_event: EventSink | None = None) -> None:  # fmt: skip
         self.tasks = tasks
         self.device = device
         self.db = db
         self.config = config
         self.model_name = model_name
-        self.on_progress = on_progress
+        self.name = config.name or f"{model_name}-{device.name}"
+        self.on_event = on_event
         # Replaced in run() by the model pre-trained on the database's records of this device family.
         self.model: cost_models.CostModel = cost_models.create("xgb", seed=config.seed)
         self.scheduler = TaskScheduler(tasks)
@@ -164,30 +203,82 @@ class TuningJob:
         self.done = 0
         self.device_id: int | None = None
         self.job_id: int | None = None
+        self.resumed = False
         self.measurer: RayMeasurer | None = None
+        #: Tuning seconds of the job's earlier runs.
+        self.elapsed_before = 0.0
+        #: Per task: ``new``, ``warm``, ``skip`` or ``fresh`` (see tuner.reuse.rule).
+        self.reuse: list[str] = ["new"] * len(tasks)
         self._start = 0.0
+        self._stop_heartbeat = threading.Event()
+
+    # --- budget ------------------------------------------------------------------------------
+
+    @property
+    def elapsed_s(self) -> float:
+        """Tuning seconds over every run of the job."""
+        return self.elapsed_before + (time.perf_counter() - self._start if self._start else 0.0)
+
+    def _trials_left(self) -> int:
+        cap = self.config.trials
+        return 1 << 62 if cap is None else cap - self.submitted
+
+    def _out_of_time(self) -> bool:
+        budget = self.config.time_budget_s
+        return budget is not None and self.elapsed_s >= budget
+
+    def _stop_reason(self) -> str:
+        if self.scheduler.all_done:
+            return "every task done"
+        if self._out_of_time():
+            return "time budget spent"
+        if self._trials_left() <= 0:
+            return "trials cap reached"
+        return "no candidates left"
 
     # --- the loop ------------------------------------------------------------------------------
 
     def run(self) -> TuneSummary:
-        """Tune the tasks with ``config.trials`` measurements in all (see ``tune_tasks``)."""
+        """Run (or resume) the job until its budget is spent, its trials cap is reached or
+        every task is done (see ``tune_tasks``).
+
+        Raises:
+            KeyboardInterrupt: after recording the job as ``stopped`` (resumable), the
+                batches in flight dropped (they are measured again on resume).
+            DatabaseError: the database stayed unreachable for ``config.retry_s``; the
+                measurements it could not take are in the spool file named in the message.
+        """
         self._start = time.perf_counter()
         db, config = self.db, self.config
         self.device_id = db.device_id(self.device)
         for t in self.tasks:
             db.workload_id(t.workload_key, t.name, t.mod, t.flops)
-        self.job_id = db.start_job(self.model_name, self.device_id,
-                                   {"device": self.device.name} | _jsonable(asdict(config)), config.trials)  # fmt: skip
+        self._open_job()
+        assert self.job_id is not None
+        self._unspool()
         # Every earlier measurement of this device family (any job, any teammate, any task)
         # trains the model before the first proposal; without any, a stored model is loaded.
+        # A resumed job's own records are among them: its model is rebuilt the same way.
         self.model = cost_models.pretrain(db, self.device, seed=config.seed, max_records=PRETRAIN_RECORDS)
         if self.model.num_samples:
             logger.info("cost model pre-trained on %d records of this device family", self.model.num_samples)
+        rules = self._restore()
+        self._emit("job_start", job_id=self.job_id, name=self.name, model=self.model_name, device=self.device.name,
+                   resumed=self.resumed, time_budget_s=config.time_budget_s, trials_cap=config.trials,
+                   trials_before=self.done, elapsed_before_s=self.elapsed_before, tasks=[
+                       {"index": i, "name": t.name, "workload_key": t.workload_key, "weight": t.weight,
+                        "flops": t.flops, "reuse": self.reuse[i], "reuse_rule": rules[i],
+                        "trials": self.scheduler.trials[i], "best_sec": self.scheduler.best_sec[i],
+                        "done": self.scheduler.done_reason(i)}
+                       for i, t in enumerate(self.tasks)])  # fmt: skip
+        heartbeat = threading.Thread(target=self._heartbeat, name="nightshift-heartbeat", daemon=True)
+        heartbeat.start()
         self.measurer = RayMeasurer(self.device, config.measure)
+        state, reason = "failed", "error"
         try:
             while True:
-                while (len(self.inflight) < PIPELINE_DEPTH and self.submitted < config.trials
-                       and not self.scheduler.all_done):  # fmt: skip
+                while (len(self.inflight) < PIPELINE_DEPTH and self._trials_left() > 0
+                       and not self.scheduler.all_done and not self._out_of_time()):  # fmt: skip
                     i = self._next_task()
                     if i is None:
                         break  # only tasks whose first batch is in flight are left: collect it
@@ -195,23 +286,164 @@ class TuningJob:
                     if batch is not None:
                         self.inflight.append(batch)
                         self.submitted += len(batch.candidates)
+                        self._emit("batch_submitted", task=i, task_name=self.tasks[i].name,
+                                   trials=len(batch.candidates), elapsed_s=self.elapsed_s)  # fmt: skip
                 if not self.inflight:
                     break
                 self._complete(self.inflight.popleft())
-        except BaseException:
-            db.update_job(self.job_id, state="failed")
+            state, reason = "done", self._stop_reason()
+        except KeyboardInterrupt:
+            state, reason = "stopped", "interrupted"
+            raise
+        except BaseException as err:
+            reason = f"{type(err).__name__}: {err}"
             raise
         finally:
+            self._stop_heartbeat.set()
+            heartbeat.join(timeout=30)  # its last stamp must not land after the job's end
             stats = self.measurer.stats
             self.measurer.close()
+            self._finish_job(state, reason)
         logger.info("device idle %.0f%% of %.0f s; %.1f s of builds", 100 * stats.device_idle_fraction,
                     stats.wall_s, stats.build_s)  # fmt: skip
-        db.update_job(self.job_id, trials_done=self.done, state="done")
         if self.model.num_samples:
-            db.save_cost_model(self.device_id, "xgb", self.model.save(), self.model.num_samples)
+            self._retrying("database", db.save_cost_model, self.device_id, "xgb", self.model.save(),
+                           self.model.num_samples)  # fmt: skip
         best_sec = {self.tasks[j].workload_key: s for j, s in enumerate(self.scheduler.best_sec) if s}
-        return TuneSummary(self.job_id, self.done, self.errors, best_sec, time.perf_counter() - self._start,
-                           stats.device_idle_fraction)  # fmt: skip
+        return TuneSummary(self.job_id, self.done, self.errors, best_sec, self.elapsed_s,
+                           stats.device_idle_fraction, self.name, state, reason)  # fmt: skip
+
+    def _finish_job(self, state: str, reason: str) -> None:
+        """Record the job's end: its state, tuning time and trials (counted from its records,
+        which a batch interrupted mid-write may or may not have reached)."""
+        assert self.job_id is not None
+        elapsed = self.elapsed_s
+        try:
+            self.done = self.db.job_trials(self.job_id)
+            self.db.update_job(self.job_id, state=state, trials_done=self.done, elapsed_sec=elapsed, heartbeat=True)
+        except DatabaseError as err:
+            # The job ends anyway; its records are safe, only its row is stale.
+            logger.warning("could not record job %s as %s: %s", self.name, state, err)
+        self._emit("job_end", job_id=self.job_id, name=self.name, state=state, reason=reason,
+                   trials_done=self.done, elapsed_s=elapsed, errors=dict(self.errors),
+                   best_sec={t.name: s for t, s in zip(self.tasks, self.scheduler.best_sec, strict=True)})  # fmt: skip
+
+    def _open_job(self) -> None:
+        """Resume the unfinished job of this name on this device, or start a new one."""
+        assert self.device_id is not None
+        db, config = self.db, self.config
+        row = db.find_job(self.name, self.device_id)
+        # The process id lets a rerun on the same host see at once that a killed run is dead.
+        settings = {"device": self.device.name, "pid": os.getpid()} | _jsonable(asdict(config))
+        # The report weighs each task's best by how often the model calls it.
+        settings["tasks"] = [{"workload_key": t.workload_key, "weight": t.weight} for t in self.tasks]
+        total = config.trials or 0
+        if row is not None and row.state != "done":
+            if row.model != self.model_name:
+                raise UserInputError(f"job {self.name!r} tunes {row.model}, not {self.model_name}; "
+                                     "pass another --job name")  # fmt: skip
+            beat = row.heartbeat_at
+            if beat is not None and beat.tzinfo is None:
+                beat = beat.replace(tzinfo=UTC)  # SQLite hands back naive UTC
+            age = None if beat is None else (datetime.now(UTC) - beat).total_seconds()
+            if row.state == "running" and age is not None and age < STALE_AFTER_S and _alive(row):
+                raise JobRunning(f"job {self.name!r} is running on {row.host} (heartbeat {age:.0f} s ago); "
+                                 "wait for it or stop it, or pass another --job name")  # fmt: skip
+            self.job_id, self.resumed = row.id, True
+            self.elapsed_before = float(row.elapsed_sec or 0.0)
+            self.done = self.submitted = db.job_trials(row.id)
+            db.update_job(row.id, state="running", heartbeat=True, trials_done=self.done, trials_total=total,
+                          time_budget_sec=config.time_budget_s, config=settings)  # fmt: skip
+            logger.info("resuming job %s (#%d): %d trials, %.0f s so far", self.name, row.id, self.done,
+                        self.elapsed_before)  # fmt: skip
+            return
+        self.job_id = db.start_job(self.model_name, self.device_id, settings, total, name=self.name,
+                                   time_budget_sec=config.time_budget_s)  # fmt: skip
+
+    def _restore(self) -> list[str]:
+        """Rebuild the scheduler from the database and decide each task's reuse; return the
+        rule line printed for each task."""
+        assert self.device_id is not None and self.job_id is not None
+        histories = task_histories(self.db, self.device_id, self.job_id, [t.workload_key for t in self.tasks])
+        lines = []
+        for i, t in enumerate(self.tasks):
+            h = histories.get(t.workload_key, TaskHistory())
+            decision, line = reuse_rule(h, skip_after=self.config.skip_after, fresh=self.config.fresh)
+            self.reuse[i] = decision
+            lines.append(line)
+            best = h.own_best_sec if decision in ("new", "fresh") else h.best_sec
+            # Trials of this job count toward the task's share; the best of earlier jobs sets
+            # where it starts from.
+            if h.own or best is not None:
+                self.scheduler.update(i, h.own, best, failed=0)
+            if decision == "skip":
+                self.scheduler.retire(i, f"skipped: tuned by earlier jobs ({h.ok} good records)")
+        return lines
+
+    def _heartbeat(self) -> None:
+        """Stamp the job's row and tuning time every ``HEARTBEAT_S`` while it runs."""
+        assert self.job_id is not None
+        while not self._stop_heartbeat.wait(HEARTBEAT_S):
+            try:
+                self.db.update_job(self.job_id, elapsed_sec=self.elapsed_s, heartbeat=True)
+            except DatabaseError as err:
+                logger.warning("heartbeat of job %s failed: %s", self.name, err)
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        if self.on_event is not None:
+            self.on_event(event(kind, **fields))
+
+    # --- faults ------------------------------------------------------------------------------
+
+    def _retrying(self, what: str, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``call(*args)``, retried with backoff while the database is unreachable, for up
+        to ``config.retry_s``; then the error is raised."""
+        deadline = time.monotonic() + self.config.retry_s
+        delay, attempt = 1.0, 0
+        while True:
+            try:
+                return call(*args, **kwargs)
+            except DatabaseError as err:
+                attempt += 1
+                if not _connection_lost(err) or time.monotonic() + delay > deadline:
+                    raise
+                logger.warning("%s unreachable (%s); retry %d in %.0f s", what, err, attempt, delay)
+                self._emit("retry", what=what, error=str(err), attempt=attempt, delay_s=delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    def _spool_path(self) -> Path:
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.name)
+        return self.config.spool_dir / f"{safe}-{self.device.fingerprint}.jsonl"
+
+    def _store(self, records: list[NewRecord]) -> None:
+        """Write a batch's records; if the database stays unreachable, keep them in the
+        spool file (written when the job resumes) and stop."""
+        assert self.device_id is not None
+        try:
+            self._retrying("database", self.db.add_records, self.device_id, self.job_id, records)
+        except DatabaseError as err:
+            if not _connection_lost(err):
+                raise
+            path = self._spool_path()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a", encoding="utf-8") as f:
+                for r in records:
+                    f.write(json.dumps(asdict(r) | {"run_secs": list(r.run_secs)}) + "\n")
+            raise DatabaseError(f"{err}; stopped after {self.config.retry_s:.0f} s of retries, the "
+                                f"{len(records)} measurements it could not take are kept in {path} and "
+                                "written when the job resumes (run the same command)") from err  # fmt: skip
+
+    def _unspool(self) -> None:
+        """Write the measurements an earlier run kept when the database was lost."""
+        path = self._spool_path()
+        if not path.exists():
+            return
+        assert self.device_id is not None
+        records = [NewRecord(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+        n = self.db.add_records(self.device_id, self.job_id, records)
+        path.unlink()
+        logger.warning("wrote %d measurements kept in %s while the database was lost", n, path)
 
     def _next_task(self) -> int | None:
         """The task of the next batch, or None while only tasks with a first batch in flight
@@ -229,8 +461,8 @@ class TuningJob:
         assert self.measurer is not None
         config = self.config
         task = self.tasks[i]
-        size = min(self.scheduler.first_batch_size(i, config.batch_size), config.trials - self.submitted)
-        if self.scheduler.trials[i] == 0:
+        size = min(self.scheduler.first_batch_size(i, config.batch_size), self._trials_left())
+        if self.scheduler.trials[i] == 0 and config.trials is not None:
             # First visit: a budget too small for a full batch per task is spread so
             # that every task gets measured schedules before any gets a second batch.
             size = min(size, max(2, config.trials // len(self.tasks)))
@@ -279,13 +511,55 @@ class TuningJob:
         futures = self.measurer.submit(task, [c.schedule.mod for c in keep])
         return _Batch(i, k, keep, hashes, feats, futures)
 
+    def _results(self, batch: _Batch) -> list:
+        """The batch's measurements. When the Ray cluster is lost (the measurer fails, or
+        every candidate comes back lost with its node), wait for it with backoff for up to
+        ``config.retry_s`` and measure the batch again; then stop with a clear error (the
+        batch is not recorded: a resumed job measures it)."""
+        assert self.measurer is not None
+        try:
+            results = [f.result() for f in batch.futures]
+            if not all(m.error_class == ErrorClass.LOST for m in results) or self._ray_alive():
+                return results
+            cause: BaseException = RuntimeError(results[0].error_msg or "every candidate lost")
+        except MeasureError as err:
+            cause = err
+        deadline = time.monotonic() + self.config.retry_s
+        delay, attempt = 1.0, 0
+        while not self._ray_alive():
+            attempt += 1
+            if time.monotonic() + delay > deadline:
+                raise MeasureError(f"Ray cluster lost ({cause}) and not back after {self.config.retry_s:.0f} s; "
+                                   "nothing measured is lost: run the same command to resume") from cause  # fmt: skip
+            self._emit("retry", what="Ray cluster", error=str(cause), attempt=attempt, delay_s=delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 30.0)
+        logger.warning("Ray cluster back after loss (%s); measuring the batch again", cause)
+        self.measurer.close()
+        self.measurer = RayMeasurer(self.device, self.config.measure)
+        mods = [c.schedule.mod for c in batch.candidates]
+        again = self.measurer.submit(self.tasks[batch.task], mods)
+        # Batches proposed before the loss were submitted to the old measurer: submit them again.
+        for other in self.inflight:
+            other.futures = self.measurer.submit(self.tasks[other.task], [c.schedule.mod for c in other.candidates])
+        return [f.result() for f in again]
+
+    def _ray_alive(self) -> bool:
+        """Whether the Ray cluster answers and still offers the device."""
+        import ray
+
+        try:
+            return ray.is_initialized() and device_resource(self.device) in ray.cluster_resources()
+        except Exception:
+            return False
+
     def _complete(self, batch: _Batch) -> None:
         """Wait for a batch, store it, and tell the strategy, model, bandit and scheduler."""
         assert self.job_id is not None and self.device_id is not None
         i, task = batch.task, self.tasks[batch.task]
         ts = self.searches[i]
         kind = ts.kinds[batch.space]
-        results = [f.result() for f in batch.futures]
+        results = self._results(batch)
         if all((m.run.error_msg or "").startswith("reference:") for m in results):
             logger.warning("task %s has no reference output (%s); skipped", task.name, results[0].error_msg)
             self.scheduler.retire(i, "no reference output")
@@ -305,7 +579,7 @@ class TuningJob:
                 workload_key=task.workload_key, point=record_point(kind, c.point),
                 record_json=json.dumps(rec.as_json()), run_secs=r.run_secs,
                 error_class=str(error) if error else None, error_msg=msg,
-                build_sec=m.build.build_sec, program_hash=h,
+                build_sec=m.build.build_sec, program_hash=h, run_wall_sec=r.busy_s or None,
             ))  # fmt: skip
             if error:
                 failed += 1
@@ -320,26 +594,26 @@ class TuningJob:
                 continue
             gflops[n] = task.flops / sec / 1e9 if task.flops else 1.0 / sec
             best = sec if best is None else min(best, sec)
-        self.db.add_records(self.device_id, self.job_id, records)
+        self._store(records)
         # Groups are workload keys, so this job's measurements join the pre-training records
         # of the same task.
         self.model.update(batch.features, gflops, np.full(len(batch.candidates), task.workload_key))
         ts.bandit.update(batch.space, 0, best)
+        was_done = self.scheduler.is_done(i)
         self.scheduler.update(i, len(batch.candidates), best, failed=failed)
         self.done += len(batch.candidates)
-        self.db.update_job(self.job_id, trials_done=self.done)
-        self._report(task)
-
-    def _report(self, task: Task) -> None:
-        if self.on_progress is None:
-            return
-        tasks = self.tasks
-        self.on_progress(Progress(
-            trials_done=self.done, trials_total=self.config.trials, task_name=task.name,
-            tasks_done=sum(1 for n in self.scheduler.trials if n), num_tasks=len(tasks),
-            errors=sum(self.errors.values()), elapsed_s=time.perf_counter() - self._start,
-            best_gflops={tasks[j].name: tasks[j].flops / s / 1e9 for j, s in enumerate(self.scheduler.best_sec) if s},
-        ))  # fmt: skip
+        self._retrying("database", self.db.update_job, self.job_id, trials_done=self.done, elapsed_sec=self.elapsed_s,
+                       heartbeat=True)  # fmt: skip
+        by_class: dict[str, int] = {}
+        for r in records:
+            if r.error_class:
+                by_class[r.error_class] = by_class.get(r.error_class, 0) + 1
+        self._emit("batch_done", task=i, task_name=task.name, space=kind, trials=len(batch.candidates),
+                   errors=by_class, best_sec=best, task_best_sec=self.scheduler.best_sec[i],
+                   task_trials=self.scheduler.trials[i], trials_done=self.done, elapsed_s=self.elapsed_s)  # fmt: skip
+        if not was_done and self.scheduler.is_done(i):
+            self._emit("task_done", task=i, task_name=task.name, reason=self.scheduler.done_reason(i),
+                       best_sec=self.scheduler.best_sec[i])  # fmt: skip
 
     # --- per-task search state ---------------------------------------------------------------
 
@@ -358,8 +632,8 @@ class TuningJob:
             spaces.append(space)
             strategies.append(self._strategy(space, task, kind, seed=config.seed * 1009 + i * 31 + k))
         assert self.device_id is not None
-        ts = _TaskSearch(kinds, spaces, strategies, SpaceBandit(kinds),
-                         hashes=self.db.measured_hashes(task.workload_key, self.device_id))  # fmt: skip
+        hashes = self._retrying("database", self.db.measured_hashes, task.workload_key, self.device_id)
+        ts = _TaskSearch(kinds, spaces, strategies, SpaceBandit(kinds), hashes=hashes)
         self._replay(task, ts)
         self.searches[i] = ts
         return ts
@@ -385,7 +659,13 @@ class TuningJob:
         by_kind = {kind: k for k, kind in enumerate(ts.kinds)}
         counts = [0] * len(ts.kinds)
         best: list[float | None] = [None] * len(ts.kinds)
-        for text, mean_sec, error in measured_results(self.db, task.workload_key, self.device_id):
+        stored = self._retrying("database", measured_results, self.db, task.workload_key, self.device_id)
+        if self.config.fresh:
+            # Other jobs' records are ignored; the job's own (a resumed run) still count.
+            assert self.job_id is not None
+            own = job_points(self.db, self.job_id, task.workload_key)
+            stored = [r for r in stored if r[0] in own]
+        for text, mean_sec, error in stored:
             try:
                 kind, cid = parse_record_point(text)
             except ValueError:
@@ -413,18 +693,56 @@ def tune_tasks(
     config: TuneConfig,
     *,
     model_name: str,
-    on_progress: Callable[[Progress], None] | None = None,
+    on_event: EventSink | None = None,
 ) -> TuneSummary:
-    """Tune ``tasks`` on ``device`` with ``config.trials`` measurements in all.
+    """Tune ``tasks`` on ``device`` within ``config``'s trials cap and time budget.
 
     Proposing, building and timing overlap: while one batch is built and timed on the
     cluster, the next is proposed (``PIPELINE_DEPTH`` batches in flight). Every measurement,
     failed ones included, goes into ``db`` as its batch completes, so a killed job loses at
     most the batches in flight; a rerun tells its strategies every stored record, so no point
-    is measured twice. The Ray cluster must already be connected.
+    is measured twice. A job of the same name (``config.name``) left unfinished is resumed
+    (see :class:`TuningJob`); ``on_event`` receives its events (``tuner.progress``). The Ray
+    cluster must already be connected.
     """
-    return TuningJob(tasks, device, db, config, model_name=model_name, on_progress=on_progress).run()
+    return TuningJob(tasks, device, db, config, model_name=model_name, on_event=on_event).run()
 
 
 def _jsonable(obj):
     return json.loads(json.dumps(obj, default=str))
+
+
+def _connection_lost(err: DatabaseError) -> bool:
+    """Whether a database error says the server is out of reach (worth waiting for), not
+    that the request was wrong."""
+    from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
+
+    cause = err.__cause__
+    if isinstance(cause, DisconnectionError | InterfaceError):
+        return True
+    if isinstance(cause, OperationalError):
+        text = str(cause.orig or cause).lower()
+        return cause.connection_invalidated or any(w in text for w in (
+            "connection", "server closed", "timeout expired", "could not connect", "terminating",
+            "database is locked", "unable to open", "disk i/o"))  # fmt: skip
+    return False
+
+
+def _alive(row: Any) -> bool:
+    """Whether the process that last ran a job may still run: on another host, assume so
+    (its heartbeat decides); on this one, whether its process exists."""
+    if row.host != socket.gethostname():
+        return True
+    try:
+        pid = int(json.loads(row.config).get("pid", 0))
+    except (ValueError, TypeError, AttributeError):
+        return True
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

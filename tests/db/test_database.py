@@ -12,12 +12,16 @@ from dbtest_utils import add_mod, fake_cpu, matmul_mod
 
 from tuner.compile import fallback_schedule
 from tuner.db import NewRecord, TuningDatabase, database_url, migrate, redact
+from tuner.db.database import PruneResult
 from tuner.db.tvm_adapter import MetaScheduleDatabase
 from tuner.errors import DatabaseError, UserInputError
 from tuner.tasks import workload_key
 
+# The smallest record the trace allow-list accepts: an empty trace.
+EMPTY_RECORD = "[[[], []], null, null, null]"
 
-def _rec(key, point, secs, error=None, record_json="[]"):
+
+def _rec(key, point, secs, error=None, record_json=EMPTY_RECORD):
     return NewRecord(workload_key=key, point=point, record_json=record_json, run_secs=secs, error_class=error)
 
 
@@ -156,10 +160,10 @@ def test_prune_keeps_the_best(db_url, cpu_device):
     for k in keys:
         db.add_records(dev, None, [_rec(k, f"p{i}", [1e-3 * (10 - i)]) for i in range(10)]
                        + [_rec(k, "f", [], "build_error")])  # fmt: skip
-    assert db.prune(keep_top=3, dry_run=True) == 2 * 8
+    assert db.prune(keep_top=3, dry_run=True).deleted == 2 * 8
     assert db.count_records() == 22
-    assert db.prune(keep_top=3, keep_failed=True) == 2 * 7
-    assert db.prune(keep_top=3) == 2
+    assert db.prune(keep_top=3, keep_failed=True).deleted == 2 * 7
+    assert db.prune(keep_top=3) == PruneResult(2, 6)
     for k in keys:
         assert [r.point for r in db.best(k, dev, k=10)] == ["p9", "p8", "p7"]
     with pytest.raises(UserInputError, match="--keep-top"):

@@ -186,6 +186,7 @@ def test_cli_bench_writes_json(tmp_path: Path):
     from tuner.cli import main
 
     out = tmp_path / "bench.json"
+    TuningDatabase(str(tmp_path / "t.db")).close()  # only tune and db init create a database
     rc = main(["bench", "--model", "tiny", "--db", str(tmp_path / "t.db"), "--json", str(out), "--rounds", "2",
                "--peers", "onnxruntime", "--num-cores", "2"])  # fmt: skip
     assert rc == 0

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import logging
 import random
+import re
 import socket
 import sqlite3
 import tempfile
@@ -12,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -20,11 +22,11 @@ import tvm
 from sqlalchemy import create_engine as sa_create_engine
 from sqlalchemy import delete, event, func, or_, select
 from sqlalchemy.engine import URL, Engine, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from tuner.db import migrate
-from tuner.db.keys import record_key
+from tuner.db.keys import device_class, record_key
 from tuner.db.schema import (
     CostModelRow,
     DeviceRow,
@@ -33,6 +35,7 @@ from tuner.db.schema import (
     WorkloadRow,
     _now,
 )
+from tuner.db.validate import device_peak_flops, record_rejection, timing_rejection
 from tuner.device import Device
 from tuner.errors import DatabaseError, UserInputError
 from tuner.measure.results import ErrorClass
@@ -42,6 +45,13 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 FallbackPolicy = Literal["device", "same-arch"]
+# Where a looked-up record came from: this device's class, another device of its
+# architecture, or an imported (foreign) MetaSchedule database.
+Source = Literal["device", "same-arch", "foreign"]
+# Error class of a timing refused on write (below the roofline, MetaSchedule's failure value).
+IMPLAUSIBLE = "implausible_timing"
+# A running job whose heartbeat is older than this is dead (it writes one at least every minute).
+DEAD_AFTER = timedelta(minutes=5)
 
 # Retries of a write that lost a race (PostgreSQL deadlock or serialization failure, SQLite
 # busy past its timeout). Writes are idempotent, so repeating one is safe.
@@ -84,16 +94,39 @@ class BestRecord:
 
     Attributes:
         row: the record.
-        source: ``"device"`` (measured on the device asked for) or ``"same-arch"`` (another
-            device of the same kind and architecture; its speed may differ).
-        device_fingerprint: fingerprint of the device that measured it.
+        source: ``"device"`` (measured on the device asked for or an identical one: same
+            device class), ``"same-arch"`` (another device of the same kind and architecture;
+            its speed may differ) or ``"foreign"`` (imported from a MetaSchedule database: not
+            measured by Nightshift).
+        device_fingerprint: fingerprint of the device it is stored under.
         same_tvm: whether it was written by this TVM version.
     """
 
     row: RecordRow
-    source: FallbackPolicy
+    source: Source
     device_fingerprint: str
     same_tvm: bool
+
+
+@dataclass(frozen=True)
+class ImportSource:
+    """Where imported records came from: the file, the device (its TVM target) and TVM version."""
+
+    file: str
+    device: str
+    tvm_version: str | None = None
+
+
+def writer() -> dict[str, str | None]:
+    """Provenance columns of a record written by this process."""
+    try:
+        user: str | None = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (containers)
+        user = None
+    from tuner import __version__
+
+    return {"host": socket.gethostname(), "os_user": user, "nightshift_version": __version__,
+            "tvm_version": tvm.__version__, "origin": "local"}  # fmt: skip
 
 
 def database_url(text: str) -> URL:
@@ -104,8 +137,10 @@ def database_url(text: str) -> URL:
     """
     try:
         url = make_url(text) if "://" in text else make_url(f"sqlite:///{Path(text).resolve()}")
-    except ArgumentError as err:
-        raise UserInputError(f"--db {_redact_text(text)!r} is not a database URL or file path") from err
+        url.port  # noqa: B018 (parsing the port raises on a non-number)
+    except (ArgumentError, ValueError) as err:
+        raise UserInputError(f"database {_redact_text(text)!r} is not a database URL or file path "
+                             f"({_redact_text(_first_line(err))})") from err
     backend = url.get_backend_name()
     if backend not in ("sqlite", "postgresql"):
         raise UserInputError(
@@ -131,23 +166,28 @@ def database_url(text: str) -> URL:
 
 
 def redact(url: URL | str) -> str:
-    """The URL as text with any password hidden."""
+    """The URL as text with every password hidden: in the user info, in query parameters
+    (``?password=``, ``sslpassword``...), and in libpq ``key=value`` strings."""
     if isinstance(url, str):
         try:
             url = make_url(url)
-        except ArgumentError:
+        except (ArgumentError, ValueError):
             return _redact_text(url)
-    return url.render_as_string(hide_password=True)
+    if url.query:
+        url = url.update_query_dict(
+            {k: "***" for k in url.query if k.lower() in _SECRET_PARAMS}, append=False)  # fmt: skip
+    return _redact_text(url.render_as_string(hide_password=True))
+
+
+_SECRET_PARAMS = {"password", "passwd", "pwd", "sslpassword", "sslkey_password", "secret", "token"}
+_SECRET_RE = re.compile(r"(?i)\b(password|passwd|pwd|sslpassword|secret|token)(\s*=\s*)('[^']*'|[^\s&;]+)")
+_USERINFO_RE = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/@\s:]*):([^/@\s]*)@")
 
 
 def _redact_text(text: str) -> str:
-    # A string that does not parse as a URL may still carry user:password@.
-    scheme, sep, rest = text.partition("://")
-    if sep and "@" in rest:
-        creds, _, host = rest.rpartition("@")
-        user = creds.split(":", 1)[0]
-        return f"{scheme}://{user}:***@{host}" if ":" in creds else text
-    return text
+    # Any text that may hold a URL or DSN: user:password@ and password=... wherever they are.
+    text = _USERINFO_RE.sub(lambda m: f"{m[1]}{m[2]}:***@" if m[3] != "***" else m[0], text)
+    return _SECRET_RE.sub(lambda m: f"{m[1]}{m[2]}***" if m[3] != "***" else m[0], text)
 
 
 def create_engine(url: URL) -> Engine:
@@ -163,7 +203,11 @@ def create_engine(url: URL) -> Engine:
         event.listen(engine, "connect", _sqlite_connect)
         event.listen(engine, "begin", _sqlite_begin)
         return engine
-    return sa_create_engine(url, connect_args={"connect_timeout": 10}, pool_pre_ping=True)
+    try:
+        return sa_create_engine(url, connect_args={"connect_timeout": 10}, pool_pre_ping=True)
+    except (ImportError, NoSuchModuleError) as err:
+        raise UserInputError(f"database {redact(url)}: driver {url.drivername!r} is not installed ({err}); "
+                             "use postgresql+psycopg://... (psycopg 3 comes with Nightshift)") from err
 
 
 def _sqlite_connect(dbapi_conn, _record) -> None:
@@ -223,7 +267,10 @@ class TuningDatabase:
         )
         self._device_ids: dict[str, int] = {}
         self._workload_ids: dict[str, int] = {}
-        self._device_rows: dict[int, tuple[str, str, str]] = {}  # id -> fingerprint, kind, arch
+        self._device_rows: dict[int, tuple[str, str, str, str | None]] = {}  # id -> fingerprint, kind, arch, class
+        self._peaks: dict[int, float] = {}  # device id -> peak FLOP/s (validate.device_peak_flops)
+        # Records refused on read (record id -> reason), logged once each.
+        self.rejected: dict[int, str] = {}
         try:
             self.schema = migrate.check(self.engine, self.url, create=create)
         except DBAPIError as err:
@@ -295,11 +342,13 @@ class TuningDatabase:
             return cached
 
         def work(s: Session) -> int:
+            target = json.dumps(device.target_config, sort_keys=True)
+            description = json.dumps(device.description, sort_keys=True)
             s.execute(
                 self._insert(DeviceRow.__table__).values(
-                    fingerprint=device.fingerprint, kind=device.kind, arch=device.arch,
-                    target=json.dumps(device.target_config, sort_keys=True),
-                    description=json.dumps(device.description, sort_keys=True), created_at=_utcnow(),
+                    fingerprint=device.fingerprint, kind=device.kind, arch=device.arch, target=target,
+                    description=description, device_class=device_class(device.kind, target, description),
+                    created_at=_utcnow(),
                 ).on_conflict_do_nothing(index_elements=["fingerprint"])
             )  # fmt: skip
             return int(s.scalar(select(DeviceRow.id).where(DeviceRow.fingerprint == device.fingerprint)))
@@ -341,13 +390,21 @@ class TuningDatabase:
         with self.session(write=False) as s:
             return s.scalar(select(WorkloadRow).where(WorkloadRow.key == key))
 
-    def start_job(self, model: str, device_id: int, config: dict, trials_total: int) -> int:
-        """Record a new running job and return its id."""
+    def start_job(self, model: str, device_id: int, config: dict, trials_total: int, *,
+                  name: str | None = None, time_budget_sec: float | None = None) -> int:  # fmt: skip
+        """Record a new running job and return its id.
+
+        Args:
+            name: what ``tune --job NAME`` resumes it by.
+            time_budget_sec: tuning time the job may spend over all its runs (None: no limit).
+        """
 
         def work(s: Session) -> int:
+            now = _utcnow()
             job = JobRow(
                 model=model, device_id=device_id, config=json.dumps(config, sort_keys=True),
                 trials_total=trials_total, host=socket.gethostname(), tvm_version=tvm.__version__,
+                name=name, time_budget_sec=time_budget_sec, elapsed_sec=0.0, heartbeat_at=now,
             )  # fmt: skip
             s.add(job)
             s.flush()
@@ -357,8 +414,17 @@ class TuningDatabase:
         with self.session() as s:
             return work(s)
 
-    def update_job(self, job_id: int, *, trials_done: int | None = None, state: str | None = None) -> None:
-        """Update a job's progress or state."""
+    def update_job(self, job_id: int, *, trials_done: int | None = None, state: str | None = None,
+                   elapsed_sec: float | None = None, time_budget_sec: float | None = None,
+                   trials_total: int | None = None, heartbeat: bool = False,
+                   config: dict | None = None) -> None:  # fmt: skip
+        """Update a job's progress or state.
+
+        Args:
+            state: ``running``, ``done``, ``stopped`` (interrupted, resumable) or ``failed``.
+            elapsed_sec: tuning time spent over all the job's runs.
+            heartbeat: stamp ``heartbeat_at`` (a running job does at least every minute).
+        """
 
         def work(s: Session) -> None:
             job = s.get(JobRow, job_id)
@@ -368,12 +434,37 @@ class TuningDatabase:
                 job.trials_done = trials_done
             if state is not None:
                 job.state = state
+            if elapsed_sec is not None:
+                job.elapsed_sec = elapsed_sec
+            if time_budget_sec is not None:
+                job.time_budget_sec = time_budget_sec
+            if trials_total is not None:
+                job.trials_total = trials_total
+            if config is not None:
+                job.config = json.dumps(config, sort_keys=True)
+            if heartbeat:
+                job.heartbeat_at = _utcnow()
 
         self._write(work)
 
+    def find_job(self, name: str, device_id: int | None = None) -> JobRow | None:
+        """The newest job called ``name`` (on ``device_id`` if given), or None."""
+        stmt = select(JobRow).where(JobRow.name == name)
+        if device_id is not None:
+            stmt = stmt.where(JobRow.device_id == device_id)
+        with self.session(write=False) as s:
+            return s.scalar(stmt.order_by(JobRow.id.desc()).limit(1))
+
+    def job_trials(self, job_id: int) -> int:
+        """Records the job wrote (its measured trials, failed ones included): what a resumed
+        job counts as done, even when it was killed before updating ``trials_done``."""
+        with self.session(write=False) as s:
+            return int(s.scalar(select(func.count(RecordRow.id)).where(RecordRow.job_id == job_id)) or 0)
+
     # --- records ----------------------------------------------------------------------------
 
-    def add_records(self, device_id: int, job_id: int | None, records: Sequence[NewRecord]) -> int:
+    def add_records(self, device_id: int, job_id: int | None, records: Sequence[NewRecord], *,
+                    source: ImportSource | None = None) -> int:  # fmt: skip
         """Store measurements of one device in one transaction; return how many were new.
 
         Idempotent: a point already stored for the workload on this device (by any job) is
@@ -381,31 +472,47 @@ class TuningDatabase:
         a stored record whose error class is in :data:`RETRIED_ERRORS` (the candidate's node
         was lost) is replaced by the new measurement; it counts as new.
 
+        Every record keeps who wrote it (host, OS user, Nightshift and TVM versions, job).
+        With ``source`` the records are an import: stored as foreign, with the file, device
+        and TVM version they came from. A timing that cannot be true (MetaSchedule's failure
+        value, or faster than the device's peak for the workload's FLOPs) is stored as a
+        failed record of class :data:`IMPLAUSIBLE`, never as a measurement.
+
         Raises:
             DatabaseError: a record names a workload not stored yet, or the write failed.
         """
         if not records:
             return 0
-        host = socket.gethostname()
-        version = tvm.__version__
         keys = {r.workload_key for r in records}
         ids = self._workload_ids_of(keys)
         missing = keys - ids.keys()
         if missing:
             raise DatabaseError(f"records for unknown workloads {sorted(missing)}; store the workload first")
+        flops = self._flops_of(set(ids.values()))
+        peak = self._peak_flops(device_id)
         now = _utcnow()
+        who = writer()
+        if source is not None:
+            who |= {"origin": "import", "source_file": source.file, "source_device": source.device,
+                    "source_tvm_version": source.tvm_version, "tvm_version": source.tvm_version or "unknown"}
         rows: dict[str, dict[str, Any]] = {}
         for r in records:
             wid = ids[r.workload_key]
             rkey = record_key(wid, device_id, r.point)
             if rkey in rows and rows[rkey]["error_class"] not in RETRIED_ERRORS:
                 continue  # the first measurement of a point in the batch stands, as in the table
+            mean, error, msg = r.mean_sec, r.error_class, r.error_msg
+            refused = timing_rejection(mean, flops.get(wid, 0.0), peak) if mean is not None else None
+            if refused is not None:
+                logger.warning("refused the timing of a %s record (point %s): %s", r.workload_key[:12],
+                               r.point[:60], refused)
+                mean, error, msg = None, IMPLAUSIBLE, refused
             rows[rkey] = {
                 "record_key": rkey, "workload_id": wid, "device_id": device_id, "job_id": job_id,
                 "point": r.point, "program_hash": r.program_hash, "record_json": r.record_json,
-                "run_secs": json.dumps(list(r.run_secs)), "mean_sec": r.mean_sec, "error_class": r.error_class,
-                "error_msg": r.error_msg, "build_sec": r.build_sec, "run_wall_sec": r.run_wall_sec,
-                "tvm_version": version, "host": host, "created_at": now,
+                "run_secs": json.dumps(list(r.run_secs)), "mean_sec": mean, "error_class": error,
+                "error_msg": msg, "build_sec": r.build_sec, "run_wall_sec": r.run_wall_sec,
+                "created_at": now, **who,
             }  # fmt: skip
         # One key order for every writer: PostgreSQL then locks index entries in the same
         # order in every transaction, which rules out deadlocks between batches.
@@ -468,13 +575,32 @@ class TuningDatabase:
                     ids[key] = self._workload_ids[key] = wid
         return ids
 
-    def best(self, workload_key: str, device_id: int, k: int = 1) -> list[RecordRow]:
-        """The ``k`` fastest successful records of a workload on one device (any TVM version)."""
+    def _flops_of(self, wids: set[int]) -> dict[int, float]:
+        with self.session(write=False) as s:
+            return {w: float(f or 0.0) for w, f in s.execute(
+                select(WorkloadRow.id, WorkloadRow.flops).where(WorkloadRow.id.in_(wids)))}  # fmt: skip
+
+    def _peak_flops(self, device_id: int) -> float:
+        peak = self._peaks.get(device_id)
+        if peak is None:
+            with self.session(write=False) as s:
+                row = s.get(DeviceRow, device_id)
+            try:
+                cores = int(json.loads(row.target).get("num-cores") or 0) if row is not None else 0
+            except (ValueError, AttributeError):
+                cores = 0
+            # Without a core count, the most any host has: refuse only the absurd.
+            peak = self._peaks[device_id] = device_peak_flops(row.kind if row else "cpu", cores or 1024)
+        return peak
+
+    def best(self, workload_key: str, device_id: int, k: int = 1, *, origin: str = "local") -> list[RecordRow]:
+        """The ``k`` fastest successful records of a workload on one device (any TVM version),
+        measured by Nightshift (``origin="local"``) or imported (``"import"``)."""
         with self.session(write=False) as s:
             wid = s.scalar(select(WorkloadRow.id).where(WorkloadRow.key == workload_key))
             if wid is None:
                 return []
-            return list(s.scalars(_best_stmt(wid, [device_id]).limit(k)))
+            return list(s.scalars(_best_stmt(wid, [device_id], origin).limit(k)))
 
     def lookup(
         self,
@@ -487,47 +613,75 @@ class TuningDatabase:
     ) -> list[BestRecord]:
         """The ``k`` best usable records of a workload for a device, with the fallback policy.
 
-        Records of this device come first; only when it has none, and ``policy`` is
-        ``"same-arch"``, records of other devices of the same kind and architecture (flagged
-        ``source="same-arch"``). A different architecture is never used. Records written by
-        another TVM version are used only when ``replays(row)`` says they replay cleanly on
-        this one (without ``replays`` they are skipped).
+        In order, the first rule that finds any record wins:
+
+        1. records measured by Nightshift on this device or an identical one (same device
+           class: kind, TVM target and CPU/GPU model), fastest first, whichever machine;
+        2. with ``policy="same-arch"``, records of other devices of the same kind and
+           architecture (``source="same-arch"``);
+        3. imported (foreign) records of those devices (``source="foreign"``), only when
+           ``replays(row)`` says they replay cleanly here, whatever TVM version they claim.
+
+        A different architecture is never used. A record whose trace fails the allow-list
+        (:mod:`tuner.db.validate`) is never returned; the reason is kept in :attr:`rejected`.
+        Records written by another TVM version are used only when ``replays(row)`` says they
+        replay cleanly on this one (without ``replays`` they are skipped).
         """
         wid = self._workload_ids_of({workload_key}).get(workload_key)
         if wid is None:
             return []
         with self.session(write=False) as s:
-            me = self._device_rows.get(device_id)
+            me = self._device_row(s, device_id)
             if me is None:
-                row = s.get(DeviceRow, device_id)
-                if row is None:
-                    return []
-                me = self._device_rows[device_id] = (row.fingerprint, row.kind, row.arch)
-            found = self._usable(s, wid, {device_id: me[0]}, k, "device", replays)
-            if found or policy == "device":
+                return []
+            # Not cached: an identical or same-architecture device may register at any time.
+            family = dict(s.execute(select(DeviceRow.id, DeviceRow.fingerprint).where(
+                DeviceRow.kind == me[1], DeviceRow.arch == me[2])).all())  # fmt: skip
+            classes = dict(s.execute(select(DeviceRow.id, DeviceRow.device_class).where(
+                DeviceRow.id.in_(list(family)))).all())  # fmt: skip
+            mine = {d: fp for d, fp in family.items() if d == device_id or (me[3] and classes[d] == me[3])}
+            others = {d: fp for d, fp in family.items() if d not in mine}
+            found = self._usable(s, wid, mine, k, "device", replays)
+            if found:
                 return found
-            # Not cached: a same-architecture device may register at any time.
-            peers = dict(s.execute(select(DeviceRow.id, DeviceRow.fingerprint).where(
-                DeviceRow.kind == me[1], DeviceRow.arch == me[2], DeviceRow.id != device_id)).all())  # fmt: skip
-            return self._usable(s, wid, peers, k, "same-arch", replays) if peers else []
+            if policy == "same-arch" and others:
+                found = self._usable(s, wid, others, k, "same-arch", replays)
+                if found:
+                    return found
+            if replays is None:
+                return []
+            return self._usable(s, wid, mine if policy == "device" else family, k, "foreign", replays)
 
-    @staticmethod
+    def _device_row(self, s: Session, device_id: int) -> tuple[str, str, str, str | None] | None:
+        me = self._device_rows.get(device_id)
+        if me is None:
+            row = s.get(DeviceRow, device_id)
+            if row is None:
+                return None
+            me = self._device_rows[device_id] = (row.fingerprint, row.kind, row.arch, row.device_class)
+        return me
+
     def _usable(
+        self,
         s: Session,
         wid: int,
         devices: dict[int, str],
         k: int,
-        source: FallbackPolicy,
+        source: Source,
         replays: Callable[[RecordRow], bool] | None,
     ) -> list[BestRecord]:
         out: list[BestRecord] = []
+        origin = "import" if source == "foreign" else "local"
         # Usually every record is usable: fetch k, then more only if some were skipped.
         page, offset = k, 0
         while len(out) < k:
-            rows = list(s.scalars(_best_stmt(wid, list(devices)).offset(offset).limit(page)))
+            rows = list(s.scalars(_best_stmt(wid, list(devices), origin).offset(offset).limit(page)))
             for row in rows:
+                if not self.trace_ok(row):
+                    continue
                 same = row.tvm_version == tvm.__version__
-                if same or (replays is not None and replays(row)):
+                # A foreign record's version is only what its importer said: always replay it.
+                if (same and source != "foreign") or (replays is not None and replays(row)):
                     out.append(BestRecord(row, source, devices[row.device_id], same))
                     if len(out) == k:
                         break
@@ -536,6 +690,17 @@ class TuningDatabase:
             offset += page
             page = min(page * 4, 1024)
         return out
+
+    def trace_ok(self, row: RecordRow) -> bool:
+        """Whether a record's trace passes the allow-list; a rejection is logged once and kept."""
+        if row.id in self.rejected:
+            return False
+        reason = record_rejection(row.record_json)
+        if reason is None:
+            return True
+        self.rejected[row.id] = reason
+        logger.warning("record %d (host %s, job %s) rejected: %s", row.id, row.host, row.job_id, reason)
+        return False
 
     def count_records(self, workload_key: str | None = None, device_id: int | None = None) -> int:
         """Number of records, optionally of one workload and/or device."""
@@ -605,7 +770,11 @@ class TuningDatabase:
                 .group_by(DeviceRow.id, DeviceRow.fingerprint, DeviceRow.kind, DeviceRow.arch)
                 .order_by(DeviceRow.id)
             ).all()  # fmt: skip
-            jobs = dict(s.execute(select(JobRow.state, func.count(JobRow.id)).group_by(JobRow.state)).all())
+            jobs: dict[str, int] = {}
+            now = datetime.now(UTC)
+            for job in s.scalars(select(JobRow)):
+                state = job_state(job, now)
+                jobs[state] = jobs.get(state, 0) + 1
             versions = dict(s.execute(select(RecordRow.tvm_version, func.count(RecordRow.id))
                                       .group_by(RecordRow.tvm_version)).all())  # fmt: skip
             return {
@@ -625,66 +794,132 @@ class TuningDatabase:
             }
 
     def best_per_workload(self, device_id: int) -> list[tuple[WorkloadRow, RecordRow, int]]:
-        """For every workload measured on the device: its best record and its record count."""
+        """For every workload measured on the device: its best record and its record count.
+
+        The best record measured by Nightshift; only where there is none, the best imported
+        (foreign) one (its ``origin`` says so). Records that fail the allow-list are skipped.
+        """
         with self.session(write=False) as s:
             counts = dict(s.execute(select(RecordRow.workload_id, func.count(RecordRow.id))
                                     .where(RecordRow.device_id == device_id)
                                     .group_by(RecordRow.workload_id)).all())  # fmt: skip
             out = []
             for wid, n in counts.items():
-                row = s.scalar(_best_stmt(wid, [device_id]).limit(1))
-                if row is not None:
-                    out.append((s.get(WorkloadRow, wid), row, int(n)))
+                for origin in ("local", "import"):
+                    row = next((r for r in s.scalars(_best_stmt(wid, [device_id], origin).limit(64))
+                                if self.trace_ok(r)), None)  # fmt: skip
+                    if row is not None:
+                        out.append((s.get(WorkloadRow, wid), row, int(n)))
+                        break
             out.sort(key=lambda t: t[0].name)
             return out
 
-    def prune(self, *, keep_top: int, keep_failed: bool = False, device_id: int | None = None,
-              dry_run: bool = False) -> int:  # fmt: skip
-        """Delete all but the ``keep_top`` fastest successful records of each workload and device.
+    def successful_records(self, device_id: int) -> list[tuple[str, RecordRow]]:
+        """``(workload JSON, record)`` of every successful record Nightshift measured on the
+        device with this TVM version and whose trace passes the allow-list."""
+        stmt = (select(WorkloadRow.workload_json, RecordRow).join(WorkloadRow, WorkloadRow.id == RecordRow.workload_id)
+                .where(RecordRow.device_id == device_id, RecordRow.origin == "local",
+                       RecordRow.tvm_version == tvm.__version__, RecordRow.error_class.is_(None),
+                       RecordRow.mean_sec.is_not(None)).order_by(RecordRow.id))  # fmt: skip
+        with self.session(write=False) as s:
+            return [(w, r) for w, r in s.execute(stmt).all() if self.trace_ok(r)]
 
-        Failed records go too unless ``keep_failed``. Returns how many records were (or, with
-        ``dry_run``, would be) deleted.
+    def jobs(self) -> list[tuple[JobRow, str]]:
+        """Every job, newest first, with its state as seen now: a "running" job whose heartbeat
+        (or, without one, its last update) is older than :data:`DEAD_AFTER` is ``"dead"``."""
+        with self.session(write=False) as s:
+            rows = list(s.scalars(select(JobRow).order_by(JobRow.id.desc())))
+        now = datetime.now(UTC)
+        return [(j, job_state(j, now)) for j in rows]
+
+    def prune(
+        self,
+        *,
+        keep_top: int | None = None,
+        keep_failed: bool = False,
+        device_id: int | None = None,
+        tvm_version: str | None = None,
+        older_than: timedelta | None = None,
+        dry_run: bool = False,
+    ) -> PruneResult:
+        """Delete records; return how many were (or, with ``dry_run``, would be) deleted and kept.
+
+        The records that may go are those of ``device_id``, written by ``tvm_version`` and
+        older than ``older_than`` (each filter only when given). Of those, with ``keep_top``,
+        the ``keep_top`` fastest successful ones of each workload, device, TVM version and
+        origin stay (a schedule that replays on one TVM version may not on another), and
+        failed ones go unless ``keep_failed``; without ``keep_top``, all of them go.
 
         Raises:
-            UserInputError: ``keep_top`` is negative.
+            UserInputError: ``keep_top`` is negative, or nothing says what to delete.
         """
-        if keep_top < 0:
+        if keep_top is not None and keep_top < 0:
             raise UserInputError(f"--keep-top must be 0 or more, got {keep_top}")
-        ranked = select(
-            RecordRow.id,
-            func.row_number().over(
-                partition_by=(RecordRow.workload_id, RecordRow.device_id),
-                order_by=(RecordRow.mean_sec, RecordRow.id),
-            ).label("rank"),
-        ).where(RecordRow.mean_sec.is_not(None), RecordRow.error_class.is_(None))
+        if keep_top is None and tvm_version is None and older_than is None:
+            raise UserInputError("say what to prune: --keep-top N, --tvm-version V and/or --older-than DAYS")
+        scope = []
         if device_id is not None:
-            ranked = ranked.where(RecordRow.device_id == device_id)
-        sub = ranked.subquery()
-        doomed = select(sub.c.id).where(sub.c.rank > keep_top)
-        failed = select(RecordRow.id).where((RecordRow.error_class.is_not(None)) | RecordRow.mean_sec.is_(None))
-        if device_id is not None:
-            failed = failed.where(RecordRow.device_id == device_id)
-
-        def work(s: Session) -> int:
-            n = int(s.scalar(select(func.count()).select_from(doomed.subquery())) or 0)
+            scope.append(RecordRow.device_id == device_id)
+        if tvm_version is not None:
+            scope.append(RecordRow.tvm_version == tvm_version)
+        if older_than is not None:
+            scope.append(RecordRow.created_at < (datetime.now(UTC) - older_than).replace(tzinfo=None))
+        if keep_top is None:
+            doomed = [select(RecordRow.id).where(*scope)]
+        else:
+            ranked = select(
+                RecordRow.id,
+                func.row_number().over(
+                    partition_by=(RecordRow.workload_id, RecordRow.device_id, RecordRow.tvm_version,
+                                  RecordRow.origin),
+                    order_by=(RecordRow.mean_sec, RecordRow.id),
+                ).label("rank"),
+            ).where(RecordRow.mean_sec.is_not(None), RecordRow.error_class.is_(None), *scope)  # fmt: skip
+            sub = ranked.subquery()
+            doomed = [select(sub.c.id).where(sub.c.rank > keep_top)]
             if not keep_failed:
-                n += int(s.scalar(select(func.count()).select_from(failed.subquery())) or 0)
+                doomed.append(select(RecordRow.id).where(
+                    (RecordRow.error_class.is_not(None)) | RecordRow.mean_sec.is_(None), *scope))  # fmt: skip
+
+        def work(s: Session) -> PruneResult:
+            total = int(s.scalar(select(func.count(RecordRow.id))) or 0)
+            n = sum(int(s.scalar(select(func.count()).select_from(d.subquery())) or 0) for d in doomed)
             if not dry_run:
-                s.execute(delete(RecordRow).where(RecordRow.id.in_(doomed)))
-                if not keep_failed:
-                    s.execute(delete(RecordRow).where(RecordRow.id.in_(failed)))
-            return n
+                for d in doomed:
+                    s.execute(delete(RecordRow).where(RecordRow.id.in_(d)))
+            return PruneResult(n, total - n)
 
         return self._write(work)
 
 
-def _best_stmt(workload_id: int, device_ids: list[int]):
-    return (
+@dataclass(frozen=True)
+class PruneResult:
+    """Records a prune deleted (or would delete) and the records left in the database."""
+
+    deleted: int
+    kept: int
+
+
+def job_state(job: JobRow, now: datetime) -> str:
+    """A job's state as seen at ``now``: ``"dead"`` for a running job whose heartbeat stopped."""
+    if job.state != "running":
+        return job.state
+    seen = job.heartbeat_at or job.updated_at
+    if seen is None:
+        return job.state
+    if seen.tzinfo is None:  # stored as naive UTC
+        seen = seen.replace(tzinfo=UTC)
+    return "dead" if now - seen > DEAD_AFTER else job.state
+
+
+def _best_stmt(workload_id: int, device_ids: list[int], origin: str | None = "local"):
+    stmt = (
         select(RecordRow)
         .where(RecordRow.workload_id == workload_id, RecordRow.device_id.in_(device_ids),
                RecordRow.error_class.is_(None), RecordRow.mean_sec.is_not(None))
         .order_by(RecordRow.mean_sec, RecordRow.id)
     )  # fmt: skip
+    return stmt if origin is None else stmt.where(RecordRow.origin == origin)
 
 
 def workload_summary(name: str, mod: tvm.IRModule) -> str:

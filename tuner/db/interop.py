@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +17,8 @@ import tvm
 from tvm.s_tir.analysis import estimate_tir_flops
 from tvm.s_tir.meta_schedule.database import JSONDatabase, TuningRecord, Workload
 
-from tuner.db.database import NewRecord, TuningDatabase
+from tuner.db.database import ImportSource, NewRecord, TuningDatabase
+from tuner.db.validate import record_rejection
 from tuner.errors import UserInputError
 from tuner.tasks import trace_program_hash, workload_key
 
@@ -35,6 +37,8 @@ class TransferSummary:
     workloads: int
     records: int
     skipped: int
+    # Records refused by the allow-list: (line of the record file, reason).
+    rejected: tuple[tuple[int, str], ...] = ()
 
 
 def trace_point(record_json: str) -> str:
@@ -59,7 +63,8 @@ def export_json(db: TuningDatabase, device_id: int, folder: Path, *, top_k: int 
     out = JSONDatabase(path_workload=str(paths[0]), path_tuning_record=str(paths[1]), allow_missing=True)
     workloads = records = skipped = 0
     for wrow, _best, _n in db.best_per_workload(device_id):
-        rows = db.best(wrow.key, device_id, k=top_k or 2**31 - 1)
+        # Only records measured here that pass the allow-list: an export is replayed elsewhere.
+        rows = [r for r in db.best(wrow.key, device_id, k=top_k or 2**31 - 1) if db.trace_ok(r)]
         try:
             workload = out.commit_workload(Workload.from_json(json.loads(wrow.workload_json)).mod)
         except (RuntimeError, ValueError, TypeError, IndexError) as err:
@@ -77,10 +82,16 @@ def export_json(db: TuningDatabase, device_id: int, folder: Path, *, top_k: int 
     return TransferSummary(workloads, records, skipped)
 
 
-def import_json(db: TuningDatabase, device_id: int, device_kind: str, folder: Path) -> TransferSummary:
-    """Store the records of a MetaSchedule JSON database in ``folder`` as measured on a device.
+def import_json(db: TuningDatabase, device_id: int, device_kind: str, folder: Path, *,
+                tvm_version: str | None = None) -> TransferSummary:  # fmt: skip
+    """Store the records of a MetaSchedule JSON database in ``folder`` as foreign records of a device.
 
-    Idempotent: importing the same files twice stores each record once.
+    Every record line is checked against the allow-list (:mod:`tuner.db.validate`) before TVM
+    parses it; rejected ones are reported with the reason and not stored. The rest keep their
+    provenance: stored as imports (``origin="import"``, used only when no record measured by
+    Nightshift exists, after a replay check) with the file, the target they name and
+    ``tvm_version`` (the TVM that wrote them, if known). Idempotent: importing the same files
+    twice stores each record once.
 
     Raises:
         UserInputError: the files are missing or unreadable, or their target is of another
@@ -90,15 +101,39 @@ def import_json(db: TuningDatabase, device_id: int, device_kind: str, folder: Pa
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         raise UserInputError(f"no MetaSchedule database: {', '.join(missing)} not found")
+    rejected: list[tuple[int, str]] = []
     try:
-        src = JSONDatabase(path_workload=str(paths[0]), path_tuning_record=str(paths[1]), allow_missing=False)
-        all_records = list(src.get_all_tuning_records())
-    except (RuntimeError, ValueError, TypeError, json.JSONDecodeError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise UserInputError(f"cannot read the MetaSchedule database in {folder}: {first}") from err
+        lines = paths[1].read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserInputError(f"cannot read {paths[1]}: {err}") from err
+    accepted = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+            reason = record_rejection(json.dumps(entry[1])) if isinstance(entry, list) and len(entry) == 2 else (
+                "not [workload index, record]")
+        except ValueError:
+            reason = "not JSON"
+        if reason is None:
+            accepted.append(line)
+        else:
+            rejected.append((n, reason))
+            logger.warning("%s line %d rejected: %s", paths[1], n, reason)
+    with tempfile.TemporaryDirectory(prefix="nightshift-import-") as tmp:
+        checked = Path(tmp) / RECORD_FILE
+        checked.write_text("".join(line + "\n" for line in accepted))
+        try:
+            src = JSONDatabase(path_workload=str(paths[0]), path_tuning_record=str(checked), allow_missing=False)
+            all_records = list(src.get_all_tuning_records())
+        except (RuntimeError, ValueError, TypeError, json.JSONDecodeError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise UserInputError(f"cannot read the MetaSchedule database in {folder}: {first}") from err
     keys: set[str] = set()
     batch: list[NewRecord] = []
     skipped = 0
+    targets: set[str] = set()
     for rec in all_records:
         kind = rec.target.kind.name if rec.target is not None else None
         want = "llvm" if device_kind == "cpu" else device_kind
@@ -107,6 +142,8 @@ def import_json(db: TuningDatabase, device_id: int, device_kind: str, folder: Pa
                 f"records in {folder} target {kind}, not the {device_kind} device given; pass the --device they were "
                 "measured on"
             )
+        if rec.target is not None:
+            targets.add(json.dumps(dict(rec.target.export()), sort_keys=True, default=str))
         mod = rec.workload.mod
         key = workload_key(mod)
         if key not in keys:
@@ -127,8 +164,10 @@ def import_json(db: TuningDatabase, device_id: int, device_kind: str, folder: Pa
             run_secs=[] if failed else secs, error_class="metaschedule_failed" if failed else None,
             program_hash=trace_program_hash(rec.trace, mod),
         ))  # fmt: skip
-    new = db.add_records(device_id, None, batch)
-    return TransferSummary(len(keys), new, skipped + len(batch) - new)
+    source = ImportSource(file=str(paths[1].resolve()), device="; ".join(sorted(targets))[:2000] or "unknown",
+                          tvm_version=tvm_version)  # fmt: skip
+    new = db.add_records(device_id, None, batch, source=source)
+    return TransferSummary(len(keys), new, skipped + len(batch) - new, tuple(rejected))
 
 
 def _paths(folder: Path) -> tuple[Path, Path]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 
 
 def record_key(workload_id: int, device_id: int, point: str) -> str:
@@ -19,3 +20,20 @@ def record_key_v2(workload_id: int, device_id: int, job_id: int | None, point: s
     """Schema 2's record key, which included the job; used by the migrations only."""
     text = f"{workload_id}|{device_id}|{'' if job_id is None else job_id}|{point}"
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def device_class(kind: str, target: str, description: str) -> str:
+    """Devices that are the same machine type for tuning: same kind, TVM target and CPU/GPU model.
+
+    Fingerprints also hash ISA flags (which a hypervisor may hide on one VM and not another)
+    and may differ where the code and its speed do not; records of a class are looked up
+    together. Arguments are the device row's JSON text.
+    """
+    try:
+        target_obj = json.loads(target)
+        desc = json.loads(description)
+    except ValueError:
+        target_obj, desc = target, {}
+    model = desc.get("model") or desc.get("gpu") if isinstance(desc, dict) else None
+    blob = json.dumps({"kind": kind, "target": target_obj, "model": model}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -75,7 +75,7 @@ def upgrade_command(url: URL) -> str:
     """The exact command that upgrades ``url``, password hidden."""
     if url.get_backend_name() == "sqlite" and url.database:
         return f"nightshift db upgrade --db {url.database}"
-    return f"nightshift db upgrade --db {url.render_as_string(hide_password=True)}"
+    return f"nightshift db upgrade --db {_shown(url)}"
 
 
 def schema_state(conn: Connection) -> SchemaState:
@@ -175,7 +175,9 @@ def upgrade(engine: Engine, url: URL, *, only_if_empty: bool = False, to: str = 
 
 
 def _shown(url: URL) -> str:
-    return url.render_as_string(hide_password=True)
+    from tuner.db.database import redact  # (database imports this module)
+
+    return redact(url)
 
 
 def _db_arg(url: URL) -> str:

@@ -25,7 +25,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # Kept in nightshift_meta by the migrations, for people reading the database; alembic's
 # revision is what Nightshift checks.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 def _now() -> datetime:
@@ -54,6 +54,8 @@ class DeviceRow(Base):
     arch: Mapped[str] = mapped_column(String(64), index=True)
     target: Mapped[str] = mapped_column(Text)
     description: Mapped[str] = mapped_column(Text)
+    # keys.device_class: devices of one machine type, whose records are looked up together.
+    device_class: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
     created_at: Mapped[datetime] = mapped_column(default=_now)
 
 
@@ -139,8 +141,17 @@ class RecordRow(Base):
     build_sec: Mapped[float | None] = mapped_column(Float, nullable=True)
     # Wall time of the measurement step (upload, warm-up, repeats), not the kernel time.
     run_wall_sec: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Who wrote it. For an import, tvm_version is source_tvm_version or "unknown".
     tvm_version: Mapped[str] = mapped_column(String(32))
     host: Mapped[str] = mapped_column(String(256))
+    os_user: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    nightshift_version: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    # "local" (measured by Nightshift) or "import" (a foreign MetaSchedule database: its
+    # timings were not taken here; used only when nothing local is, after a replay check).
+    origin: Mapped[str] = mapped_column(String(16), default="local", server_default="local")
+    source_file: Mapped[str | None] = mapped_column(Text, nullable=True)
+    source_device: Mapped[str | None] = mapped_column(Text, nullable=True)
+    source_tvm_version: Mapped[str | None] = mapped_column(String(32), nullable=True)
     created_at: Mapped[datetime] = mapped_column(default=_now)
 
 

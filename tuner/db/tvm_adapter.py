@@ -4,8 +4,9 @@
 ``commit_workload`` and ``get_top_k`` for every fused function. Lookups follow the
 database's fallback policy (this device; else the same architecture, flagged; never another
 architecture), so a schedule tuned on one machine never leaks onto a different one (unlike
-TVM's JSONDatabase, which ignores the target: apache/tvm#15549). Records of another TVM
-version are used only after their trace replays cleanly on this one.
+TVM's JSONDatabase, which ignores the target: apache/tvm#15549). Every trace passes the
+allow-list of :mod:`tuner.db.validate` before TVM parses it; records of another TVM version
+and imported ones are used only after their trace replays cleanly on this one.
 """
 
 from __future__ import annotations
@@ -23,9 +24,13 @@ from tvm.s_tir.meta_schedule.database import PyDatabase, TuningRecord, Workload
 
 from tuner.db.database import FallbackPolicy, NewRecord, TuningDatabase
 from tuner.db.schema import RecordRow
+from tuner.db.validate import record_rejection
 from tuner.tasks import trace_program_hash, workload_key
 
 logger = logging.getLogger(__name__)
+
+_FROM_RECORDS = ("tuned", "same-arch", "foreign")
+_KIND = {"device": "tuned", "same-arch": "same-arch", "foreign": "foreign"}
 
 # A schedule for a workload no record covers: its record (run_secs None) and what it is.
 Fallback = Callable[[Workload], tuple[TuningRecord, str] | None]
@@ -37,8 +42,9 @@ class Decision:
 
     Attributes:
         name: the function's name.
-        kind: ``"tuned"`` (a record of this device), ``"same-arch"`` (a record of another
-            device of the same architecture), ``"fallback"`` (no record; the fallback
+        kind: ``"tuned"`` (a record of this device or an identical one), ``"same-arch"`` (a
+            record of another device of the same architecture), ``"foreign"`` (an imported
+            MetaSchedule record, replayed and checked, never measured here), ``"fallback"`` (no record; the fallback
             schedule), or ``"tvm-default"`` (no record and no fallback: TVM's lowering).
         detail: the record's time, the other device, or the fallback's description.
     """
@@ -86,11 +92,11 @@ class MetaScheduleDatabase(PyDatabase):
     # Kept for callers of the first version: workload key -> name, tuned or not.
     @property
     def hits(self) -> dict[str, str]:
-        return {k: d.name for k, d in self.decisions.items() if d.kind in ("tuned", "same-arch")}
+        return {k: d.name for k, d in self.decisions.items() if d.kind in _FROM_RECORDS}
 
     @property
     def misses(self) -> dict[str, str]:
-        return {k: d.name for k, d in self.decisions.items() if d.kind not in ("tuned", "same-arch")}
+        return {k: d.name for k, d in self.decisions.items() if d.kind not in _FROM_RECORDS}
 
     def has_workload(self, mod: tvm.IRModule) -> bool:
         # Compiling (read-only) or with a fallback, TVM must ask get_top_k about every
@@ -125,11 +131,13 @@ class MetaScheduleDatabase(PyDatabase):
         if found:
             first = found[0]
             detail = f"{first.row.mean_sec * 1e3:.3f} ms" if first.row.mean_sec is not None else ""
-            if first.source == "same-arch":
+            if first.source == "same-arch" or first.device_fingerprint != self._fingerprint():
                 detail += f", measured on device {first.device_fingerprint}"
+            if first.source == "foreign":
+                detail += f", imported from {first.row.source_file} ({first.row.source_device})"
             if not first.same_tvm:
                 detail += f", TVM {first.row.tvm_version}"
-            self.decisions[key] = Decision(name, "tuned" if first.source == "device" else "same-arch", detail)
+            self.decisions[key] = Decision(name, _KIND[first.source], detail)
             return [TuningRecord.from_json(json.loads(b.row.record_json), workload) for b in found]
         made = self.fallback(workload) if self.fallback is not None else None
         if made is None:
@@ -139,26 +147,44 @@ class MetaScheduleDatabase(PyDatabase):
         self.decisions[key] = Decision(name, "fallback", what)
         return [record]
 
+    def _fingerprint(self) -> str:
+        return self.db._device_rows.get(self.device_id, ("",))[0]
+
     def _replays_cleanly(self, row: RecordRow, workload: Workload) -> bool:
-        """Whether a record written by another TVM version replays on this one."""
+        """Whether a record written by another TVM version (or imported) replays on this one."""
         ok = self._replays.get(row.id)
         if ok is None:
-            try:
-                record = TuningRecord.from_json(json.loads(row.record_json), workload)
-                record.trace.apply_to_schedule(Schedule(workload.mod), remove_postproc=False)
-                ok = True
-            except (RuntimeError, ValueError, TypeError, KeyError, IndexError, AttributeError) as err:
-                logger.info("record %d from TVM %s does not replay on TVM %s: %s",
-                            row.id, row.tvm_version, tvm.__version__, str(err).splitlines()[0] if str(err) else err)
-                ok = False
-            self._replays[row.id] = ok
+            ok = self._replays[row.id] = replays_cleanly(row, workload)
         return ok
 
     def get_all_tuning_records(self) -> list[TuningRecord]:
-        raise NotImplementedError("export through `nightshift db export`, not this adapter")
+        """Every successful record of this device measured with this TVM version whose trace
+        passes the allow-list (imports and other TVM versions are left out: they need a
+        replay check against a workload first)."""
+        out, workloads = [], {}
+        for workload_json, row in self.db.successful_records(self.device_id):
+            workload = workloads.get(row.workload_id)
+            if workload is None:
+                workload = workloads[row.workload_id] = Workload.from_json(json.loads(workload_json))
+            out.append(TuningRecord.from_json(json.loads(row.record_json), workload))
+        return out
 
     def __len__(self) -> int:
         return self.db.count_records(device_id=self.device_id)
+
+
+def replays_cleanly(row: RecordRow, workload: Workload) -> bool:
+    """Whether a stored record's trace passes the allow-list and replays on this TVM."""
+    if record_rejection(row.record_json) is not None:
+        return False
+    try:
+        record = TuningRecord.from_json(json.loads(row.record_json), workload)
+        record.trace.apply_to_schedule(Schedule(workload.mod), remove_postproc=False)
+        return True
+    except (RuntimeError, ValueError, TypeError, KeyError, IndexError, AttributeError) as err:
+        logger.info("record %d from TVM %s does not replay on TVM %s: %s",
+                    row.id, row.tvm_version, tvm.__version__, str(err).splitlines()[0] if str(err) else err)
+        return False
 
 
 def _func_name(mod: tvm.IRModule) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import tempfile
 import time
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import tvm
 
+from tuner.measure.cuda import CudaToolchainError, kernel_formats, prepare_cuda_build
 from tuner.measure.pause import pausable
 from tuner.measure.results import BuildResult, ErrorClass
 
@@ -20,16 +22,25 @@ def build_candidate(mod_json: str, target_config: dict) -> BuildResult:
     """Compile a scheduled PrimFunc module (TVM JSON) and export it as a .so's bytes.
 
     Runs wherever the compiler is; the bytes travel to a measuring node that needs only the
-    TVM runtime. Errors become a ``BuildResult`` with ``BUILD_ERROR``.
+    TVM runtime (CUDA kernels are compiled to device code here, see ``tuner.measure.cuda``).
+    Errors become a ``BuildResult`` with ``BUILD_ERROR``.
     """
     start = time.perf_counter()
+    target = tvm.target.Target(target_config)
+    cuda = str(target.kind.name) == "cuda"
     try:
+        if cuda:
+            prepare_cuda_build()
         mod = tvm.ir.load_json(mod_json)
-        lib = tvm.compile(mod, target=tvm.target.Target(target_config))
+        # The CUDA compile callback reads the arch from the target in scope.
+        with target if cuda else contextlib.nullcontext():
+            lib = tvm.compile(mod, target=target)
         with tempfile.TemporaryDirectory(prefix="nightshift-build-") as tmp:
             path = Path(tmp) / "candidate.so"
             lib.export_library(str(path))
             data = path.read_bytes()
+        if cuda and "cuda" in kernel_formats(data):
+            raise CudaToolchainError("CUDA kernels were kept as source, which no GPU worker can run")
     except Exception as err:  # TVM raises many error types for unbuildable schedules
         return BuildResult(None, time.perf_counter() - start, ErrorClass.BUILD_ERROR, _short(err))
     return BuildResult(data, time.perf_counter() - start, size=len(data))

@@ -44,6 +44,7 @@ from ray.exceptions import (
 from tuner.device import Device
 from tuner.errors import NightshiftError, UserInputError
 from tuner.measure.builder import build_task
+from tuner.measure.cuda import gpu_archs, reference_module
 from tuner.measure.pause import pausable
 from tuner.measure.results import BuildResult, ErrorClass, Measurement, RunResult
 from tuner.measure.runner import ArgSpec, CandidateRunner, Reference, TimingConfig
@@ -124,14 +125,10 @@ def device_resource(device: Device) -> str:
 def local_device_resources() -> dict[str, float]:
     """The device resources of this machine: its CPU and each CUDA GPU TVM sees."""
     from tuner.device import parse_device
+    from tuner.measure.worker import gpu_resources
 
-    resources = {device_resource(parse_device("cpu")): 1.0}
-    for i in range(16):
-        if not tvm.cuda(i).exist:
-            break
-        name = device_resource(parse_device(f"cuda:{i}"))
-        resources[name] = resources.get(name, 0.0) + 1.0
-    return resources
+    # gpu_archs loads TVM's CUDA runtime library, without which TVM sees no GPU.
+    return {device_resource(parse_device("cpu")): 1.0} | gpu_resources(gpu_archs())
 
 
 def connect(address: str | None = None, *, num_cpus: int | None = None,
@@ -148,7 +145,10 @@ def connect(address: str | None = None, *, num_cpus: int | None = None,
     if address:
         ray.init(address=address, **kwargs)
     else:
-        ray.init(num_cpus=num_cpus, resources=local_device_resources() | (resources or {}), **kwargs)
+        # "local", not None: with None, Ray joins the newest cluster a `ray start` on this
+        # machine recorded in /tmp/ray (another user's), and then refuses our resources.
+        ray.init(address="local", num_cpus=num_cpus, resources=local_device_resources() | (resources or {}),
+                 **kwargs)  # fmt: skip
     logger.info("Ray cluster: %s", ray.cluster_resources())
 
 
@@ -258,7 +258,9 @@ class RayMeasurer:
         ]
         ref = None
         if time_them and task.workload_key not in self._refs:
-            ref = _Cand(next(self._ids), task.workload_key, entry, tvm.ir.save_json(task.mod), False, None,
+            # On CUDA the reference is the task under TVM's default GPU schedule (tuner.measure.cuda).
+            ref_mod = reference_module(task.mod, self.device.target)
+            ref = _Cand(next(self._ids), task.workload_key, entry, tvm.ir.save_json(ref_mod), False, None,
                         args=_arg_specs(task.mod))
             self._refs[task.workload_key] = _RefState(ref)
         with self._cv:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import tvm
 
+from tuner.measure.cuda import CudaToolchainError, context_fatal, load_cuda_runtime
 from tuner.measure.pause import BuildPauser
 from tuner.measure.results import ErrorClass, RunResult, relative_spread
 
@@ -126,8 +127,8 @@ class CandidateRunner:
 
     def __init__(self, device_kind: str = "cpu", device_index: int = 0, *, pause_builds: bool = False,
                  pause_lease_s: float = 30.0) -> None:
-        if device_kind == "cuda":
-            _load_cuda_runtime()
+        if device_kind == "cuda" and not load_cuda_runtime():
+            raise CudaToolchainError("TVM's CUDA runtime library does not load here (driver and libcudart.so.13?)")
         self.dev = tvm.cpu(0) if device_kind == "cpu" else tvm.cuda(device_index)
         self._inputs: dict[str, list[np.ndarray]] = {}
         self._reference: dict[str, list[np.ndarray]] = {}
@@ -157,6 +158,7 @@ class CandidateRunner:
         try:
             outs = self._run(_load(artifact)[entry], inputs)
         except Exception as err:  # the reference itself failing is reported, not raised
+            self._exit_if_context_fatal(err)
             return RunResult(error_class=ErrorClass.RUN_ERROR, error_msg=f"reference: {err}")
         self._inputs[task_key] = inputs
         self._reference[task_key] = outs
@@ -190,6 +192,7 @@ class CandidateRunner:
             outs = self._run(lib[entry], self._inputs[task_key])
             check_s = time.perf_counter() - check_start
         except Exception as err:  # runtime faults of a candidate are data
+            self._exit_if_context_fatal(err)
             return RunResult(error_class=ErrorClass.RUN_ERROR, error_msg=f"{type(err).__name__}: {err}"[:2000],
                              node_id=node, busy_s=time.perf_counter() - start)
         for k, (got, want) in enumerate(zip(outs, self._reference[task_key], strict=True)):
@@ -203,6 +206,7 @@ class CandidateRunner:
         try:
             result = self._time(lib, entry, arrays, timing, best_sec, check_s)
         except Exception as err:
+            self._exit_if_context_fatal(err)  # a paused node's watchdog resumes its builds
             result = RunResult(error_class=ErrorClass.RUN_ERROR, error_msg=f"{type(err).__name__}: {err}"[:2000])
         finally:
             report = self._pauser.resume() if self._pauser is not None else None
@@ -244,6 +248,23 @@ class CandidateRunner:
         logger.debug("median %.3g s over %d repeats, %d re-measurements", statistics.median(secs), len(secs), rounds)
         return RunResult(run_secs=secs, remeasured=rounds)
 
+    def _exit_if_context_fatal(self, err: BaseException) -> None:
+        """End the process after a CUDA error that leaves the context unusable.
+
+        Every later call in this process would fail with the same error, so returning a
+        result would blame the candidates after this one. Dying instead lets the measurer see
+        the actor fail on this candidate, record it once as ``RUN_CRASH`` and time the rest on
+        the restarted actor (``RayMeasurer._on_actor_failure``).
+        """
+        if self.dev.dlpack_device_type() == tvm.cpu(0).dlpack_device_type():
+            return
+        fatal = context_fatal(str(err))
+        if fatal is None:
+            return
+        logger.error("%s: the CUDA context is unusable; the device actor restarts: %s", fatal, str(err)[:500])
+        logging.shutdown()
+        os._exit(70)  # not sys.exit: Ray would treat that as the actor's intended end
+
     def _run(self, func, inputs: list[np.ndarray]) -> list[np.ndarray]:
         arrays = [tvm.runtime.tensor(a, self.dev) for a in inputs]
         func(*arrays)
@@ -265,17 +286,3 @@ def _load(artifact: bytes) -> tvm.runtime.Module:
         Path(f.name).write_bytes(artifact)
         # The loaded library stays mapped after the file is unlinked.
         return tvm.runtime.load_module(f.name)
-
-
-def _load_cuda_runtime() -> None:
-    """Load TVM's CUDA runtime sidecar, which a runtime-only import does not load by itself."""
-    from tvm import base
-
-    if "tvm_runtime_cuda" in base._LOADED_LIBS:
-        return
-    from tvm_ffi.libinfo import load_lib_ctypes
-
-    runtime_dir = Path(base._LOADED_LIBS["tvm_runtime"]._name).resolve().parent
-    base._LOADED_LIBS["tvm_runtime_cuda"] = load_lib_ctypes(
-        package="tvm", target_name="tvm_runtime_cuda", extra_lib_paths=[runtime_dir], mode="RTLD_GLOBAL"
-    )

@@ -15,21 +15,20 @@ import shlex
 import subprocess
 import sys
 
+from tuner.measure.cuda import gpu_archs
+
 logger = logging.getLogger(__name__)
 
 
 def worker_resources(*, cpu: bool = True) -> dict[str, float]:
-    """The device resources of this machine, without needing TVM's compiler for GPUs."""
-    import tvm
+    """The device resources of this machine, without needing TVM's compiler for GPUs.
+
+    TVM's CUDA runtime library is loaded first (a runtime-only import leaves it out, and
+    without it TVM sees no GPU); a machine without the driver or CUDA 13's runtime has none.
+    """
     from tvm import base
 
-    resources: dict[str, float] = {}
-    for i in range(16):
-        dev = tvm.cuda(i)
-        if not dev.exist:
-            break
-        name = "nightshift_cuda_sm_" + str(dev.compute_version).replace(".", "")
-        resources[name] = resources.get(name, 0.0) + 1.0
+    resources = gpu_resources(gpu_archs())
     if cpu and not base._RUNTIME_ONLY:
         from tuner.device import parse_device
         from tuner.measure.ray_measure import device_resource
@@ -38,11 +37,29 @@ def worker_resources(*, cpu: bool = True) -> dict[str, float]:
     return resources
 
 
-def start_command(address: str, *, num_cpus: int | None, cpu_device: bool, block: bool) -> list[str]:
-    """The ``ray start`` command line for this machine."""
-    cmd = ["ray", "start", "--address", address, "--resources", json.dumps(worker_resources(cpu=cpu_device))]
+def gpu_resources(archs: list[str]) -> dict[str, float]:
+    """One unit of ``nightshift_cuda_<sm_XX>`` per GPU, from each GPU's ``sm_XX``."""
+    resources: dict[str, float] = {}
+    for arch in archs:
+        name = f"nightshift_cuda_{arch}"
+        resources[name] = resources.get(name, 0.0) + 1.0
+    return resources
+
+
+def start_command(address: str, *, num_cpus: int | None, cpu_device: bool, block: bool,
+                  resources: dict[str, float] | None = None) -> list[str]:
+    """The ``ray start`` command line for this machine (``resources``: as found here by default).
+
+    GPUs are offered to Ray as many as there are device resources for them, since the device
+    actor asks for one GPU beside its ``nightshift_cuda_*`` unit.
+    """
+    resources = worker_resources(cpu=cpu_device) if resources is None else resources
+    cmd = ["ray", "start", "--address", address, "--resources", json.dumps(resources)]
     if num_cpus is not None:
         cmd += ["--num-cpus", str(num_cpus)]
+    gpus = sum(int(v) for k, v in resources.items() if k.startswith("nightshift_cuda_"))
+    if gpus:
+        cmd += ["--num-gpus", str(gpus)]
     if block:
         cmd.append("--block")
     return cmd

@@ -2,7 +2,8 @@
 
 - records.record_key: sha256 of (workload, device, job, point), unique, replaces the
   uq_record_point constraint (which put the unbounded point text into a btree index and did
-  not stop duplicates of records without a job, since NULLs never compare equal);
+  not stop duplicates of records without a job, since NULLs never compare equal); such
+  duplicates are removed first, keeping one record of each;
 - records.run_wall_sec, index on records.job_id; the best-record index becomes a partial
   index of successful records in lookup order;
 - workloads.summary and workloads.tvm_version; jobs.host and jobs.tvm_version.
@@ -12,6 +13,8 @@ Revises: 0001
 """
 
 from __future__ import annotations
+
+import logging
 
 import sqlalchemy as sa
 from alembic import op
@@ -24,6 +27,8 @@ branch_labels = None
 depends_on = None
 
 _BATCH = 5000
+
+logger = logging.getLogger(__name__)
 
 
 def upgrade() -> None:
@@ -57,6 +62,9 @@ def upgrade() -> None:
             [{"rid": r.id, "rkey": record_key_v2(r.workload_id, r.device_id, r.job_id, r.point)} for r in rows],
         )
         last = rows[-1].id
+    removed = _drop_duplicates(conn)
+    if removed:
+        logger.warning("schema 0002: removed %d duplicate records (same workload, device, point, no job)", removed)
 
     with op.batch_alter_table("records") as batch:
         batch.drop_constraint("uq_record_point", type_="unique")
@@ -69,6 +77,31 @@ def upgrade() -> None:
     op.create_index("ix_records_best_ok", "records", ["workload_id", "device_id", "mean_sec", "id"],
                     sqlite_where=ok, postgresql_where=ok)  # fmt: skip
     op.execute("UPDATE nightshift_meta SET value = '2' WHERE key = 'schema_version'")
+
+
+def _drop_duplicates(conn: sa.Connection) -> int:
+    """Delete the records that would break the new unique key; return how many.
+
+    Schema 0001's unique key let the same point of a workload and device be stored again
+    whenever the job was NULL (NULLs never compare equal): imports and compile-time commits
+    applied twice. Of each such group one record stays: the oldest successful one, else the
+    oldest that is not a lost measurement, else the oldest.
+    """
+    records = sa.table("records", sa.column("id", sa.Integer), sa.column("record_key", sa.String),
+                       sa.column("mean_sec", sa.Float), sa.column("error_class", sa.String))  # fmt: skip
+    dup_keys = conn.execute(
+        sa.select(records.c.record_key).group_by(records.c.record_key).having(sa.func.count() > 1)
+    ).scalars().all()
+    removed = 0
+    for key in dup_keys:
+        group = conn.execute(sa.select(records.c.id, records.c.mean_sec, records.c.error_class)
+                             .where(records.c.record_key == key).order_by(records.c.id)).all()  # fmt: skip
+        keep = min(group, key=lambda r: (r.error_class is not None or r.mean_sec is None,
+                                         r.error_class == "lost", r.id))  # fmt: skip
+        doomed = [r.id for r in group if r.id != keep.id]
+        conn.execute(records.delete().where(records.c.id.in_(doomed)))
+        removed += len(doomed)
+    return removed
 
 
 def downgrade() -> None:

@@ -1,0 +1,204 @@
+"""A database a team can trust: validated traces, honest provenance, sane timings, housekeeping."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+from dbtest_utils import add_mod, fake_cpu, matmul_mod
+from tvm.s_tir import Schedule
+from tvm.s_tir.meta_schedule.database import JSONDatabase, TuningRecord, Workload
+
+from tuner import cli
+from tuner.compile import fallback_record
+from tuner.db import NewRecord, TuningDatabase
+from tuner.db.database import IMPLAUSIBLE
+from tuner.db.interop import RECORD_FILE, WORKLOAD_FILE, import_json
+from tuner.db.tvm_adapter import MetaScheduleDatabase
+from tuner.db.validate import record_rejection
+from tuner.tasks import workload_key
+
+EVIL_IR = "; ModuleID = 'evil'\ndefine void @owned() {\n  call void @system()\n  ret void\n}\n"
+
+
+def _record(mod, target, secs: list[float]) -> list:
+    """A real record of ``mod``: its fallback schedule's trace, with timings."""
+    record, _ = fallback_record(Workload(mod), target)
+    data = record.as_json()
+    data[1] = secs
+    return data
+
+
+def _inject(mod, target, secs: list[float]) -> list:
+    """A record whose trace annotates a loop ``pragma_import_llvm``: TVM links that IR into the module.
+
+    Made with TVM's own schedule API, as an attacker would: the fallback schedule, then the pragma.
+    """
+    record, _ = fallback_record(Workload(mod), target)
+    sch = Schedule(mod)
+    record.trace.apply_to_schedule(sch, remove_postproc=False)
+    block = sch.get_sblock("b")
+    sch.annotate(sch.get_loops(block)[0], "pragma_import_llvm", EVIL_IR)
+    data = TuningRecord(sch.trace, Workload(mod), secs, target, record.args_info).as_json()
+    return data
+
+
+def test_injected_llvm_pragma_never_gets_through(db_url, cpu_device, tmp_path):
+    mod = add_mod(64, "victim")
+    key = workload_key(mod)
+    honest = _record(mod, cpu_device.target, [4e-6])
+    evil = _inject(mod, cpu_device.target, [1e-7])
+    # The attack is real: TVM itself replays the trace and the pragma lands in the module.
+    sch = Schedule(mod)
+    TuningRecord.from_json(evil, Workload(mod)).trace.apply_to_schedule(sch, remove_postproc=False)
+    assert "pragma_import_llvm" in sch.mod.script()
+    assert "pragma_import_llvm" in record_rejection(json.dumps(evil))
+
+    db = TuningDatabase(db_url)
+    dev = db.device_id(cpu_device)
+    db.workload_id(key, "victim", mod, 64.0)
+    # Someone with write access stores the faster-looking malicious record.
+    db.add_records(dev, None, [NewRecord(key, "evil", json.dumps(evil), [1e-7])])
+    adapter = MetaScheduleDatabase(db, dev, read_only=True, fallback=lambda w: fallback_record(w, cpu_device.target))
+    got = adapter.get_top_k(Workload(mod), 1)
+    assert adapter.decisions[key].kind == "fallback"  # not the malicious record
+    assert all("pragma_import" not in str(r.trace) for r in got)
+    assert any("pragma_import_llvm" in reason for reason in db.rejected.values())
+    assert adapter.get_all_tuning_records() == []
+    # With an honest record beside it, the honest one is used, though slower.
+    db.add_records(dev, None, [NewRecord(key, "honest", json.dumps(honest), [4e-6])])
+    got = adapter.get_top_k(Workload(mod), 1)
+    assert adapter.decisions[key].kind == "tuned" and "pragma_import" not in str(got[0].trace)
+    assert [r.run_secs[0].value for r in adapter.get_all_tuning_records()] == [pytest.approx(4e-6)]
+
+    # Import: a MetaSchedule JSON database carrying the injection is refused line by line.
+    folder = tmp_path / "ms"
+    folder.mkdir()
+    src = JSONDatabase(str(folder / WORKLOAD_FILE), str(folder / RECORD_FILE), allow_missing=True)
+    wl = src.commit_workload(mod)
+    src.commit_tuning_record(TuningRecord.from_json(evil, wl))
+    src.commit_tuning_record(TuningRecord.from_json(_record(mod, cpu_device.target, [3e-6]), wl))
+    other = db.device_id(fake_cpu(cpu_device, model="imported box"))
+    res = import_json(db, other, "cpu", folder)
+    assert res.records == 1 and len(res.rejected) == 1 and "pragma_import_llvm" in res.rejected[0][1]
+    with db.session(write=False) as s:
+        stored = s.execute(sa.text("SELECT record_json FROM records WHERE device_id = :d"), {"d": other}).scalars()
+        assert all("pragma_import" not in r for r in stored)
+
+
+def test_implausible_timings_are_refused_on_write(db_url, cpu_device):
+    mod = matmul_mod(64)
+    key = workload_key(mod)
+    db = TuningDatabase(db_url)
+    dev = db.device_id(cpu_device)
+    db.workload_id(key, "matmul", mod, 2 * 64**3)
+    trace = json.dumps(_record(mod, cpu_device.target, [1e-4]))
+    db.add_records(dev, None, [NewRecord(key, "roofline", trace, [1e-12]),  # 5e17 FLOP/s on 2 cores
+                               NewRecord(key, "ms-failed", trace, [1e9, 1e9]),  # MetaSchedule's failure value
+                               NewRecord(key, "real", trace, [2e-4])])  # fmt: skip
+    # MetaSchedule's own commits (tune_tir through the adapter) go through the same check.
+    adapter = MetaScheduleDatabase(db, dev)
+    adapter.commit_tuning_record(TuningRecord.from_json(_record(mod, cpu_device.target, [1e9]), Workload(mod)))
+    assert [r.point for r in db.best(key, dev, k=5)] == ["real"]
+    with db.engine.connect() as conn:
+        refused = conn.execute(sa.text("SELECT error_class, error_msg FROM records WHERE mean_sec IS NULL")).all()
+    assert len(refused) == 3 and {r.error_class for r in refused} == {IMPLAUSIBLE}
+    assert any("peak" in r.error_msg for r in refused) and any("failure value" in r.error_msg for r in refused)
+
+
+def test_provenance_and_foreign_imports(db_url, cpu_device, tmp_path, capsys):
+    mod = add_mod(64, "shared")
+    key = workload_key(mod)
+    folder = tmp_path / "ms"
+    folder.mkdir()
+    src = JSONDatabase(str(folder / WORKLOAD_FILE), str(folder / RECORD_FILE), allow_missing=True)
+    src.commit_tuning_record(TuningRecord.from_json(_record(mod, cpu_device.target, [1e-6]), src.commit_workload(mod)))
+    db = TuningDatabase(db_url)
+    dev = db.device_id(cpu_device)
+    res = import_json(db, dev, "cpu", folder, tvm_version="0.19.0")
+    assert res.records == 1
+    row = db.lookup(key, dev, replays=lambda r: True)[0].row
+    assert (row.origin, row.tvm_version, row.source_tvm_version) == ("import", "0.19.0", "0.19.0")
+    assert row.source_file == str((folder / RECORD_FILE).resolve()) and '"mcpu"' in row.source_device
+    # Foreign records are used only by their own rule: after a replay check, never as measured.
+    assert db.lookup(key, dev) == []
+    adapter = MetaScheduleDatabase(db, dev, read_only=True)
+    assert adapter.get_top_k(Workload(mod), 1) and adapter.decisions[key].kind == "foreign"
+    assert "imported from" in adapter.decisions[key].detail
+    db_arg = db_url if not db_url.startswith("sqlite") else db_url.removeprefix("sqlite:///")
+    assert cli.main(["db", "best", "--db", db_arg]) == 0
+    assert "FOREIGN" in capsys.readouterr().out
+    # A record measured here wins over the foreign one, though slower, and says who wrote it.
+    db.add_records(dev, None, [NewRecord(key, "mine", json.dumps(_record(mod, cpu_device.target, [5e-6])), [5e-6])])
+    best = adapter.db.lookup(key, dev, replays=lambda r: True)[0]
+    assert best.source == "device" and best.row.point == "mine"
+    assert best.row.origin == "local" and best.row.os_user and best.row.nightshift_version and best.row.host
+    assert cli.main(["db", "best", "--db", db_arg, "--workload", key]) == 0
+    assert "this device" in capsys.readouterr().out
+
+
+def test_identical_devices_are_looked_up_together(db_url, cpu_device):
+    mod = add_mod(16)
+    key = workload_key(mod)
+    db = TuningDatabase(db_url)
+    db.workload_id(key, "add", mod, 16.0)
+    me = db.device_id(cpu_device)
+    # The same machine type whose hypervisor hides an ISA flag: another fingerprint, same class.
+    twin_dev = fake_cpu(cpu_device)
+    twin_dev.description["isa_flags"] = [f for f in twin_dev.description.get("isa_flags", []) if f != "f16c"] + ["x"]
+    twin = db.device_id(twin_dev)
+    assert twin != me
+    rec = json.dumps(_record(mod, cpu_device.target, [1e-6]))
+    db.add_records(me, None, [NewRecord(key, "mine-slow", rec, [9e-6])])
+    db.add_records(twin, None, [NewRecord(key, "twin-fast", rec, [2e-6])])
+    found = db.lookup(key, me, k=2)
+    assert [(b.row.point, b.source) for b in found] == [("twin-fast", "device"), ("mine-slow", "device")]
+
+
+def test_dead_jobs(db_url, cpu_device, capsys):
+    db = TuningDatabase(db_url)
+    dev = db.device_id(cpu_device)
+    live, killed, silent = (db.start_job(m, dev, {}, 4) for m in ("live", "killed", "silent"))
+    now = datetime.now(UTC).replace(tzinfo=None)
+    with db.engine.begin() as conn:
+        for job, beat, updated in ((live, now, now), (killed, now - timedelta(minutes=30), now),
+                                   (silent, None, now - timedelta(hours=2))):  # fmt: skip
+            conn.execute(sa.text("UPDATE jobs SET heartbeat_at = :b, updated_at = :u WHERE id = :j"),
+                         {"b": beat, "u": updated, "j": job})
+    assert {j.model: state for j, state in db.jobs()} == {"live": "running", "killed": "dead", "silent": "dead"}
+    assert db.stats()["jobs"] == {"running": 1, "dead": 2}
+    db_arg = db_url if not db_url.startswith("sqlite") else db_url.removeprefix("sqlite:///")
+    assert cli.main(["db", "jobs", "--db", db_arg]) == 0
+    assert capsys.readouterr().out.count("dead") == 2
+
+
+def test_prune_by_tvm_version_and_age_asks_first(db_url, cpu_device, capsys):
+    mod = add_mod(8)
+    key = workload_key(mod)
+    db = TuningDatabase(db_url)
+    db.workload_id(key, "add", mod, 8.0)
+    dev = db.device_id(cpu_device)
+    db.add_records(dev, None, [NewRecord(key, f"p{i}", "[[[], []], null, null, null]", [1e-3 * (i + 1)])
+                               for i in range(6)])  # fmt: skip
+    old = datetime.now(UTC).replace(tzinfo=None) - timedelta(days=90)
+    with db.engine.begin() as conn:  # two records of an old TVM, one of them also old
+        conn.execute(sa.text("UPDATE records SET tvm_version = '0.21.0' WHERE point IN ('p0', 'p1')"))
+        conn.execute(sa.text("UPDATE records SET created_at = :t WHERE point IN ('p1', 'p2')"), {"t": old})
+    # keep-top ranks each TVM version apart: the old version's best record survives too.
+    assert db.prune(keep_top=1, dry_run=True).deleted == 4
+    assert db.prune(tvm_version="0.21.0", dry_run=True).deleted == 2
+    assert db.prune(older_than=timedelta(days=30), dry_run=True).deleted == 2
+    assert db.prune(tvm_version="0.21.0", older_than=timedelta(days=30)).deleted == 1
+    db_arg = db_url if not db_url.startswith("sqlite") else db_url.removeprefix("sqlite:///")
+    # --keep-top 0 (and any prune deleting more than it keeps) is refused without --yes.
+    for argv in (["--keep-top", "0"], ["--keep-top", "1"]):
+        assert cli.main(["db", "prune", "--db", db_arg, *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "--yes" in err
+    assert db.count_records() == 5
+    assert cli.main(["db", "prune", "--db", db_arg, "--tvm-version", "0.21.0"]) == 0
+    assert "deleted 1 records; 4 kept" in capsys.readouterr().out
+    assert cli.main(["db", "prune", "--db", db_arg, "--keep-top", "0", "--yes"]) == 0
+    assert db.count_records() == 0

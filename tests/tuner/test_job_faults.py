@@ -1,0 +1,150 @@
+"""A job's own faults: its PostgreSQL server out of reach (a real TCP proxy in front of the
+real server, stopped and started) is waited for with backoff; past the wait the job stops
+with a clear error and the batch it could not store is kept and written on resume."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import uuid
+
+import pytest
+import sqlalchemy as sa
+import tvm
+from tvm import te
+
+from tuner.db import NewRecord, TuningDatabase
+from tuner.errors import DatabaseError
+from tuner.job import TuneConfig, TuningJob
+from tuner.tasks import Task, workload_key
+
+
+class Proxy:
+    """Forwards a local port to the PostgreSQL server; ``stop`` cuts every connection and
+    refuses new ones, as a lost server or network does."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        self.port = probe.getsockname()[1]
+        probe.close()
+        self._conns: list[socket.socket] = []
+        self._server: socket.socket | None = None
+
+    def start(self) -> None:
+        server = socket.socket()
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", self.port))
+        server.listen(16)
+        self._server = server
+        threading.Thread(target=self._accept, args=(server,), daemon=True).start()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            # shutdown, not only close: close would leave the socket listening while the
+            # accept thread holds it.
+            with contextlib.suppress(OSError):
+                self._server.shutdown(socket.SHUT_RDWR)
+            self._server.close()
+            self._server = None
+        for c in self._conns:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)
+            c.close()
+        self._conns.clear()
+
+    def _accept(self, server: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+
+@pytest.fixture
+def proxied_db(pg_server_url):
+    """A fresh PostgreSQL database reached through a :class:`Proxy`."""
+    admin = sa.create_engine(pg_server_url, isolation_level="AUTOCOMMIT")
+    name = f"ns_fault_{uuid.uuid4().hex[:10]}"
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = sa.make_url(pg_server_url).set(database=name)
+    proxy = Proxy((url.host or "127.0.0.1", url.port or 5432))
+    proxy.start()
+    db = TuningDatabase(url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False))
+    yield db, proxy
+    proxy.stop()
+    db.close()
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+def _task() -> Task:
+    a = te.placeholder((16, 16), name="A")
+    b = te.compute((16, 16), lambda i, j: a[i, j] * 2.0, name="B")
+    mod = tvm.IRModule({"main": te.create_prim_func([a, b])})
+    return Task("double", mod, 1, 256.0, workload_key(mod))
+
+
+def _job(db, device, tmp_path, retry_s: float, events: list) -> TuningJob:
+    task = _task()
+    job = TuningJob([task], device, db, TuneConfig(trials=4, retry_s=retry_s, spool_dir=tmp_path, name="f"),
+                    model_name="m", on_event=events.append)  # fmt: skip
+    job.device_id = db.device_id(device)
+    db.workload_id(task.workload_key, task.name, task.mod, task.flops)
+    job.job_id = db.start_job("m", job.device_id, {}, 4, name="f")
+    return job
+
+
+def _record(task: Task, n: int) -> NewRecord:
+    return NewRecord(workload_key=task.workload_key, point=json.dumps({"n": n}), record_json="{}",
+                     run_secs=[1e-5 * (n + 1)], program_hash=f"h{n}")  # fmt: skip
+
+
+def test_lost_database_is_waited_for(proxied_db, cpu_device, tmp_path):
+    db, proxy = proxied_db
+    events: list = []
+    job = _job(db, cpu_device, tmp_path, 60, events)
+    proxy.stop()
+    threading.Timer(3.0, proxy.start).start()
+    job._store([_record(job.tasks[0], 0)])
+    assert db.count_records() == 1
+    retries = [e for e in events if e["event"] == "retry"]
+    assert retries and retries[0]["what"] == "database" and retries[0]["delay_s"] == 1.0
+
+
+def test_database_lost_for_good_stops_clearly_and_loses_nothing(proxied_db, cpu_device, tmp_path):
+    db, proxy = proxied_db
+    job = _job(db, cpu_device, tmp_path, 3, [])
+    proxy.stop()
+    records = [_record(job.tasks[0], n) for n in range(3)]
+    with pytest.raises(DatabaseError, match="3 measurements it could not take are kept in"):
+        job._store(records)
+    spool = job._spool_path()
+    assert len(spool.read_text().splitlines()) == 3
+    # The resumed job writes them first, once.
+    proxy.start()
+    job._unspool()
+    job._unspool()
+    assert not spool.exists()
+    assert db.count_records() == 3
+    assert db.job_trials(job.job_id) == 3

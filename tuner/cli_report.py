@@ -1,0 +1,153 @@
+"""The morning after a job: ``nightshift run``, ``nightshift report`` and ``nightshift jobs``.
+
+Registered on the main parser by :func:`add_report_commands`. ``run`` needs TVM's runtime
+only (it imports :mod:`tuner.artifact`, never the compiler side of Nightshift).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from tuner.errors import UserInputError
+
+
+def add_report_commands(
+    sub: argparse._SubParsersAction, add_db_arg: Callable[[argparse.ArgumentParser], None]
+) -> None:
+    """Add ``run``, ``report`` and ``jobs`` to the ``nightshift`` subparsers."""
+    p = sub.add_parser("run", help="run a tuned artifact (tune -o) on inputs from .npy files, with TVM's runtime only")
+    p.add_argument("artifact", type=Path, help="the .so that tune -o wrote (with its .json), or the artifact folder")
+    p.add_argument("--input", type=Path, action="append", required=True, metavar="FILE",
+                   help="a .npy per input, in order (repeat the option), or one .npz keyed by input name")
+    p.add_argument("--output", type=Path, default=None, help="write the output (.npy; .npz for several)")
+    p.add_argument("--repeat", type=int, default=0, help="also time this many runs and print the median")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: those it was tuned on)")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("report", help="write a job's report: tuning curves, tasks, time, errors (one HTML file)")
+    add_db_arg(p)
+    p.add_argument("--job", required=True, metavar="NAME_OR_ID", help="the job's name (tune --job) or id")
+    p.add_argument("-o", "--output", type=Path, required=True, help="the HTML file to write")
+    p.add_argument("--artifact", type=Path, default=None,
+                   help="the job's artifact (tune -o): its latency, verification and task weights")
+    p.add_argument("--bench", type=Path, action="append", default=[], metavar="FILE",
+                   help="nightshift bench --json results to compare with (repeatable)")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.set_defaults(func=cmd_report)
+    p = sub.add_parser("jobs", help="list the database's jobs and their state")
+    add_db_arg(p)
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.set_defaults(func=cmd_jobs)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run an artifact on the given inputs; print the outputs' summary and, with --repeat, the latency."""
+    import numpy as np
+
+    from tuner.artifact import check_inputs, load_artifact, load_inputs, read_metadata
+    from tuner.cli import out
+
+    if args.repeat < 0:
+        raise UserInputError(f"--repeat must be 0 or more, got {args.repeat}")
+    if args.output is not None and not args.output.parent.is_dir():
+        raise UserInputError(f"--output {args.output}: folder {args.output.parent} does not exist")
+    metadata = read_metadata(args.artifact)
+    arrays = load_inputs(args.input, metadata.get("inputs", []))
+    # Before loading: TVM's loader logs to stderr, and a usage error is one line.
+    check_inputs(metadata, arrays)
+    artifact = load_artifact(args.artifact, threads=args.threads)
+    outputs = artifact.run(arrays)
+    for n, o in enumerate(outputs):
+        out.print(f"output {n}: shape {tuple(o.shape)} {o.dtype}, mean {float(np.mean(o)):.6g}, "
+                  f"max |x| {float(np.max(np.abs(o))) if o.size else 0.0:.6g}")  # fmt: skip
+    if args.output is not None:
+        try:
+            if args.output.suffix == ".npz" or len(outputs) > 1:
+                np.savez(args.output, *outputs)
+            else:
+                np.save(args.output, outputs[0])
+        except OSError as err:
+            raise UserInputError(f"cannot write --output {args.output}: {err.strerror or err}") from err
+        out.print(f"wrote {args.output}")
+    if args.repeat:
+        samples = artifact.time(arrays, args.repeat)
+        tuned = metadata.get("latency_ms")
+        at_tune = f" (at tuning time {tuned:.3f} ms)" if isinstance(tuned, int | float) else ""
+        out.print(f"latency {float(np.median(samples)) * 1e3:.3f} ms median of {args.repeat} runs{at_tune}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Write the HTML report of a job."""
+    from tuner.artifact import read_metadata
+    from tuner.cli import _open_db, out
+    from tuner.report import find_job, job_data, render
+
+    if not args.output.parent.is_dir():
+        raise UserInputError(f"-o {args.output}: folder {args.output.parent} does not exist")
+    artifact = read_metadata(args.artifact) if args.artifact is not None else None
+    bench = [_read_bench(p) for p in args.bench]
+    db = _open_db(args.db)
+    job = find_job(db, args.job)
+    data = job_data(db, job, artifact=artifact)
+    try:
+        args.output.write_text(render(data, bench=bench, artifact=artifact))
+    except OSError as err:
+        raise UserInputError(f"cannot write -o {args.output}: {err.strerror or err}") from err
+    out.print(f"wrote {args.output}: job {job.label}, {data.num_records} records of {len(data.tasks)} tasks")
+    return 0
+
+
+def _read_bench(path: Path) -> dict[str, Any]:
+    try:
+        result = json.loads(path.read_text())
+    except OSError as err:
+        raise UserInputError(f"--bench {path}: {err.strerror or err}") from err
+    except ValueError as err:
+        raise UserInputError(f"--bench {path}: not JSON ({err})") from err
+    if not isinstance(result, dict) or not isinstance(result.get("entries"), list):
+        raise UserInputError(f"--bench {path}: not the output of nightshift bench --json (no entries)")
+    return result
+
+
+def _ago(when: datetime | None, now: datetime) -> str:
+    if when is None:
+        return "–"
+    sec = (now - when).total_seconds()
+    if sec < 120:
+        return f"{sec:.0f} s ago"
+    if sec < 7200:
+        return f"{sec / 60:.0f} min ago"
+    return f"{sec / 3600:.1f} h ago"
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    """List the jobs, newest first; a running job without a heartbeat for 5 minutes shows as dead."""
+    from tuner.cli import _open_db, out
+    from tuner.report import list_jobs
+
+    jobs = list_jobs(_open_db(args.db))
+    if not jobs:
+        out.print("no jobs in the database")
+        return 0
+    now = datetime.now(UTC)
+    table = Table(title=f"{len(jobs)} jobs")
+    for col in ("id", "name", "model", "device", "state", "trials", "elapsed", "last heartbeat", "host"):
+        table.add_column(col, justify="right" if col in ("id", "trials", "elapsed") else "left")
+    colors = {"dead": "red", "failed": "red", "running": "cyan", "done": "green"}
+    for j in jobs:
+        state = j.shown_state(now)
+        trials = f"{j.trials_done}/{j.trials_total}" if j.trials_total else str(j.trials_done)
+        budget = f" of {j.time_budget_sec / 60:.0f} min" if j.time_budget_sec else ""
+        table.add_row(str(j.id), j.name or "–", j.model, f"{j.device} ({j.device_arch})",
+                      f"[{colors.get(state, 'white')}]{state}[/]", trials, f"{j.wall_sec / 60:.1f} min{budget}",
+                      _ago(j.last_alive, now), j.host or "–")  # fmt: skip
+    out.print(table)
+    return 0

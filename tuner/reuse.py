@@ -1,0 +1,72 @@
+"""What the database already holds for a job's tasks on its device, and the rule that follows.
+
+A task the database has many good records of on this device (any job, any teammate) is
+skipped; one with some is warm-started (its strategies told those records, the scheduler its
+best); ``--fresh`` ignores other jobs' records (the job's own, when it resumes, still count).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import distinct, func, select
+
+from tuner.db import TuningDatabase
+from tuner.db.schema import RecordRow, WorkloadRow
+
+
+@dataclass(frozen=True)
+class TaskHistory:
+    """A workload's records on one device."""
+
+    records: int = 0
+    ok: int = 0
+    jobs: int = 0
+    best_sec: float | None = None
+    #: Records of the job asking (a resumed job's earlier runs) and their best.
+    own: int = 0
+    own_best_sec: float | None = None
+
+
+def task_histories(db: TuningDatabase, device_id: int, job_id: int, keys: list[str]) -> dict[str, TaskHistory]:
+    """:class:`TaskHistory` of each workload key (absent keys have none). Two grouped SELECTs."""
+    ok = RecordRow.error_class.is_(None) & RecordRow.mean_sec.is_not(None)
+    base = (select(WorkloadRow.key).join(RecordRow, RecordRow.workload_id == WorkloadRow.id)
+            .where(WorkloadRow.key.in_(keys), RecordRow.device_id == device_id).group_by(WorkloadRow.key))  # fmt: skip
+    every = base.add_columns(func.count(RecordRow.id), func.count(RecordRow.mean_sec).filter(ok),
+                             func.count(distinct(RecordRow.job_id)),
+                             func.min(RecordRow.mean_sec).filter(ok))  # fmt: skip
+    own = base.add_columns(func.count(RecordRow.id), func.min(RecordRow.mean_sec).filter(ok)).where(
+        RecordRow.job_id == job_id)  # fmt: skip
+    with db.session(write=False) as s:
+        mine = {k: (int(n), b) for k, n, b in s.execute(own)}
+        out = {}
+        for key, n, n_ok, jobs, best in s.execute(every):
+            o = mine.get(key, (0, None))
+            out[key] = TaskHistory(int(n), int(n_ok), int(jobs), best, o[0], o[1])
+    return out
+
+
+def job_points(db: TuningDatabase, job_id: int, workload_key: str) -> set[str]:
+    """Point JSONs a job recorded for a workload (what a ``--fresh`` job replays on resume)."""
+    stmt = (select(RecordRow.point).join(WorkloadRow, WorkloadRow.id == RecordRow.workload_id)
+            .where(RecordRow.job_id == job_id, WorkloadRow.key == workload_key))  # fmt: skip
+    with db.session(write=False) as s:
+        return set(s.scalars(stmt))
+
+
+def rule(h: TaskHistory, *, skip_after: int, fresh: bool) -> tuple[str, str]:
+    """``(decision, the line the job prints)``; decision is ``new``, ``warm``, ``skip`` or ``fresh``.
+
+    Skipped: at least ``skip_after`` successful records on this device (``0``: never skip).
+    """
+    others = h.records - h.own
+    if others == 0:
+        return "new", ""
+    best = "no successful record" if h.best_sec is None else f"best {h.best_sec * 1e3:.3g} ms"
+    what = f"{h.records} records from {h.jobs} job{'s' if h.jobs != 1 else ''}, {best}"
+    if fresh:
+        return "fresh", f"{what}; ignored (--fresh)"
+    if skip_after and h.ok >= skip_after:
+        return "skip", f"{what}; skipped (>= {skip_after} good records)"
+    return "warm", f"{what}; warm start"
