@@ -9,6 +9,8 @@ import tvm
 from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 
+from search_spaces.preload import preload_tensor_intrinsics
+
 # Width of one PerStoreFeature row (extract_workload=False), the layout MetaSchedule's own
 # XGBModel is trained on.
 STORE_WIDTH = 164
@@ -104,6 +106,7 @@ def extract_features(mod: tvm.IRModule, target: tvm.target.Target, schedules: li
     """TVM's per-store features (164 per buffer store) of each schedule of ``mod``."""
     if not schedules:
         return StoreFeatures.from_list([])
+    preload_tensor_intrinsics()
     ctx = ms.TuneContext(mod=mod, target=target, task_name="features", num_threads=1)
     args = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
     cands = [ms.MeasureCandidate(s, args) for s in schedules]

@@ -16,6 +16,7 @@ from tvm.s_tir.schedule import Instruction, Trace
 from search_spaces.base import MAX_TRIES, InvalidPointError, Point, SearchSpace
 from search_spaces.constraints import Limits, limits_for, target_with_limits
 from search_spaces.knobs import Knob, tile_choices
+from search_spaces.preload import preload_tensor_intrinsics
 from search_spaces.thread_bounds import ThreadBound, count_within, thread_bounds
 
 logger = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class SketchSpace(SearchSpace):
         target = target_with_limits(target)
         super().__init__(mod, target)
         self.limits = limits or limits_for(target)
+        preload_tensor_intrinsics()
         ctx = ms.TuneContext(
             mod=mod, target=target, space_generator="post-order-apply",
             task_name="space", rand_state=max(seed, 1), num_threads=1,

@@ -9,14 +9,9 @@ ResNet-50 take seconds per image here).
 
 from __future__ import annotations
 
-import inspect
-import linecache
 import logging
-import sys
-import threading
 import time
 from dataclasses import dataclass, field
-from functools import cache
 
 import numpy as np
 import tvm
@@ -26,6 +21,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.database import TuningRecord, Workload
 from tvm.s_tir.schedule import Trace
 
+from search_spaces.preload import preload_tensor_intrinsics
 from tuner.db import TuningDatabase
 from tuner.db.database import FallbackPolicy
 from tuner.db.tvm_adapter import Decision, MetaScheduleDatabase
@@ -133,42 +129,6 @@ def fallback_schedule(mod: tvm.IRModule, target: tvm.target.Target) -> Schedule 
         except (RuntimeError, ValueError, TypeError) as err:  # TVM's schedule errors are of all three kinds
             logger.debug("fallback sketch rejected: %s", str(err).splitlines()[0] if str(err) else err)
     return None
-
-
-_PRELOAD_LOCK = threading.Lock()
-
-
-@cache
-def preload_tensor_intrinsics() -> None:
-    """Import ``tvm.s_tir.tensor_intrin`` (which every TuneContext needs) in seconds, not a minute.
-
-    Its ~500 TVMScript prim_funcs each call ``inspect.stack()``, which resolves source files
-    and modules for every frame of the stack: 25 to 100 s on this project's 2-core machines,
-    paid by the first compile of every process. TVM only reads each frame's locals and its
-    current line, so for the length of that one import ``inspect.stack`` is swapped for a
-    walk of the frames that reads the line straight from ``linecache``: about 4 s here.
-    """
-    if "tvm.s_tir.tensor_intrin" in sys.modules:
-        return
-    with _PRELOAD_LOCK:
-        original = inspect.stack
-        inspect.stack = _quick_stack
-        try:
-            import tvm.s_tir.tensor_intrin  # noqa: F401
-        finally:
-            inspect.stack = original
-
-
-def _quick_stack(context: int = 1) -> list[inspect.FrameInfo]:
-    frames = []
-    frame = sys._getframe(1)
-    while frame is not None:
-        filename, lineno = frame.f_code.co_filename, frame.f_lineno
-        line = linecache.getline(filename, lineno) if context > 0 else ""
-        frames.append(inspect.FrameInfo(frame, filename, lineno, frame.f_code.co_name,
-                                        [line] if line else None, 0 if line else None, positions=None))  # fmt: skip
-        frame = frame.f_back
-    return frames
 
 
 def _fallback_decision(inst, sampled, following: list):

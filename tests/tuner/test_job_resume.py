@@ -50,7 +50,8 @@ def _wait_batches(proc: subprocess.Popen, cwd: Path, n: int, run: int, timeout: 
     while time.monotonic() < deadline:
         evs = _events(cwd)
         starts = [i for i, e in enumerate(evs) if e["event"] == "job_start"]
-        if starts and sum(e["event"] == "batch_done" for e in evs[starts[-1]:]) >= n:
+        # Run `run`'s own job_start: until it writes one, the log's last start is the run before.
+        if len(starts) >= run and sum(e["event"] == "batch_done" for e in evs[starts[run - 1]:]) >= n:
             return
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.5)
