@@ -6,9 +6,11 @@ model, the task scheduler, the batches in flight, errors and counters); ``tune_t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -211,6 +213,7 @@ class TuningJob:
         self.reuse: list[str] = ["new"] * len(tasks)
         self._start = 0.0
         self._stop_heartbeat = threading.Event()
+        self._interrupted = threading.Event()
 
     # --- budget ------------------------------------------------------------------------------
 
@@ -276,26 +279,17 @@ class TuningJob:
         self.measurer = RayMeasurer(self.device, config.measure)
         state, reason = "failed", "error"
         try:
-            while True:
-                while (len(self.inflight) < PIPELINE_DEPTH and self._trials_left() > 0
-                       and not self.scheduler.all_done and not self._out_of_time()):  # fmt: skip
-                    i = self._next_task()
-                    if i is None:
-                        break  # only tasks whose first batch is in flight are left: collect it
-                    batch = self._propose(i)
-                    if batch is not None:
-                        self.inflight.append(batch)
-                        self.submitted += len(batch.candidates)
-                        self._emit("batch_submitted", task=i, task_name=self.tasks[i].name,
-                                   trials=len(batch.candidates), elapsed_s=self.elapsed_s)  # fmt: skip
-                if not self.inflight:
-                    break
-                self._complete(self.inflight.popleft())
+            with self._ctrl_c():
+                self._loop()
             state, reason = "done", self._stop_reason()
         except KeyboardInterrupt:
             state, reason = "stopped", "interrupted"
             raise
         except BaseException as err:
+            if self._interrupted.is_set():
+                # A second Ctrl-C inside TVM's C++ code comes back as a RuntimeError.
+                state, reason = "stopped", "interrupted"
+                raise KeyboardInterrupt from err
             reason = f"{type(err).__name__}: {err}"
             raise
         finally:
@@ -312,6 +306,54 @@ class TuningJob:
         best_sec = {self.tasks[j].workload_key: s for j, s in enumerate(self.scheduler.best_sec) if s}
         return TuneSummary(self.job_id, self.done, self.errors, best_sec, self.elapsed_s,
                            stats.device_idle_fraction, self.name, state, reason)  # fmt: skip
+
+    @contextlib.contextmanager
+    def _ctrl_c(self):
+        """The first Ctrl-C asks the loop to stop between steps; a second one stops at once.
+
+        A KeyboardInterrupt raised anywhere would land inside TVM's C++ calls (sketch replay,
+        feature extraction), which hand it back as a RuntimeError, and the job would record a
+        failure instead of a clean stop.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum, frame) -> None:
+            if self._interrupted.is_set():
+                raise KeyboardInterrupt
+            self._interrupted.set()
+            logger.warning("stopping after the current step; Ctrl-C again to stop at once")
+
+        previous = signal.signal(signal.SIGINT, handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _check_interrupt(self) -> None:
+        if self._interrupted.is_set():
+            raise KeyboardInterrupt
+
+    def _loop(self) -> None:
+        """Propose, measure and record batches until a stop condition (see ``run``)."""
+        while True:
+            self._check_interrupt()
+            while (len(self.inflight) < PIPELINE_DEPTH and self._trials_left() > 0
+                   and not self.scheduler.all_done and not self._out_of_time()):  # fmt: skip
+                i = self._next_task()
+                if i is None:
+                    break  # only tasks whose first batch is in flight are left: collect it
+                batch = self._propose(i)
+                self._check_interrupt()
+                if batch is not None:
+                    self.inflight.append(batch)
+                    self.submitted += len(batch.candidates)
+                    self._emit("batch_submitted", task=i, task_name=self.tasks[i].name,
+                               trials=len(batch.candidates), elapsed_s=self.elapsed_s)  # fmt: skip
+            if not self.inflight:
+                return
+            self._complete(self.inflight.popleft())
 
     def _finish_job(self, state: str, reason: str) -> None:
         """Record the job's end: its state, tuning time and trials (counted from its records,
