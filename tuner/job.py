@@ -628,8 +628,10 @@ class TuningJob:
                 self.errors[str(error)] = self.errors.get(str(error), 0) + 1
                 ts.strategies[batch.space].tell(c.id, Result(None, str(error)))
                 continue
-            # An early-stopped probe's one run is a lower bound: enough to rank it as slow.
-            sec = float(min(r.run_secs)) if r.early_stopped else float(np.median(r.run_secs))
+            # The mean, as the database stores and ranks it (mean_sec): the job's best is the
+            # record the compiler will pick. An early-stopped probe's one run is a lower bound:
+            # enough to rank it as slow.
+            sec = float(np.mean(r.run_secs))
             ts.strategies[batch.space].tell(c.id, Result(sec))
             if r.early_stopped:
                 gflops[n] = np.nan  # a probe is a lower bound, not a training label

@@ -54,7 +54,7 @@ def _wait_batches(proc: subprocess.Popen, cwd: Path, n: int, run: int, timeout: 
         if len(starts) >= run and sum(e["event"] == "batch_done" for e in evs[starts[run - 1]:]) >= n:
             return
         assert proc.poll() is None, proc.communicate()
-        time.sleep(0.5)
+        time.sleep(0.1)
     raise AssertionError(f"no {n} batches within {timeout} s")
 
 
@@ -75,7 +75,8 @@ def test_killed_interrupted_and_resumed_job(tmp_path):
     # 1. Killed with SIGKILL at a random point after its first batch is stored.
     proc = _tune(tmp_path)
     _wait_batches(proc, tmp_path, 1, run=1)
-    time.sleep(rng.uniform(0, 8))
+    # Soon after: on a quiet machine the whole 16-trial job takes seconds.
+    time.sleep(rng.uniform(0, 0.5))
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
     _reap(proc)
@@ -83,13 +84,13 @@ def test_killed_interrupted_and_resumed_job(tmp_path):
     ((state,),) = _db(tmp_path, "SELECT state FROM jobs")
     assert state == "running"  # it had no chance to say otherwise
     first_run = len(_db(tmp_path, "SELECT id FROM records"))
-    assert first_run >= 4
+    assert first_run >= 1  # a task's first batch may be smaller than --trials-per-batch
 
     # 2. The same command resumes it at once (the killed process is gone; its heartbeat is
     # fresh); Ctrl-C stops it cleanly after a random delay.
     proc = _tune(tmp_path)
     _wait_batches(proc, tmp_path, 1, run=2)
-    time.sleep(rng.uniform(0, 4))
+    time.sleep(rng.uniform(0, 0.5))
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=300)
     _reap(proc)
