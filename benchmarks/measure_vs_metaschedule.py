@@ -39,9 +39,11 @@ def conv_task(device):
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
     from tuner.frontends import load_model
+    from tuner.layout import LayoutPlan
     from tuner.tasks import extract_tasks
 
-    for task in extract_tasks(load_model("resnet50").bound(), device.target):
+    # NCHW: the layout the first results were taken with (the default plan blocks convs now).
+    for task in extract_tasks(load_model("resnet50").bound(), device.target, LayoutPlan.parse("NCHW", device.target)):
         shapes = [tuple(int(d) for d in a.shape) for a in ArgInfo.from_prim_func(task.mod["main"])]
         if shapes[:2] == CONV_ARGS:
             return task
@@ -77,6 +79,7 @@ def run_nightshift(device, task, mods, config) -> dict:
         results = m.measure(task, mods)
         wall = time.monotonic() - t0
         stats = m.stats
+    spreads = [r.run.spread for r in results if r.run.ok and not r.run.early_stopped and r.run.spread is not None]
     return {
         "startup_s": startup,
         "wall_s": wall,
@@ -87,8 +90,11 @@ def run_nightshift(device, task, mods, config) -> dict:
         "errors": stats.errors,
         "early_stopped": sum(r.run.early_stopped for r in results),
         "remeasured": sum(r.run.remeasured > 0 for r in results),
-        "paused_builds_total": sum(r.run.paused_builds for r in results),
-        "paused_cpu_s_total": sum(r.run.paused_cpu_s for r in results),
+        # Timing stability: IQR / median of each fully timed candidate's repeats.
+        "spread_median": statistics.median(spreads) if spreads else None,
+        "spread_p90": statistics.quantiles(spreads, n=10)[-1] if len(spreads) >= 2 else None,
+        "quiet_wait_s_total": sum(r.run.quiet_wait_s for r in results),
+        "builds_waited_total": sum(r.run.builds_waited for r in results),
         "per_candidate": [
             {"build_s": r.build.build_sec, "error": str(r.error_class) if r.error_class else None,
              "median_s": r.run.median, "spread": r.run.spread, "early_stopped": r.run.early_stopped,
@@ -152,13 +158,12 @@ def interleaved_agreement(device, task, mods, timing, rounds: int = 2) -> dict:
     from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, LocalRunner, RunnerInput
 
     from tuner.measure.builder import build_candidate
+    from tuner.measure.device_actor import DeviceActor
     from tuner.measure.ray_measure import _arg_specs
-    from tuner.measure.runner import CandidateRunner
 
-    threads = str(device.target_config.get("num-cores", 1))
-    actor = ray.remote(CandidateRunner).options(
-        num_cpus=0, runtime_env={"env_vars": {"TVM_NUM_THREADS": threads, "TVM_USE_RUNTIME_LIB": "1"}}
-    ).remote("cpu", 0, pause_builds=True)
+    actor = ray.remote(DeviceActor).options(
+        num_cpus=0, max_concurrency=4, runtime_env={"env_vars": {"TVM_USE_RUNTIME_LIB": "1"}}
+    ).remote("cpu", device.target_config, quiet=True)
     ref = build_candidate(tvm.ir.save_json(task.mod), device.target_config)
     ray.get(actor.set_reference.remote("task", ref.artifact, "main", _arg_specs(task.mod)))
     runner = LocalRunner(timeout_sec=30.0, evaluator_config=EvaluatorConfig(

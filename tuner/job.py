@@ -173,17 +173,24 @@ class TuningJob:
         """Tune the tasks with ``config.trials`` measurements in all (see ``tune_tasks``)."""
         self._start = time.perf_counter()
         db, config = self.db, self.config
-        self.device_id = db.device_id(self.device)
-        for t in self.tasks:
-            db.workload_id(t.workload_key, t.name, t.mod, t.flops)
-        self.job_id = db.start_job(self.model_name, self.device_id,
-                                   {"device": self.device.name} | _jsonable(asdict(config)), config.trials)  # fmt: skip
-        # Every earlier measurement of this device family (any job, any teammate, any task)
-        # trains the model before the first proposal; without any, a stored model is loaded.
-        self.model = cost_models.pretrain(db, self.device, seed=config.seed, max_records=PRETRAIN_RECORDS)
+        # Builds target the device as the timing nodes see it, and records are keyed by their
+        # fingerprint (not the driver's host: the driver may be on a node that does not time).
+        self.measurer = RayMeasurer(self.device, config.measure)
+        self.device = self.measurer.device
+        try:
+            self.device_id = db.device_id(self.device)
+            for t in self.tasks:
+                db.workload_id(t.workload_key, t.name, t.mod, t.flops)
+            job_config = {"device": self.device.name} | _jsonable(asdict(config))
+            self.job_id = db.start_job(self.model_name, self.device_id, job_config, config.trials)
+            # Every earlier measurement of this device family (any job, any teammate, any task)
+            # trains the model before the first proposal; without any, a stored model is loaded.
+            self.model = cost_models.pretrain(db, self.device, seed=config.seed, max_records=PRETRAIN_RECORDS)
+        except BaseException:
+            self.measurer.close()
+            raise
         if self.model.num_samples:
             logger.info("cost model pre-trained on %d records of this device family", self.model.num_samples)
-        self.measurer = RayMeasurer(self.device, config.measure)
         try:
             while True:
                 while (len(self.inflight) < PIPELINE_DEPTH and self.submitted < config.trials
