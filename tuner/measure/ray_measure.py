@@ -154,7 +154,7 @@ def connect(address: str | None = None, *, num_cpus: int | None = None,
     logger.info("Ray cluster: %s", ray.cluster_resources())
 
 
-def worker_command(device: Device, head: str = "HEAD_IP:6379", num_cpus: int | None = None) -> str:
+def worker_command(device: Device, head: str = "HEAD_IP:PORT", num_cpus: int | None = None) -> str:
     """The ``ray start`` command that makes a machine a worker for ``device``."""
     cpus = f" --num-cpus {num_cpus}" if num_cpus else ""
     gpus = " --num-gpus 1" if device.kind == "cuda" else ""
