@@ -209,6 +209,47 @@ def build_throughput(device, task, mods, workers: int, config) -> dict:
             "concurrency": sum(r.build_sec for r in res) / wall}
 
 
+def two_workers(device, task, mods, config, args) -> None:
+    """Nightshift alone on ``ray.cluster_utils.Cluster``: a head (builds only) and two workers
+    offering the device; writes the timings per device node."""
+    import collections
+
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from tuner.measure.ray_measure import RayMeasurer, connect, device_resource
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    workers = [cluster.add_node(num_cpus=1, resources={device_resource(device): 1}) for _ in range(2)]
+    cluster.wait_for_nodes()
+    connect(cluster.address)
+    try:
+        t0 = time.monotonic()
+        with RayMeasurer(device, config) as m:
+            m.devices_info()
+            startup = time.monotonic() - t0
+            m.reset_stats()
+            t1 = time.monotonic()
+            results = m.measure(task, mods)
+            wall = time.monotonic() - t1
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    per_node = collections.Counter(r.run.node_id for r in results if r.run.ok)
+    names = {w.node_id: f"worker{i + 1}" for i, w in enumerate(workers)}
+    result = {
+        "benchmark": "measure_vs_metaschedule --two-workers",
+        "command": f".venv/bin/python benchmarks/measure_vs_metaschedule.py --two-workers --candidates {len(mods)}",
+        "candidates": len(mods), "startup_s": startup, "wall_s": wall, "candidates_per_min": len(mods) / wall * 60,
+        "timed_per_device_node": {names.get(k, str(k)): v for k, v in per_node.items()},
+        "errors": collections.Counter(str(r.error_class) for r in results if r.error_class),
+        "load_avg_after": os.getloadavg(),
+    }  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    logger.info("two workers: %s", json.dumps({k: v for k, v in result.items() if k != "command"}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--candidates", type=int, default=64)
@@ -218,6 +259,9 @@ def main() -> None:
                         help="candidates re-timed by both runners, alternating, on the same binaries")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS / "measure_vs_metaschedule.json")
+    parser.add_argument("--two-workers", action="store_true",
+                        help="only Nightshift, on a three-process cluster (head, two workers with the device "
+                             "resource): how the timings spread over the two device actors")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
@@ -239,6 +283,9 @@ def main() -> None:
     logger.info("task %s, %d candidates in %.1f s", task.name, len(mods), time.monotonic() - t)
     timing = TimingConfig()
     config = MeasureConfig(build_timeout_s=30.0, run_timeout_s=30.0, timing=timing)
+    if args.two_workers:
+        two_workers(device, task, mods, config, args)
+        return
     connect(num_cpus=2)
 
     ns = run_nightshift(device, task, mods, config)

@@ -151,7 +151,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     check_address(args.ray_address)
     if is_jobs_address(args.ray_address):  # the driver runs on the head; this process follows it
-        return submit(args.ray_address, getattr(args, "argv", None) or [])
+        return submit(args.ray_address, getattr(args, "argv", None) or [], token=os.environ.get("RAY_AUTH_TOKEN"))
 
     _apply_config(args)
     config = TuneConfig(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
 import sqlite3
 import subprocess
@@ -59,7 +60,9 @@ def ray_processes(cpu_device) -> Iterator[dict]:
 
     gcs, dashboard, client = _free_ports(3)
     temp = tempfile.mkdtemp(prefix="nsray-")  # short: Ray's socket paths live under it
-    env = os.environ | {"PYTHONPATH": str(REPO), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    token = secrets.token_hex(32)  # as in docker-compose.yml: Ray's token authentication, our own token
+    env = os.environ | {"PYTHONPATH": str(REPO), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+                        "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}  # fmt: skip
     ray_bin = str(Path(sys.executable).parent / "ray")
     head = subprocess.Popen(
         [ray_bin, "start", "--head", "--block", "--port", str(gcs), "--node-ip-address", "127.0.0.1",
@@ -77,7 +80,7 @@ def ray_processes(cpu_device) -> Iterator[dict]:
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         procs.append(worker)
-        yield {"dashboard": f"http://127.0.0.1:{dashboard}", "gcs": gcs, "env": env}
+        yield {"dashboard": f"http://127.0.0.1:{dashboard}", "gcs": gcs, "env": env, "token": token}
     finally:
         for p in reversed(procs):
             p.terminate()  # `ray start --block` stops its node's processes on SIGTERM
@@ -88,7 +91,7 @@ def ray_processes(cpu_device) -> Iterator[dict]:
                 p.kill()
 
 
-def test_tune_submitted_through_the_jobs_api_times_on_the_worker(ray_processes, tmp_path, cpu_device):
+def test_tune_submitted_through_the_jobs_api_times_on_the_worker(ray_processes, tmp_path, cpu_device, monkeypatch):
     from tuner.measure.ray_measure import device_resource
 
     db = tmp_path / "team.db"  # the head runs on this machine: the same file is reachable there
@@ -104,6 +107,10 @@ def test_tune_submitted_through_the_jobs_api_times_on_the_worker(ray_processes, 
         if out.returncode == 0 and device_resource(cpu_device) in out.stdout:
             break
         time.sleep(2)
+    # Without the cluster's token the Jobs API refuses the job; with it, the job runs.
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    assert cli.main(["tune", "--model", "tiny", "--no-verify", "--ray-address", ray_processes["dashboard"]]) == 2
+    monkeypatch.setenv("RAY_AUTH_TOKEN", ray_processes["token"])
     rc = cli.main(["tune", "--model", "tiny", "--trials", "4", "--trials-per-batch", "2", "--no-verify",
                    "--db", f"sqlite:///{db}", "--ray-address", ray_processes["dashboard"]])  # fmt: skip
     assert rc == 0
@@ -117,5 +124,6 @@ def test_tune_submitted_through_the_jobs_api_times_on_the_worker(ray_processes, 
 def test_ray_client_address_is_refused_with_the_jobs_api_command(address, capsys):
     rc = cli.main(["tune", "--model", "tiny", "--trials", "2", "--no-verify", "--ray-address", address])
     assert rc == 2
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
     assert "Ray Client" in out and ":8265" in out and "--ray-address auto" in out

@@ -207,6 +207,7 @@ class _Dev:
     ping: Any = None
     ping_after: float = 0.0
     refs: set[str] = field(default_factory=set)  # tasks whose reference output the actor holds
+    dead: bool = False  # its node is gone: calls queued for it would wait forever
     # The candidate whose call ran when the actor died, with the verdict it gets if the node
     # is still there once the actor is back ("crash" or "timeout") and the message.
     suspect: tuple[_Cand, str, str] | None = None
@@ -264,6 +265,7 @@ class RayMeasurer:
         self._best: dict[str, float] = {}
         self._cpus = 1
         self._cpus_checked = 0.0
+        self._nodes_checked = 0.0
         self.stats = MeasureStats()
         self._thread = threading.Thread(target=self._loop, name="nightshift-measure", daemon=True)
         self._thread.start()
@@ -411,6 +413,27 @@ class RayMeasurer:
                     self._on_call_item(d, call)
                     break
         self._check_deadlines()
+        self._check_nodes()
+
+    def _check_nodes(self) -> None:
+        """Fail the calls of devices whose node died: a restarting actor that cannot come back
+        (its node is gone) would hold them forever."""
+        now = time.monotonic()
+        watched = [d for d in self._devs if not d.dead and (d.calls or d.down_since is not None)]
+        if not watched or now - self._nodes_checked < 2.0:
+            return
+        self._nodes_checked = now
+        try:
+            alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        except RayError:
+            return
+        for d in watched:
+            if d.node_id not in alive:
+                logger.warning("device node %s is gone; its timings go to the other devices", d.node_id[:12])
+                d.dead = True
+                d.ping = None
+                self._on_actor_failure(d, "crash", NodeDiedError(f"node {d.node_id} died"))
+                self._settle_suspect(d)
 
     def _cap(self) -> int:
         if self.config.max_builds_in_flight:
@@ -479,9 +502,9 @@ class RayMeasurer:
     def _dispatch_timings(self) -> None:
         now = time.monotonic()
         for d in self._devs:
-            if d.down_since is not None and d.ping is None and now >= d.ping_after:
+            if d.down_since is not None and d.ping is None and now >= d.ping_after and not d.dead:
                 d.ping = d.actor.info.remote()
-        up = [d for d in self._devs if d.down_since is None]
+        up = [d for d in self._devs if d.down_since is None and not d.dead]
         if not up:
             # Every actor starts, restarts or has no node: time nothing until a ping returns.
             oldest = min(d.down_since or now for d in self._devs)

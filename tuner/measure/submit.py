@@ -60,9 +60,13 @@ def driver_command(argv: Sequence[str]) -> str:
     return shlex.join(["python", "-m", "tuner.cli", *out, "--ray-address", "auto"])
 
 
-def submit(address: str, argv: Sequence[str], *, poll_s: float = 1.0) -> int:
+def submit(address: str, argv: Sequence[str], *, token: str | None = None, poll_s: float = 1.0) -> int:
     """Submit ``argv`` as a job to the cluster whose dashboard is ``address``; stream its
     output here until it ends. Returns 0 if the job succeeded, 1 otherwise.
+
+    ``token`` is the cluster's Ray authentication token (``RAY_AUTH_TOKEN``), sent as a
+    bearer token; without it Ray's own lookup applies (``RAY_AUTH_MODE=token`` and
+    ``~/.ray/auth_token``).
 
     Raises:
         UserInputError: nothing answers at ``address`` as a Ray dashboard.
@@ -75,9 +79,12 @@ def submit(address: str, argv: Sequence[str], *, poll_s: float = 1.0) -> int:
         raise UserInputError("submitting a job needs ray[default] (pip install 'ray[default]')") from err
     console = Console(highlight=False)
     try:
-        client = JobSubmissionClient(address)
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        client = JobSubmissionClient(address, headers=headers)
     except Exception as err:  # Ray raises ConnectionError, RuntimeError, ValueError here
-        raise UserInputError(f"--ray-address {address}: no Ray Jobs API answers there ({err})") from err
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserInputError(f"--ray-address {address}: the Ray Jobs API did not accept us: {first} "
+                             "(a token-authenticated cluster needs RAY_AUTH_TOKEN)") from err
     entrypoint = driver_command(argv)
     job_id = client.submit_job(entrypoint=entrypoint)
     console.print(f"submitted job {job_id} to {address}: {entrypoint}")
