@@ -272,7 +272,9 @@ class RayMeasurer:
 
     def _infos(self, devs: list[_Dev]) -> list[dict[str, Any] | None]:
         refs = [d.actor.info.remote() for d in devs]
-        deadline = time.monotonic() + self.config.device_wait_s
+        # A cold actor imports TVM first, like a cold build worker.
+        wait = max(self.config.device_wait_s, self.config.build_start_timeout_s)
+        deadline = time.monotonic() + wait
         out: list[dict[str, Any] | None] = []
         for ref in refs:
             try:
@@ -281,7 +283,7 @@ class RayMeasurer:
                 logger.warning("a device actor did not answer: %s", _short(err, 300))
                 out.append(None)
         if not any(out):
-            raise MeasureError(f"no timing actor for {self.resource} started within {self.config.device_wait_s:.0f} s")
+            raise MeasureError(f"no timing actor for {self.resource} started within {wait:.0f} s")
         return out
 
     # ----- public API -----
