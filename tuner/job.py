@@ -241,8 +241,8 @@ class TuningJob:
             # First visit: a budget too small for a full batch per task is spread so
             # that every task gets measured schedules before any gets a second batch.
             size = min(size, max(2, config.trials // len(self.tasks)))
-        # The search runs on the driver; let the device actor stop it while it times on this node.
-        with self.measurer.pausable():
+        # The search runs on the driver: no timing on this node runs beside it (the node's lease).
+        with self.measurer.cpu_work():
             ts = self._search(i)
             k = ts.bandit.choose(exclude=ts.exhausted)
             strategy = ts.strategies[k]

@@ -334,7 +334,7 @@ class RayMeasurer:
         return ray.get([d.actor.info.remote() for d in self._devs], timeout=self.config.device_wait_s)
 
     @contextlib.contextmanager
-    def pausable(self) -> Iterator[None]:
+    def cpu_work(self) -> Iterator[None]:
         """Hold this node's shared CPU lease for the block (the driver's search), so that no
         timing on this node runs beside it (see ``tuner.measure.quiet``)."""
         from tuner.measure.quiet import cpu_work
