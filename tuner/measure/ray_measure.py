@@ -431,11 +431,15 @@ class RayMeasurer:
             return
         for d in watched:
             if d.node_id not in alive:
-                logger.warning("device node %s is gone; its timings go to the other devices", d.node_id[:12])
-                d.dead = True
-                d.ping = None
-                self._on_actor_failure(d, "crash", NodeDiedError(f"node {d.node_id} died"))
-                self._settle_suspect(d)
+                self._device_lost(d)
+
+    def _device_lost(self, d: _Dev) -> None:
+        """The device's node is gone: what ran there is LOST, what waited goes elsewhere."""
+        logger.warning("device node %s is gone; its timings go to the other devices", d.node_id[:12])
+        d.dead = True
+        d.ping = None
+        self._on_actor_failure(d, "crash", NodeDiedError(f"node {d.node_id} died"))
+        self._settle_suspect(d)
 
     def _cap(self) -> int:
         if self.config.max_builds_in_flight:
@@ -558,6 +562,9 @@ class RayMeasurer:
                                       node_id=d.node_id))
             return
         except Exception as err:  # any other fault of the call: this candidate's run error only
+            if not self._node_alive(d.node_id):  # unless its device's node is gone
+                self._device_lost(d)
+                return
             item = err
         if not call.started and isinstance(item, float):
             call.started = True
