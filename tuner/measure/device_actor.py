@@ -96,11 +96,10 @@ class DeviceActor(CandidateRunner):
             from tuner.measure.quiet import TimingLease
 
             allowed = sorted(os.sched_getaffinity(0))
-            timing_cores = allowed[:cores] if cores < len(allowed) else None
-            if timing_cores:
-                os.sched_setaffinity(0, timing_cores)  # TVM's pool threads inherit it
-            self.lease: TimingLease | None = TimingLease(self.node_id, timing_cores)
+            self._timing_cores = allowed[:cores] if cores < len(allowed) else None
+            self.lease: TimingLease | None = TimingLease(self.node_id, self._timing_cores)
         else:
+            self._timing_cores = None
             self.lease = None
         self._held_since: float | None = None
         self._turns = _Turns()
@@ -129,6 +128,10 @@ class DeviceActor(CandidateRunner):
         """Wait for the device's turn and, on a CPU, for the node's lease; say so (the start
         time, from which the caller's run timeout counts); then check and time the candidate."""
         with self._turns:
+            if self._timing_cores:
+                # Per thread (a threaded actor's calls run on several); TVM's pool threads,
+                # started by the first timing, inherit it.
+                os.sched_setaffinity(0, self._timing_cores)
             grant = self._hold()
             self._current = (time.monotonic(), run_timeout_s)
             try:
