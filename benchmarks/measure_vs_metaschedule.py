@@ -39,9 +39,11 @@ def conv_task(device):
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
     from tuner.frontends import load_model
+    from tuner.layout import LayoutPlan
     from tuner.tasks import extract_tasks
 
-    for task in extract_tasks(load_model("resnet50").bound(), device.target):
+    # NCHW: the layout the first results were taken with (the default plan blocks convs now).
+    for task in extract_tasks(load_model("resnet50").bound(), device.target, LayoutPlan.parse("NCHW", device.target)):
         shapes = [tuple(int(d) for d in a.shape) for a in ArgInfo.from_prim_func(task.mod["main"])]
         if shapes[:2] == CONV_ARGS:
             return task
@@ -77,6 +79,7 @@ def run_nightshift(device, task, mods, config) -> dict:
         results = m.measure(task, mods)
         wall = time.monotonic() - t0
         stats = m.stats
+    spreads = [r.run.spread for r in results if r.run.ok and not r.run.early_stopped and r.run.spread is not None]
     return {
         "startup_s": startup,
         "wall_s": wall,
@@ -87,8 +90,11 @@ def run_nightshift(device, task, mods, config) -> dict:
         "errors": stats.errors,
         "early_stopped": sum(r.run.early_stopped for r in results),
         "remeasured": sum(r.run.remeasured > 0 for r in results),
-        "paused_builds_total": sum(r.run.paused_builds for r in results),
-        "paused_cpu_s_total": sum(r.run.paused_cpu_s for r in results),
+        # Timing stability: IQR / median of each fully timed candidate's repeats.
+        "spread_median": statistics.median(spreads) if spreads else None,
+        "spread_p90": statistics.quantiles(spreads, n=10)[-1] if len(spreads) >= 2 else None,
+        "quiet_wait_s_total": sum(r.run.quiet_wait_s for r in results),
+        "builds_waited_total": sum(r.run.builds_waited for r in results),
         "per_candidate": [
             {"build_s": r.build.build_sec, "error": str(r.error_class) if r.error_class else None,
              "median_s": r.run.median, "spread": r.run.spread, "early_stopped": r.run.early_stopped,
@@ -152,13 +158,12 @@ def interleaved_agreement(device, task, mods, timing, rounds: int = 2) -> dict:
     from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, LocalRunner, RunnerInput
 
     from tuner.measure.builder import build_candidate
+    from tuner.measure.device_actor import DeviceActor
     from tuner.measure.ray_measure import _arg_specs
-    from tuner.measure.runner import CandidateRunner
 
-    threads = str(device.target_config.get("num-cores", 1))
-    actor = ray.remote(CandidateRunner).options(
-        num_cpus=0, runtime_env={"env_vars": {"TVM_NUM_THREADS": threads, "TVM_USE_RUNTIME_LIB": "1"}}
-    ).remote("cpu", 0, pause_builds=True)
+    actor = ray.remote(DeviceActor).options(
+        num_cpus=0, max_concurrency=4, runtime_env={"env_vars": {"TVM_USE_RUNTIME_LIB": "1"}}
+    ).remote("cpu", device.target_config, quiet=True)
     ref = build_candidate(tvm.ir.save_json(task.mod), device.target_config)
     ray.get(actor.set_reference.remote("task", ref.artifact, "main", _arg_specs(task.mod)))
     runner = LocalRunner(timeout_sec=30.0, evaluator_config=EvaluatorConfig(
@@ -204,6 +209,47 @@ def build_throughput(device, task, mods, workers: int, config) -> dict:
             "concurrency": sum(r.build_sec for r in res) / wall}
 
 
+def two_workers(device, task, mods, config, args) -> None:
+    """Nightshift alone on ``ray.cluster_utils.Cluster``: a head (builds only) and two workers
+    offering the device; writes the timings per device node."""
+    import collections
+
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from tuner.measure.ray_measure import RayMeasurer, connect, device_resource
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    workers = [cluster.add_node(num_cpus=1, resources={device_resource(device): 1}) for _ in range(2)]
+    cluster.wait_for_nodes()
+    connect(cluster.address)
+    try:
+        t0 = time.monotonic()
+        with RayMeasurer(device, config) as m:
+            m.devices_info()
+            startup = time.monotonic() - t0
+            m.reset_stats()
+            t1 = time.monotonic()
+            results = m.measure(task, mods)
+            wall = time.monotonic() - t1
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    per_node = collections.Counter(r.run.node_id for r in results if r.run.ok)
+    names = {w.node_id: f"worker{i + 1}" for i, w in enumerate(workers)}
+    result = {
+        "benchmark": "measure_vs_metaschedule --two-workers",
+        "command": f".venv/bin/python benchmarks/measure_vs_metaschedule.py --two-workers --candidates {len(mods)}",
+        "candidates": len(mods), "startup_s": startup, "wall_s": wall, "candidates_per_min": len(mods) / wall * 60,
+        "timed_per_device_node": {names.get(k, str(k)): v for k, v in per_node.items()},
+        "errors": collections.Counter(str(r.error_class) for r in results if r.error_class),
+        "load_avg_after": os.getloadavg(),
+    }  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    logger.info("two workers: %s", json.dumps({k: v for k, v in result.items() if k != "command"}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--candidates", type=int, default=64)
@@ -213,6 +259,9 @@ def main() -> None:
                         help="candidates re-timed by both runners, alternating, on the same binaries")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS / "measure_vs_metaschedule.json")
+    parser.add_argument("--two-workers", action="store_true",
+                        help="only Nightshift, on a three-process cluster (head, two workers with the device "
+                             "resource): how the timings spread over the two device actors")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
@@ -234,6 +283,9 @@ def main() -> None:
     logger.info("task %s, %d candidates in %.1f s", task.name, len(mods), time.monotonic() - t)
     timing = TimingConfig()
     config = MeasureConfig(build_timeout_s=30.0, run_timeout_s=30.0, timing=timing)
+    if args.two_workers:
+        two_workers(device, task, mods, config, args)
+        return
     connect(num_cpus=2)
 
     ns = run_nightshift(device, task, mods, config)

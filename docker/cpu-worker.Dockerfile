@@ -14,9 +14,10 @@ COPY pyproject.toml README.md ./
 COPY tuner ./tuner
 COPY search_spaces ./search_spaces
 COPY cost_models ./cost_models
+# Ray, TVM and their versions come pinned from pyproject.toml: the same in every image.
 RUN pip install --no-cache-dir '.[postgres]'
 
 USER nightshift
-ENV RAY_HEAD=ray-head:6379
+ENV RAY_HEAD=ray-head:6380
 # Offers this machine's CPUs for builds and its CPU device resource (nightshift_cpu_<mcpu>).
 CMD ["sh", "-c", "exec python -m tuner.measure.worker --address \"$RAY_HEAD\" --block"]

@@ -20,7 +20,7 @@ ENV PATH=/opt/venv/bin:$PATH
 # The wheel ships the compiler (libtvm_compiler.so, ~259 MB of its 305 MB); delete it and
 # import TVM runtime-only. Pins as in pyproject.toml.
 RUN pip install --no-cache-dir "apache-tvm==0.27.0.post1" "apache-tvm-ffi==0.1.14.post1" "numpy>=1.26" \
-        "ray[default]>=2.40" \
+        "ray[default]==2.60.0" "psutil>=5.9" \
     && rm -f /opt/venv/lib/python3.11/site-packages/tvm/lib/libtvm_compiler.so
 ENV TVM_USE_RUNTIME_LIB=1
 
@@ -34,7 +34,7 @@ COPY cost_models ./cost_models
 RUN pip install --no-cache-dir --no-deps .
 
 USER nightshift
-ENV RAY_HEAD=ray-head:6379
+ENV RAY_HEAD=ray-head:6380
 # One nightshift_cuda_<sm_XX> resource and one Ray GPU per GPU, found with the runtime alone
 # (the worker loads libtvm_runtime_cuda itself: TVM_USE_RUNTIME_LIB=1 leaves it out).
 CMD ["sh", "-c", "exec python -m tuner.measure.worker --address \"$RAY_HEAD\" --num-cpus 0 --no-cpu-device --block"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -71,7 +72,8 @@ def _add_tune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-after", type=int, default=None,
                    help="skip a task with this many good records on the device (default 512; 0: never)")
     p.add_argument("--ray-address", default=None,
-                   help="existing Ray cluster (auto, ray://host:10001); default: start one locally")
+                   help="existing Ray cluster: auto (on a node of it), or http://HEAD:8265 to submit the job to "
+                        "the head (Ray's Jobs API); default: start one locally")
     p.add_argument("-o", "--output", type=Path, default=None,
                    help="write the verified artifact: X.so (+ X.json) or a folder (nightshift run runs it)")
     p.add_argument("--no-verify", action="store_true", default=None,
@@ -144,8 +146,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from tuner.config import apply_config, parse_duration
     from tuner.job import TuneConfig, tune_tasks
     from tuner.measure.ray_measure import MeasureConfig, connect
+    from tuner.measure.submit import check_address, is_jobs_address, submit
     from tuner.progress import JsonLog, LiveView
     from tuner.tasks import extract_tasks
+
+    check_address(args.ray_address)
+    if is_jobs_address(args.ray_address):  # the driver runs on the head; this process follows it
+        return submit(args.ray_address, getattr(args, "argv", None) or [], token=os.environ.get("RAY_AUTH_TOKEN"))
 
     apply_config(args)
     if args.verbose:
@@ -485,7 +492,9 @@ def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``nightshift``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser("nightshift").parse_args(argv)
+    args.argv = argv
     return _run(args.func, args)
 
 
@@ -493,7 +502,10 @@ def tune_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``tune`` (same as ``nightshift tune``)."""
     parser = argparse.ArgumentParser(prog="tune", description="Run a Nightshift tuning job.")
     _add_tune_args(parser)
-    return _run(cmd_tune, parser.parse_args(argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    args.argv = ["tune", *argv]
+    return _run(cmd_tune, args)
 
 
 if __name__ == "__main__":

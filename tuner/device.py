@@ -132,9 +132,17 @@ def _cpu_device(mcpu: str | None, num_cores: int | None) -> Device:
 
 @cache
 def host_cpu_info() -> dict[str, Any]:
-    """The host CPU's model, LLVM mcpu, ISA flags and physical core count."""
+    """The host CPU's model, LLVM mcpu, ISA flags and physical core count.
+
+    Under TVM's runtime alone (a device actor) the mcpu is None: it is LLVM's to tell, and the
+    fingerprint does not depend on it.
+    """
     from tvm.target import codegen
 
+    try:
+        mcpu: str | None = str(codegen.llvm_get_system_cpu())
+    except AttributeError:  # runtime-only import: no LLVM
+        mcpu = None
     model, flags = platform.processor() or platform.machine(), set()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
@@ -147,7 +155,7 @@ def host_cpu_info() -> dict[str, Any]:
                 flags = set(value.split())
     return {
         "model": model,
-        "mcpu": str(codegen.llvm_get_system_cpu()),
+        "mcpu": mcpu,
         "isa_flags": sorted(f for f in _ISA_FLAGS if f in flags),
         "cores": psutil.cpu_count(logical=False) or psutil.cpu_count() or 1,
         "machine": platform.machine(),

@@ -253,19 +253,27 @@ class TuningJob:
         """
         self._start = time.perf_counter()
         db, config = self.db, self.config
-        self.device_id = db.device_id(self.device)
-        for t in self.tasks:
-            db.workload_id(t.workload_key, t.name, t.mod, t.flops)
-        self._open_job()
-        assert self.job_id is not None
-        self._unspool()
-        # Every earlier measurement of this device family (any job, any teammate, any task)
-        # trains the model before the first proposal; without any, a stored model is loaded.
-        # A resumed job's own records are among them: its model is rebuilt the same way.
-        self.model = cost_models.pretrain(db, self.device, seed=config.seed, max_records=PRETRAIN_RECORDS)
-        if self.model.num_samples:
-            logger.info("cost model pre-trained on %d records of this device family", self.model.num_samples)
-        rules = self._restore()
+        # Builds target the device as the timing nodes see it, and records are keyed by their
+        # fingerprint (not the driver's host: the driver may be on a node that does not time).
+        self.measurer = RayMeasurer(self.device, config.measure)
+        self.device = self.measurer.device
+        try:
+            self.device_id = db.device_id(self.device)
+            for t in self.tasks:
+                db.workload_id(t.workload_key, t.name, t.mod, t.flops)
+            self._open_job()
+            assert self.job_id is not None
+            self._unspool()
+            # Every earlier measurement of this device family (any job, any teammate, any task)
+            # trains the model before the first proposal; without any, a stored model is loaded.
+            # A resumed job's own records are among them: its model is rebuilt the same way.
+            self.model = cost_models.pretrain(db, self.device, seed=config.seed, max_records=PRETRAIN_RECORDS)
+            if self.model.num_samples:
+                logger.info("cost model pre-trained on %d records of this device family", self.model.num_samples)
+            rules = self._restore()
+        except BaseException:
+            self.measurer.close()
+            raise
         self._emit("job_start", job_id=self.job_id, name=self.name, model=self.model_name, device=self.device.name,
                    resumed=self.resumed, time_budget_s=config.time_budget_s, trials_cap=config.trials,
                    trials_before=self.done, elapsed_before_s=self.elapsed_before, tasks=[
@@ -276,7 +284,6 @@ class TuningJob:
                        for i, t in enumerate(self.tasks)])  # fmt: skip
         heartbeat = threading.Thread(target=self._heartbeat, name="nightshift-heartbeat", daemon=True)
         heartbeat.start()
-        self.measurer = RayMeasurer(self.device, config.measure)
         state, reason = "failed", "error"
         try:
             with self._ctrl_c():
@@ -508,8 +515,8 @@ class TuningJob:
             # First visit: a budget too small for a full batch per task is spread so
             # that every task gets measured schedules before any gets a second batch.
             size = min(size, max(2, config.trials // len(self.tasks)))
-        # The search runs on the driver; let the device actor stop it while it times on this node.
-        with self.measurer.pausable():
+        # The search runs on the driver: no timing on this node runs beside it (the node's lease).
+        with self.measurer.cpu_work():
             ts = self._search(i)
             k = ts.bandit.choose(exclude=ts.exhausted)
             strategy = ts.strategies[k]

@@ -32,9 +32,10 @@ def make_measurer(ray_cluster, cpu_device):
 
 
 @pytest.fixture
-def multinode(cpu_device) -> Iterator:
+def multinode(request, cpu_device) -> Iterator:
     """A real multi-node Ray cluster (``ray.cluster_utils.Cluster``), the driver connected to it.
 
+    Indirect parameters update the head's arguments (e.g. ``num_cpus``, ``_system_config``).
     A Cluster cannot coexist with a ``ray.init`` local cluster in one process: the current
     connection is shut down first and, if there was one, a local cluster is restored after,
     so the session-wide ``ray_cluster`` fixture keeps working in any test order.
@@ -46,7 +47,8 @@ def multinode(cpu_device) -> Iterator:
 
     had_local = ray.is_initialized()
     ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    head = {"num_cpus": 1, "include_dashboard": False} | getattr(request, "param", {})
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     connect(cluster.address)
     try:
         yield cluster

@@ -1,8 +1,11 @@
 """docker/: the compose file parses and refers to files that exist; the Dockerfiles pass a lint.
 
-Docker cannot run on the CI machines, so these checks are static: every build context,
-Dockerfile and COPY source must exist, and the Dockerfiles follow the usual rules (pinned
-base images, no apt caches or pip caches left, exec-form commands, a non-root user).
+No container runtime runs on the CI machines (the docker client is there, no daemon and no
+compose plugin), so these checks are static: every build context, Dockerfile and COPY source
+must exist, the Dockerfiles follow the usual rules (pinned base images, no apt caches or pip
+caches left, exec-form commands, a non-root user), every image pins the Ray, TVM and Python
+that ``pyproject.toml`` pins, and compose requires its secrets and publishes on 127.0.0.1
+only. The same topology runs for real with ``ray start`` processes in test_remote_driver.py.
 """
 
 from __future__ import annotations
@@ -15,8 +18,32 @@ from pathlib import Path
 import pytest
 import yaml
 
-DOCKER = Path(__file__).resolve().parents[2] / "docker"
+REPO = Path(__file__).resolve().parents[2]
+DOCKER = REPO / "docker"
 COMPOSE = DOCKER / "docker-compose.yml"
+_VAR = re.compile(r"\$\{(\w+)(?::([-?])([^}]*))?\}")
+
+
+def _interpolate(text: str, env: dict[str, str]) -> str:
+    """Compose's ``${VAR}``, ``${VAR:-default}`` and ``${VAR:?error}``; a missing required one raises."""
+
+    def sub(m: re.Match) -> str:
+        name, op, arg = m.group(1), m.group(2), m.group(3)
+        if env.get(name):
+            return env[name]
+        if op == "?":
+            raise KeyError(f"{name}: {arg}")
+        return arg if op == "-" else ""
+
+    return _VAR.sub(sub, text)
+
+
+def _pins() -> dict[str, str]:
+    """``pyproject.toml``'s exact pins (name -> version) of Ray, TVM and TVM-FFI."""
+    text = (REPO / "pyproject.toml").read_text()
+    pins = dict(re.findall(r'"(ray|apache-tvm|apache-tvm-ffi)(?:\[[\w,]+\])?==([\w.]+)"', text))
+    assert set(pins) == {"ray", "apache-tvm", "apache-tvm-ffi"}, pins
+    return pins
 
 
 def _instructions(path: Path) -> list[tuple[str, str]]:
@@ -67,8 +94,46 @@ def test_compose_has_the_team_services_and_existing_build_contexts():
                 assert (COMPOSE.parent / source).exists(), (name, source)
             else:
                 assert source in compose.get("volumes", {}), (name, source)
-        for port in svc.get("ports", []):
-            assert re.fullmatch(r"\d+:\d+", str(port)), (name, port)
+
+
+def test_compose_requires_its_secrets_and_listens_on_localhost_only():
+    text = COMPOSE.read_text()
+    with pytest.raises(KeyError, match=r"POSTGRES_PASSWORD|RAY_AUTH_TOKEN"):
+        _interpolate(text, {})
+    secrets = {"POSTGRES_PASSWORD": "pw-from-env", "RAY_AUTH_TOKEN": "token-from-env"}
+    compose = yaml.safe_load(_interpolate(text, secrets))
+    services = compose["services"]
+    assert services["postgres"]["environment"]["POSTGRES_PASSWORD"] == "pw-from-env"
+    assert "pw-from-env" in services["ray-head"]["environment"]["NIGHTSHIFT_DB"]
+    published = [(name, str(port)) for name, svc in services.items() for port in svc.get("ports", [])]
+    assert published
+    for name, port in published:
+        assert re.fullmatch(r"127\.0\.0\.1:\d+:\d+", port), (name, port)
+        assert not port.endswith(":6379"), "6379 is Redis's port on the team's machines"
+    # Ray's GCS and dashboard, the ports that run code, want the cluster's token.
+    for name in ("ray-head", "cpu-worker"):
+        env = services[name]["environment"]
+        assert env["RAY_AUTH_MODE"] == "token" and env["RAY_AUTH_TOKEN"] == "token-from-env", name
+    head = services["ray-head"]["command"]
+    assert head[head.index("--port") + 1] == "6380"
+    assert services["cpu-worker"]["environment"]["RAY_HEAD"] == "ray-head:6380"
+    opened = yaml.safe_load(_interpolate(text, secrets | {"NIGHTSHIFT_BIND": "10.1.2.3"}))
+    assert str(opened["services"]["ray-head"]["ports"][0]).startswith("10.1.2.3:")
+
+
+def test_images_pin_the_ray_tvm_and_python_of_pyproject():
+    import ray
+
+    pins = _pins()
+    assert ray.__version__ == pins["ray"], "the installed Ray is not the pinned one"
+    assert re.search(r'requires-python = ">=3\.11,<3\.12"', (REPO / "pyproject.toml").read_text())
+    cpu = " ".join(a for _, a in _instructions(DOCKER / "cpu-worker.Dockerfile"))
+    assert "python:3.11-" in cpu and "pip install --no-cache-dir '.[postgres]'" in cpu  # pins from pyproject
+    cuda = " ".join(a for _, a in _instructions(DOCKER / "cuda-worker.Dockerfile"))
+    assert "python3.11" in cuda
+    for name, version in pins.items():
+        assert re.search(rf'"{re.escape(name)}(\[[\w,]+\])?=={re.escape(version)}"', cuda), (name, version)
+    assert not re.search(r"ray\[default\]>=", cpu + cuda)
 
 
 @pytest.mark.parametrize(("dockerfile", "context"), _dockerfiles(), ids=lambda p: p.name)
@@ -108,7 +173,7 @@ def test_worker_entrypoint_offers_the_resource_nightshift_expects(cpu_device):
     from tuner.measure.ray_measure import device_resource
     from tuner.measure.worker import start_command
 
-    cmd = start_command("head:6379", num_cpus=2, cpu_device=True, block=True)
-    assert cmd[:4] == ["ray", "start", "--address", "head:6379"]
+    cmd = start_command("head:6380", num_cpus=2, cpu_device=True, block=True)
+    assert cmd[:4] == ["ray", "start", "--address", "head:6380"]
     assert json.loads(cmd[cmd.index("--resources") + 1]) == {device_resource(cpu_device): 1.0}
     assert "--block" in cmd

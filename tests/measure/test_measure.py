@@ -33,10 +33,11 @@ def test_candidates_built_checked_and_timed_on_runtime_only_actor(make_measurer,
 def test_faults_become_error_classes_and_the_batch_completes(make_measurer, task):
     """Crash, hang, wrong answer, build error and build timeout in one batch with good ones.
 
-    The slow build also runs while the good candidates are timed: the device actor must stop
-    it during every timing (the same node's CPUs), and the stopped build must use no CPU.
+    The slow build holds a CPU of the device's node for its whole timeout: no timing may run
+    beside it, so the good candidates' timings wait until it is cancelled, and say so.
     """
-    config = MeasureConfig(build_timeout_s=25, run_timeout_s=4, device_wait_s=30, timing=FAST)
+    # A restarted actor takes tens of seconds to come back on a loaded 2-core machine.
+    config = MeasureConfig(build_timeout_s=25, run_timeout_s=4, device_wait_s=150, timing=FAST)
     m = make_measurer(config)
     batch = {
         "slow_build": workloads.slow_build(task),
@@ -51,7 +52,7 @@ def test_faults_become_error_classes_and_the_batch_completes(make_measurer, task
     }
     start = time.monotonic()
     results = dict(zip(batch, m.measure(task, list(batch.values())), strict=True))
-    assert time.monotonic() - start < 120
+    assert time.monotonic() - start < 400
     expected = {
         "slow_build": ErrorClass.BUILD_TIMEOUT, "crash": ErrorClass.RUN_CRASH, "hang": ErrorClass.RUN_TIMEOUT,
         "wrong": ErrorClass.WRONG_RESULT, "build_error": ErrorClass.BUILD_ERROR,
@@ -60,10 +61,10 @@ def test_faults_become_error_classes_and_the_batch_completes(make_measurer, task
         assert r.error_class == expected.get(name), (name, r.error_msg)
         if name.startswith("good"):
             assert r.run.ok and r.run.median > 0
-    paused = [r.run for n, r in results.items() if n.startswith("good") and r.run.paused_builds]
-    assert paused, "no timing overlapped the slow build: nothing was paused"
-    for run in paused:
-        assert run.paused_cpu_s <= 0.02 * run.paused_builds, run
+            assert r.run.device_fingerprint == m.device.fingerprint
+    waited = [r.run for n, r in results.items() if r.run.builds_waited]
+    assert waited, "no timing waited for the slow build: a timing shared its cores with a build"
+    assert max(run.quiet_wait_s for run in waited) > 1.0
     # The actor came back after the crash and the hang and still times.
     after = m.measure(task, [workloads.tiled(task, 8)])[0]
     assert after.error_class is None, after.error_msg

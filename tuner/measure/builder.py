@@ -12,7 +12,7 @@ from pathlib import Path
 import tvm
 
 from tuner.measure.cuda import CudaToolchainError, kernel_formats, prepare_cuda_build
-from tuner.measure.pause import pausable
+from tuner.measure.quiet import cpu_work
 from tuner.measure.results import BuildResult, ErrorClass
 
 logger = logging.getLogger(__name__)
@@ -49,16 +49,16 @@ def build_candidate(mod_json: str, target_config: dict) -> BuildResult:
 def build_task(mod_json: str, target_config: dict) -> Iterator[float | bytes | BuildResult | None]:
     """The Ray task body, a streaming generator: start time, metadata, then the bytes.
 
-    The start is reported once the process is up and TVM imported, so the driver's build
-    timeout counts compilation, not a cold worker's start. The driver reads only the small
-    metadata; the bytes go from the object store straight to the device actor. While it
-    builds, the process can be stopped by its node's device actor (see ``pause``).
+    The start is reported once the process is up, TVM imported and its node's shared lease
+    held (see ``tuner.measure.quiet``: no timing runs on the node while it builds), so the
+    driver's build timeout counts compilation only. The driver reads only the small
+    metadata; the bytes go from the object store straight to the device actor.
     """
     import ray
 
-    yield time.time()
     node_id = ray.get_runtime_context().get_node_id()
-    with pausable(node_id):
+    with cpu_work(node_id):
+        yield time.time()
         result = build_candidate(mod_json, target_config)
     yield BuildResult(None, result.build_sec, result.error_class, result.error_msg, node_id, result.size)
     yield result.artifact

@@ -1,19 +1,20 @@
-"""Building candidates on any CPU of a Ray cluster and timing them on a device actor.
+"""Building candidates on any CPU of a Ray cluster and timing them on the device actors.
 
 The pipeline, driven by one engine thread per measurer:
 
     submit -> build (Ray task, any CPU, build timeout) -> bytes in Ray's object store
-           -> device actor (pinned by the device's Ray resource; checks, then times)
+           -> a device actor (one per node x device, shared by jobs; checks, then times)
 
 Builds run as soon as a CPU is free; up to ``timing_depth`` built candidates are queued at
-the device actor, so the next artifact's transfer overlaps the current timing and the device
-never waits for the driver. On a CPU node the actor stops that node's builds while it times
-(see ``tuner.measure.pause``), so a timing never shares its cores with a build.
+each device actor, so the next artifact's transfer overlaps the current timing and the device
+never waits for the driver. On a CPU node a timing holds the node's lease and builds hold it
+shared (see ``tuner.measure.quiet``), so a timing never shares its cores with a build.
 
-Every fault ends as a ``Measurement`` with an error class: a build that raises, runs past its
-timeout or crashes its process; a candidate that crashes the actor (the actor restarts), hangs
-(the actor is killed and restarts) or gives a wrong answer; a node that disappears (builds
-are retried elsewhere by Ray, timings in flight are re-queued or marked ``LOST``).
+Every fault ends as a ``Measurement`` with an error class, for that candidate only: a build
+that raises, runs past its timeout or crashes its process; a lost artifact; a candidate that
+crashes the actor (the actor restarts), hangs (the actor is killed and restarts) or gives a
+wrong answer; any other error of a call; a node that disappears (builds are retried
+elsewhere by Ray, timings in flight go to another device or are marked ``LOST``).
 """
 
 from __future__ import annotations
@@ -45,9 +46,8 @@ from tuner.device import Device
 from tuner.errors import NightshiftError, UserInputError
 from tuner.measure.builder import build_task
 from tuner.measure.cuda import gpu_archs, reference_module
-from tuner.measure.pause import pausable
 from tuner.measure.results import BuildResult, ErrorClass, Measurement, RunResult
-from tuner.measure.runner import ArgSpec, CandidateRunner, Reference, TimingConfig
+from tuner.measure.runner import ArgSpec, Reference, TimingConfig
 from tuner.tasks import Task
 
 logger = logging.getLogger(__name__)
@@ -62,12 +62,14 @@ class MeasureConfig:
     """Limits and timing policy of one measurer.
 
     Attributes:
-        build_timeout_s: wall time a build may take (time stopped for a timing included).
+        build_timeout_s: time a build may run, from when it holds its CPU (and its node's
+            lease, see ``quiet_builds``) until its artifact is ready.
         run_timeout_s: time the device actor may spend on one candidate.
         timing: how a candidate is timed.
         max_builds_in_flight: concurrent builds; default: every CPU of the cluster.
-        timing_depth: candidates queued at the device actor at once (2 overlaps transfers).
-        pause_builds: stop the device node's builds while timing; default: for CPU devices.
+        timing_depth: candidates queued at each device actor at once (2 overlaps transfers).
+        quiet_builds: keep builds and this node's search off a CPU device's node while it times
+            (a per-node lease, see ``tuner.measure.quiet``); default: for CPU devices.
         device_wait_s: how long timings wait for a device actor that restarts or whose node
             is gone before the candidates are marked ``LOST``.
         build_retries: Ray retries of a build whose worker or node died.
@@ -80,7 +82,7 @@ class MeasureConfig:
     timing: TimingConfig = field(default_factory=TimingConfig)
     max_builds_in_flight: int | None = None
     timing_depth: int = 2
-    pause_builds: bool | None = None
+    quiet_builds: bool | None = None
     device_wait_s: float = 60.0
     build_retries: int = 1
     build_start_timeout_s: float = 300.0
@@ -152,7 +154,7 @@ def connect(address: str | None = None, *, num_cpus: int | None = None,
     logger.info("Ray cluster: %s", ray.cluster_resources())
 
 
-def worker_command(device: Device, head: str = "HEAD_IP:6379", num_cpus: int | None = None) -> str:
+def worker_command(device: Device, head: str = "HEAD_IP:PORT", num_cpus: int | None = None) -> str:
     """The ``ray start`` command that makes a machine a worker for ``device``."""
     cpus = f" --num-cpus {num_cpus}" if num_cpus else ""
     gpus = " --num-gpus 1" if device.kind == "cuda" else ""
@@ -182,23 +184,57 @@ class _RefState:
     error: str | None = None
 
 
-class RayMeasurer:
-    """Builds candidates as Ray tasks and checks and times them on one device actor.
+@dataclass(eq=False)
+class _Call:
+    """One candidate's call on a device actor: a stream of its start time, then its result."""
 
-    ``submit`` is thread-safe and returns one future per candidate; results arrive as they
-    complete. The device actor takes the device's Ray resource (one unit), so two measurers
-    for the same device share it one at a time: ``close`` a measurer when done (or use it as a
-    context manager).
+    stream: Any
+    cand: _Cand
+    started: bool = False
+    deadline: float = float("inf")
+
+
+@dataclass(eq=False)
+class _Dev:
+    """The engine's view of one device actor (one device of one node)."""
+
+    node_id: str
+    name: str
+    actor: Any
+    fingerprint: str | None = None
+    calls: list[_Call] = field(default_factory=list)
+    down_since: float | None = None
+    ping: Any = None
+    ping_after: float = 0.0
+    refs: set[str] = field(default_factory=set)  # tasks whose reference output the actor holds
+    dead: bool = False  # its node is gone: calls queued for it would wait forever
+    # The candidate whose call ran when the actor died, with the verdict it gets if the node
+    # is still there once the actor is back ("crash" or "timeout") and the message.
+    suspect: tuple[_Cand, str, str] | None = None
+
+
+class RayMeasurer:
+    """Builds candidates as Ray tasks and checks and times them on the device's timing actors.
+
+    Every node that offers the device's Ray resource has one shared timing actor per unit of
+    it (``tuner.measure.device_actor``); a measurer times on every actor whose device has the
+    fingerprint it was asked for (or, if none has, the most common one), so identical nodes
+    share a job's timings, and two measurers (two jobs) on one device take turns at its actor.
+    ``device`` is the device as the timing nodes see it: builds target it and records are
+    keyed by its fingerprint. ``submit`` is thread-safe and returns one future per candidate.
 
     Raises:
         UserInputError: no node of the cluster offers the device's resource.
+        MeasureError: no device actor started within ``device_wait_s``.
     """
 
     def __init__(self, device: Device, config: MeasureConfig | None = None) -> None:
-        self.device = device
+        from tuner.measure import device_actor
+
         self.config = config or MeasureConfig()
         self.resource = device_resource(device)
-        if ray.cluster_resources().get(self.resource, 0) < 1:
+        nodes = _device_nodes(self.resource)
+        if not nodes:
             raise UserInputError(
                 f"no node of the Ray cluster offers device resource {self.resource!r}; start a "
                 f"worker for it with: {worker_command(device)}"
@@ -206,21 +242,17 @@ class RayMeasurer:
         self._build = ray.remote(build_task).options(
             num_cpus=1, num_returns="streaming", max_retries=self.config.build_retries, retry_exceptions=False
         )
-        threads = int(device.target_config.get("num-cores", 1))
-        pause = self.config.pause_builds if self.config.pause_builds is not None else device.kind == "cpu"
-        options: dict[str, Any] = {
-            "num_cpus": 0, "max_restarts": -1, "max_task_retries": 0,
-            "resources": {self.resource: 1},
-            # Ray sets OMP_NUM_THREADS=1 in workers and TVM's thread pool would follow it;
-            # the runtime-only import proves the device side needs no compiler.
-            "runtime_env": {"env_vars": {"TVM_NUM_THREADS": str(threads), "TVM_USE_RUNTIME_LIB": "1"}},
-        }  # fmt: skip
-        if device.kind == "cuda":
-            options["num_gpus"] = 1
-        # With num_gpus=1 Ray exposes one GPU to the actor as device 0.
-        self._actor = ray.remote(CandidateRunner).options(**options).remote(
-            device.kind, 0, pause_builds=pause, pause_lease_s=self.config.run_timeout_s
-        )
+        quiet = self.config.quiet_builds if self.config.quiet_builds is not None else device.kind == "cpu"
+        devs = []
+        for node_id, units in nodes:
+            for unit in range(units):
+                name = device_actor.actor_name(self.resource, node_id, unit)
+                actor = device_actor.ensure(self.resource, node_id, unit, device.kind, device.target_config,
+                                            quiet=quiet)  # fmt: skip
+                devs.append(_Dev(node_id, name, actor))
+        infos = self._infos(devs)
+        self._devs, self.device = _choose(device, devs, infos)
+        self._measure = "measure_stream"
         self._ids = iter(range(1 << 62))
         self._cv = threading.Condition()
         self._incoming: deque[_Cand] = deque()
@@ -229,23 +261,30 @@ class RayMeasurer:
         self._to_build: deque[_Cand] = deque()
         self._building: dict[Any, _Cand] = {}
         self._to_time: deque[_Cand] = deque()
-        self._timing: deque[tuple[Any, _Cand]] = deque()
-        self._head_deadline = 0.0
         self._refs: dict[str, _RefState] = {}
-        self._actor_refs: set[str] = set()
-        self._ping: Any = None  # an info() call that tells when the actor is up again
-        self._ping_after = 0.0
-        self._down_since: float | None = time.monotonic()
-        # The candidate the actor was on when it died, with the verdict it gets if the
-        # actor's node is still there once the actor is back ("crash" or "timeout").
-        self._suspect: tuple[_Cand, str, str] | None = None
-        self._actor_node: str | None = None
         self._best: dict[str, float] = {}
         self._cpus = 1
         self._cpus_checked = 0.0
+        self._nodes_checked = 0.0
         self.stats = MeasureStats()
         self._thread = threading.Thread(target=self._loop, name="nightshift-measure", daemon=True)
         self._thread.start()
+
+    def _infos(self, devs: list[_Dev]) -> list[dict[str, Any] | None]:
+        refs = [d.actor.info.remote() for d in devs]
+        # A cold actor imports TVM first, like a cold build worker.
+        wait = max(self.config.device_wait_s, self.config.build_start_timeout_s)
+        deadline = time.monotonic() + wait
+        out: list[dict[str, Any] | None] = []
+        for ref in refs:
+            try:
+                out.append(ray.get(ref, timeout=max(deadline - time.monotonic(), 0.1)))
+            except (RayError, TimeoutError) as err:
+                logger.warning("a device actor did not answer: %s", _short(err, 300))
+                out.append(None)
+        if not any(out):
+            raise MeasureError(f"no timing actor for {self.resource} started within {wait:.0f} s")
+        return out
 
     # ----- public API -----
 
@@ -289,27 +328,33 @@ class RayMeasurer:
             self.stats = MeasureStats()
 
     def actor_info(self) -> dict[str, Any]:
-        """Where the device actor runs (node id, pid, runtime-only)."""
-        return ray.get(self._actor.info.remote(), timeout=self.config.device_wait_s)
+        """Where the first device actor runs (node id, pid, runtime-only, fingerprint)."""
+        return ray.get(self._devs[0].actor.info.remote(), timeout=self.config.device_wait_s)
+
+    def devices_info(self) -> list[dict[str, Any]]:
+        """``actor_info`` of every device actor this measurer times on."""
+        return ray.get([d.actor.info.remote() for d in self._devs], timeout=self.config.device_wait_s)
 
     @contextlib.contextmanager
-    def pausable(self) -> Iterator[None]:
-        """Let the device actor stop this (driver) process while it times, e.g. during search."""
+    def cpu_work(self) -> Iterator[None]:
+        """Hold this node's shared CPU lease for the block (the driver's search), so that no
+        timing on this node runs beside it (see ``tuner.measure.quiet``)."""
+        from tuner.measure.quiet import cpu_work
+
         try:
             node_id = ray.get_runtime_context().get_node_id()
-        except Exception:  # a ray:// client driver is not on any node: nothing to pause
+        except Exception:  # a driver outside the cluster is on no node: nothing to keep apart
             node_id = None
-        with pausable(node_id, with_children=False):  # its children are Ray's own processes
+        with cpu_work(node_id):
             yield
 
     def close(self) -> None:
-        """Stop the engine, mark unfinished candidates ``LOST`` and release the device."""
+        """Stop the engine and mark unfinished candidates ``LOST``; the device actors stay for
+        other jobs (they are the cluster's, not this measurer's)."""
         with self._cv:
             self._closing = True
             self._cv.notify_all()
         self._thread.join(timeout=30)
-        with contextlib.suppress(RayError):
-            ray.kill(self._actor, no_restart=True)
 
     def __enter__(self) -> RayMeasurer:
         return self
@@ -338,34 +383,65 @@ class RayMeasurer:
         self._fail_all(None)
 
     def _busy(self) -> bool:
-        return bool(self._to_build or self._building or self._to_time or self._timing or self._ping
-                    or self._suspect)
+        return bool(self._to_build or self._building or self._to_time
+                    or any(d.calls or d.ping or d.suspect for d in self._devs))  # fmt: skip
 
     def _step(self) -> None:
         self._launch_builds()
         self._dispatch_timings()
-        waitables = list(self._building) + [r for r, _ in self._timing]
-        if self._ping is not None:
-            waitables.append(self._ping)
+        waitables = list(self._building)
+        for d in self._devs:
+            waitables += [call.stream for call in d.calls]
+            if d.ping is not None:
+                waitables.append(d.ping)
         now = time.monotonic()
         if not waitables:
-            time.sleep(0.05)  # waiting for the next ping to the device actor
+            time.sleep(0.05)  # waiting for the next ping to a device actor
             return
         deadlines = [c.deadline for c in self._building.values()]
-        if self._timing:
-            deadlines.append(self._head_deadline)
-        timeout = min([0.5, *(max(d - now, 0.0) for d in deadlines)])
+        deadlines += [call.deadline for d in self._devs for call in d.calls]
+        timeout = min([0.5, *(max(t - now, 0.0) for t in deadlines)])
         ready, _ = ray.wait(waitables, num_returns=1, timeout=timeout)
         if ready:
             ready, _ = ray.wait(waitables, num_returns=len(waitables), timeout=0)
         for ref in ready:
             if ref in self._building:
                 self._on_build_item(ref, self._building.pop(ref))
-            elif self._ping is not None and ref == self._ping:
-                self._on_ping()
-            elif any(r == ref for r, _ in self._timing):  # not dropped by an actor failure
-                self._on_timed(ref)
+                continue
+            for d in self._devs:
+                if d.ping is not None and ref == d.ping:
+                    self._on_ping(d)
+                    break
+                call = next((call for call in d.calls if call.stream == ref), None)
+                if call is not None:  # not dropped by an actor failure
+                    self._on_call_item(d, call)
+                    break
         self._check_deadlines()
+        self._check_nodes()
+
+    def _check_nodes(self) -> None:
+        """Fail the calls of devices whose node died: a restarting actor that cannot come back
+        (its node is gone) would hold them forever."""
+        now = time.monotonic()
+        watched = [d for d in self._devs if not d.dead and (d.calls or d.down_since is not None)]
+        if not watched or now - self._nodes_checked < 2.0:
+            return
+        self._nodes_checked = now
+        try:
+            alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        except RayError:
+            return
+        for d in watched:
+            if d.node_id not in alive:
+                self._device_lost(d)
+
+    def _device_lost(self, d: _Dev) -> None:
+        """The device's node is gone: what ran there is LOST, what waited goes elsewhere."""
+        logger.warning("device node %s is gone; its timings go to the other devices", d.node_id[:12])
+        d.dead = True
+        d.ping = None
+        self._on_actor_failure(d, "crash", NodeDiedError(f"node {d.node_id} died"))
+        self._settle_suspect(d)
 
     def _cap(self) -> int:
         if self.config.max_builds_in_flight:
@@ -388,17 +464,15 @@ class RayMeasurer:
             ref = next(stream)
             item = ray.get(ref) if c.stage < 2 else ref  # never fetch the artifact's bytes here
         except StopIteration:
-            item = RayError("the build stream ended early")
+            item = BuildResult(None, 0.0, ErrorClass.BUILD_ERROR, "the build stream ended early")
         except (NodeDiedError, ObjectLostError, OwnerDiedError) as err:
             item = BuildResult(None, 0.0, ErrorClass.LOST, f"build lost with its node: {_short(err)}")
         except WorkerCrashedError as err:
             item = BuildResult(None, 0.0, ErrorClass.BUILD_ERROR, f"build process crashed: {_short(err)}")
         except TaskCancelledError:
             return
-        except RayError as err:
+        except Exception as err:  # any other fault is this candidate's build error, never the job's
             item = BuildResult(None, 0.0, ErrorClass.BUILD_ERROR, _short(err))
-        if isinstance(item, RayError):
-            item = BuildResult(None, 0.0, ErrorClass.BUILD_ERROR, str(item))
         if c.stage == 0 and not isinstance(item, BuildResult):  # started: the timeout counts from now
             c.stage = 1
             c.deadline = time.monotonic() + self.config.build_timeout_s
@@ -409,7 +483,7 @@ class RayMeasurer:
             c.build = item
             self._building[stream] = c
             return
-        if c.stage == 2:
+        if c.stage == 2 and not isinstance(item, BuildResult):
             c.artifact = item
             meta = c.build
         else:
@@ -435,23 +509,29 @@ class RayMeasurer:
 
     def _dispatch_timings(self) -> None:
         now = time.monotonic()
-        if self._down_since is not None:
-            # The actor starts, restarts or has no node: time nothing until a ping returns.
-            if self._ping is None and now >= self._ping_after:
-                self._ping = self._actor.info.remote()
-            if (self._to_time or self._suspect) and now - self._down_since > self.config.device_wait_s:
-                if self._suspect is not None:
-                    c, _, msg = self._suspect
-                    self._suspect = None
-                    self._finish(c, RunResult(error_class=ErrorClass.LOST,
-                                              error_msg=f"device actor did not come back after: {msg}"))
+        for d in self._devs:
+            if d.down_since is not None and d.ping is None and now >= d.ping_after and not d.dead:
+                d.ping = d.actor.info.remote()
+        up = [d for d in self._devs if d.down_since is None and not d.dead]
+        if not up:
+            # Every actor starts, restarts or has no node: time nothing until a ping returns.
+            oldest = min(d.down_since or now for d in self._devs)
+            if self._to_time and now - oldest > self.config.device_wait_s:
                 reason = "device node lost" if not self._device_alive() else "device actor did not come back"
                 while self._to_time:
                     self._finish(self._to_time.popleft(), RunResult(
                         error_class=ErrorClass.LOST,
                         error_msg=f"{reason} within {self.config.device_wait_s:.0f} s ({self.resource})"))
-            return
-        while len(self._timing) < self.config.timing_depth:
+        for d in self._devs:
+            if d.suspect is not None and d.down_since is not None and now - d.down_since > self.config.device_wait_s:
+                c, _, msg = d.suspect
+                d.suspect = None
+                self._finish(c, RunResult(error_class=ErrorClass.LOST,
+                                          error_msg=f"device actor did not come back after: {msg}"))
+        while up:
+            d = min(up, key=lambda d: len(d.calls))
+            if len(d.calls) >= self.config.timing_depth:
+                return
             c = next((c for c in self._to_time if self._ref_ready(c.task_key)), None)
             if c is None:
                 return
@@ -461,60 +541,44 @@ class RayMeasurer:
                 self._finish(c, RunResult(error_class=ErrorClass.RUN_ERROR, error_msg=state.error))
                 continue
             reference = Reference([state.artifact], c.entry, state.cand.args or [])
-            ref = self._actor.measure.remote(c.task_key, c.artifact, c.entry, self.config.timing, reference,
-                                             self._best.get(c.task_key))
-            self._timing.append((ref, c))
-            if len(self._timing) == 1:
-                self._head_deadline = now + self._budget(c)
+            # Back-pressure 1: the actor goes on only once this driver has read the start, so
+            # a candidate that kills the actor at once is known to have been running.
+            stream = d.actor.measure_stream.options(
+                num_returns="streaming", _generator_backpressure_num_objects=1
+            ).remote(c.task_key, c.artifact, c.entry, self.config.timing, reference, self._best.get(c.task_key),
+                     self._budget(d, c))  # fmt: skip
+            d.calls.append(_Call(stream, c))
 
-    def _on_ping(self) -> None:
-        ping, self._ping = self._ping, None
+    def _on_call_item(self, d: _Dev, call: _Call) -> None:
+        c = call.cand
         try:
-            info = ray.get(ping)
-        except RayError:
-            self._ping_after = time.monotonic() + 0.2
-            return
-        self._down_since = None
-        self._settle_suspect()
-        self._actor_node = info.get("node_id")
-
-    def _settle_suspect(self) -> None:
-        """Blame the candidate the actor died on, unless its node died (then it is LOST)."""
-        if self._suspect is None:
-            return
-        c, kind, msg = self._suspect
-        self._suspect = None
-        if not self._node_alive(self._actor_node):
-            cls, msg = ErrorClass.LOST, f"device node lost while timing ({msg})"
-        elif kind == "crash":
-            cls, msg = ErrorClass.RUN_CRASH, f"candidate crashed the device process: {msg}"
-        else:
-            cls = ErrorClass.RUN_TIMEOUT
-        logger.warning("candidate %d: %s", c.id, msg[:200])
-        self._finish(c, RunResult(error_class=cls, error_msg=msg))
-
-    def _ref_ready(self, key: str) -> bool:
-        state = self._refs[key]
-        return state.artifact is not None or state.error is not None
-
-    def _budget(self, c: _Cand) -> float:
-        budget = self.config.run_timeout_s
-        if c.task_key not in self._actor_refs:
-            budget += self.config.run_timeout_s  # the actor may first compute the reference
-        return budget
-
-    def _on_timed(self, ref: Any) -> None:
-        index = next(i for i, (r, _) in enumerate(self._timing) if r == ref)
-        _, c = self._timing[index]
-        del self._timing[index]
-        try:
-            run: RunResult = ray.get(ref)
+            item = ray.get(next(call.stream))
+        except StopIteration:
+            item = RayError("the device actor's stream ended early")
         except RayActorError as err:
-            self._timing.insert(index, (ref, c))
-            self._on_actor_failure("crash", err)
+            self._on_actor_failure(d, "crash", err)
             return
-        self._actor_refs.add(c.task_key)
-        self._actor_node = run.node_id or self._actor_node
+        except (ObjectLostError, OwnerDiedError, NodeDiedError) as err:  # its artifact is gone
+            d.calls.remove(call)
+            self._finish(c, RunResult(error_class=ErrorClass.LOST, error_msg=f"artifact lost: {_short(err)}",
+                                      node_id=d.node_id))
+            return
+        except Exception as err:  # any other fault of the call: this candidate's run error only
+            if not self._node_alive(d.node_id):  # unless its device's node is gone
+                self._device_lost(d)
+                return
+            item = err
+        if not call.started and isinstance(item, float):
+            call.started = True
+            call.deadline = time.monotonic() + self._budget(d, c)
+            return
+        d.calls.remove(call)
+        if not isinstance(item, RunResult):
+            msg = _short(item) if isinstance(item, BaseException) else f"unexpected item {type(item)}"
+            self._finish(c, RunResult(error_class=ErrorClass.RUN_ERROR, error_msg=msg, node_id=d.node_id))
+            return
+        run = item
+        d.refs.add(c.task_key)
         self.stats.device_busy_s += run.busy_s
         if run.ok:
             self.stats.timed += 1
@@ -522,8 +586,41 @@ class RayMeasurer:
             if not run.early_stopped and med is not None and med < self._best.get(c.task_key, float("inf")):
                 self._best[c.task_key] = med
         self._finish(c, run)
-        if index == 0 and self._timing:
-            self._head_deadline = time.monotonic() + self._budget(self._timing[0][1])
+
+    def _on_ping(self, d: _Dev) -> None:
+        ping, d.ping = d.ping, None
+        try:
+            ray.get(ping)
+        except Exception:  # still down (any error): ping again a little later
+            d.ping_after = time.monotonic() + 0.2
+            return
+        d.down_since = None
+        self._settle_suspect(d)
+
+    def _settle_suspect(self, d: _Dev) -> None:
+        """Blame the candidate the actor died on, unless its node died (then it is LOST)."""
+        if d.suspect is None:
+            return
+        c, kind, msg = d.suspect
+        d.suspect = None
+        if not self._node_alive(d.node_id):
+            cls, msg = ErrorClass.LOST, f"device node lost while timing ({msg})"
+        elif kind == "crash":
+            cls, msg = ErrorClass.RUN_CRASH, f"candidate crashed the device process: {msg}"
+        else:
+            cls = ErrorClass.RUN_TIMEOUT
+        logger.warning("candidate %d: %s", c.id, msg[:200])
+        self._finish(c, RunResult(error_class=cls, error_msg=msg, node_id=d.node_id))
+
+    def _ref_ready(self, key: str) -> bool:
+        state = self._refs[key]
+        return state.artifact is not None or state.error is not None
+
+    def _budget(self, d: _Dev, c: _Cand) -> float:
+        budget = self.config.run_timeout_s
+        if c.task_key not in d.refs:
+            budget += self.config.run_timeout_s  # the actor may first compute the reference
+        return budget
 
     def _check_deadlines(self) -> None:
         now = time.monotonic()
@@ -538,26 +635,32 @@ class RayMeasurer:
                     self._refs[c.task_key].error = f"reference: {c.build.error_msg}"
                 else:
                     self._finish(c, RunResult(error_class=ErrorClass.BUILD_TIMEOUT, error_msg=c.build.error_msg))
-        if self._timing and now > self._head_deadline:
-            # A hung candidate: only killing the actor's process stops it; Ray restarts it.
-            with contextlib.suppress(RayError):
-                ray.kill(self._actor, no_restart=False)
-            self._on_actor_failure("timeout", None)
+        for d in self._devs:
+            if any(call.started and now > call.deadline for call in d.calls):
+                # A hung candidate: only killing the actor's process stops it; Ray restarts it.
+                with contextlib.suppress(RayError):
+                    ray.kill(d.actor, no_restart=False)
+                self._on_actor_failure(d, "timeout", None)
 
-    def _on_actor_failure(self, kind: str, err: BaseException | None) -> None:
-        inflight = list(self._timing)
-        self._timing.clear()
-        self._actor_refs.clear()
-        self._down_since = time.monotonic()
-        self._ping = None
-        head = inflight[0][1]
+    def _on_actor_failure(self, d: _Dev, kind: str, err: BaseException | None) -> None:
+        inflight = list(d.calls)
+        d.calls.clear()
+        d.refs.clear()
+        d.down_since = time.monotonic()
+        d.ping = None
+        running = next((call for call in inflight if call.started), None)
         # Right after the failure a crash and a lost node look the same; the verdict waits
         # until the actor is back (node alive: the candidate's fault) or the device is gone.
-        msg = _short(err) if err is not None else f"run exceeded {self._budget(head):.0f} s"
-        self._settle_suspect()
-        self._suspect = (head, kind, msg)
-        # The others never ran: time them again on the restarted actor (at most twice).
-        for _, c in reversed(inflight[1:]):
+        self._settle_suspect(d)
+        if running is not None:
+            msg = _short(err) if err is not None else f"run exceeded {self._budget(d, running.cand):.0f} s"
+            d.suspect = (running.cand, kind, msg)
+        # The others never ran (another job's candidate may have been the one): time them
+        # again on a device that is up (at most twice).
+        for call in reversed(inflight):
+            if call is running:
+                continue
+            c = call.cand
             c.attempts += 1
             if c.attempts > 2:
                 self._finish(c, RunResult(error_class=ErrorClass.LOST, error_msg="device actor failed repeatedly"))
@@ -593,9 +696,11 @@ class RayMeasurer:
         for stream in self._building:  # builds nobody will read any more
             with contextlib.suppress(RayError):
                 ray.cancel(stream, force=True)
-        cands = [*self._to_build, *self._building.values(), *self._to_time, *(c for _, c in self._timing)]
-        if self._suspect is not None:
-            cands.append(self._suspect[0])
+        cands = [*self._to_build, *self._building.values(), *self._to_time]
+        for d in self._devs:
+            cands += [call.cand for call in d.calls]
+            if d.suspect is not None:
+                cands.append(d.suspect[0])
         with self._cv:
             cands += list(self._incoming)
             self._incoming.clear()
@@ -607,6 +712,37 @@ class RayMeasurer:
                                                 RunResult(error_class=ErrorClass.LOST, error_msg="measurer closed")))
             else:
                 c.future.set_exception(err)
+
+
+def _device_nodes(resource: str) -> list[tuple[str, int]]:
+    """(node id, units of ``resource``) of every live node that offers it."""
+    return sorted(
+        (n["NodeID"], int(n["Resources"][resource]))
+        for n in ray.nodes()
+        if n.get("Alive") and n.get("Resources", {}).get(resource, 0) >= 1
+    )
+
+
+def _choose(device: Device, devs: list[_Dev], infos: list[dict[str, Any] | None]) -> tuple[list[_Dev], Device]:
+    """The actors to time on: those whose device has ``device``'s fingerprint, or else those of
+    the most common fingerprint; and that device, as its nodes describe it."""
+    groups: dict[str, list[tuple[_Dev, dict[str, Any]]]] = {}
+    for d, info in zip(devs, infos, strict=True):
+        if info is None:
+            continue
+        d.fingerprint = info["fingerprint"]
+        groups.setdefault(info["fingerprint"], []).append((d, info))
+    fp = device.fingerprint if device.fingerprint in groups else max(groups, key=lambda k: (len(groups[k]), k))
+    if fp != device.fingerprint:
+        logger.info("no timing node has device %s's fingerprint %s: timing on %d node(s) with %s", device.name,
+                    device.fingerprint, len(groups[fp]), fp)  # fmt: skip
+    others = [d.name for k, g in groups.items() if k != fp for d, _ in g]
+    if others:
+        logger.info("device actors of other fingerprints not used: %s", others)
+    chosen = groups[fp]
+    spec = chosen[0][1]["device"]
+    timing_device = Device(spec["kind"], device.index, spec["target_config"], spec["description"])
+    return [d for d, _ in chosen], timing_device
 
 
 def _short(err: BaseException, limit: int = 1000) -> str:

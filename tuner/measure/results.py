@@ -49,10 +49,11 @@ class RunResult:
         early_stopped: the candidate was far slower than the task's best so far; ``run_secs``
             holds only the short probe, whose minimum is a lower bound of its time.
         remeasured: how many extra rounds of repeats a noisy first round triggered.
-        paused_builds: build processes on the device's node held stopped while timing.
-        paused_cpu_s: CPU time those processes still used during timing (should be ~0).
+        quiet_wait_s: time the timing waited for the node's running builds to end (CPU).
+        builds_waited: how many builds (or searching drivers) it waited for.
         busy_s: time the device actor spent on this candidate (load, check, timing).
         node_id: the Ray node that timed it.
+        device_fingerprint: the fingerprint of the device that timed it, as its node sees it.
     """
 
     run_secs: list[float] = field(default_factory=list)
@@ -60,10 +61,11 @@ class RunResult:
     error_msg: str | None = None
     early_stopped: bool = False
     remeasured: int = 0
-    paused_builds: int = 0
-    paused_cpu_s: float = 0.0
+    quiet_wait_s: float = 0.0
+    builds_waited: int = 0
     busy_s: float = 0.0
     node_id: str | None = None
+    device_fingerprint: str | None = None
 
     @property
     def ok(self) -> bool:

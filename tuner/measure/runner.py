@@ -19,7 +19,6 @@ import numpy as np
 import tvm
 
 from tuner.measure.cuda import CudaToolchainError, context_fatal, load_cuda_runtime
-from tuner.measure.pause import BuildPauser
 from tuner.measure.results import ErrorClass, RunResult, relative_spread
 
 logger = logging.getLogger(__name__)
@@ -125,18 +124,12 @@ class CandidateRunner:
     task's unscheduled build, so a restarted actor rebuilds its state on demand.
     """
 
-    def __init__(self, device_kind: str = "cpu", device_index: int = 0, *, pause_builds: bool = False,
-                 pause_lease_s: float = 30.0) -> None:
+    def __init__(self, device_kind: str = "cpu", device_index: int = 0) -> None:
         if device_kind == "cuda" and not load_cuda_runtime():
             raise CudaToolchainError("TVM's CUDA runtime library does not load here (driver and libcudart.so.13?)")
         self.dev = tvm.cpu(0) if device_kind == "cpu" else tvm.cuda(device_index)
         self._inputs: dict[str, list[np.ndarray]] = {}
         self._reference: dict[str, list[np.ndarray]] = {}
-        self._pauser: BuildPauser | None = None
-        if pause_builds:
-            import ray
-
-            self._pauser = BuildPauser(ray.get_runtime_context().get_node_id(), lease_s=pause_lease_s)
 
     def info(self) -> dict[str, Any]:
         """Where the actor runs: Ray node id, pid, whether TVM's compiler library is loaded."""
@@ -201,19 +194,14 @@ class CandidateRunner:
                 return RunResult(error_class=ErrorClass.WRONG_RESULT, error_msg=f"argument {k}: {diff}",
                                  node_id=node, busy_s=time.perf_counter() - start)
         arrays = [tvm.runtime.tensor(a, self.dev) for a in self._inputs[task_key]]
-        if self._pauser is not None:
-            self._pauser.pause()
         try:
             result = self._time(lib, entry, arrays, timing, best_sec, check_s)
         except Exception as err:
-            self._exit_if_context_fatal(err)  # a paused node's watchdog resumes its builds
+            self._exit_if_context_fatal(err)
             result = RunResult(error_class=ErrorClass.RUN_ERROR, error_msg=f"{type(err).__name__}: {err}"[:2000])
-        finally:
-            report = self._pauser.resume() if self._pauser is not None else None
         return RunResult(
             run_secs=result.run_secs, error_class=result.error_class, error_msg=result.error_msg,
             early_stopped=result.early_stopped, remeasured=result.remeasured,
-            paused_builds=report.paused if report else 0, paused_cpu_s=report.cpu_s if report else 0.0,
             busy_s=time.perf_counter() - start, node_id=node,
         )  # fmt: skip
 

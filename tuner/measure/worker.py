@@ -1,4 +1,4 @@
-"""Join a Ray cluster as a Nightshift worker: ``python -m tuner.measure.worker --address HEAD:6379``.
+"""Join a Ray cluster as a Nightshift worker: ``python -m tuner.measure.worker --address HEAD:PORT``.
 
 Runs ``ray start`` with the custom resources Nightshift's device actors ask for: one
 ``nightshift_cpu_<llvm mcpu>`` for the host CPU (when TVM's compiler is installed, which a
@@ -68,7 +68,7 @@ def start_command(address: str, *, num_cpus: int | None, cpu_device: bool, block
 def main(argv: list[str] | None = None) -> int:
     """Print, then run, the ``ray start`` command that makes this machine a Nightshift worker."""
     parser = argparse.ArgumentParser(prog="python -m tuner.measure.worker", description=__doc__)
-    parser.add_argument("--address", required=True, help="the Ray head, HOST:6379")
+    parser.add_argument("--address", required=True, help="the Ray head, HOST:PORT (its GCS port, e.g. 6380)")
     parser.add_argument("--num-cpus", type=int, default=None,
                         help="CPUs offered for builds (0 on a runtime-only GPU worker: it cannot build)")
     parser.add_argument("--no-cpu-device", action="store_true", help="do not time CPU candidates here")

@@ -1,0 +1,198 @@
+"""The timing actor of one device (node x device), shared by every job on the cluster.
+
+One detached, named actor per unit of a device resource on a node (``device-<resource>-<node
+id>-<k>``), so two identical machines each time candidates, and two jobs on one device talk
+to the same actor: its calls take turns in the order they arrive, and a job's run timeout
+counts from the moment its call starts (the first item of the call's stream), never while
+it waits behind another job's timings.
+
+The actor describes the device as its own node sees it (CPU model, ISA flags, cores; GPU name
+and SM), so records are keyed by the fingerprint of the node that timed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from tuner.measure.results import RunResult
+from tuner.measure.runner import CandidateRunner, Reference, TimingConfig
+
+logger = logging.getLogger(__name__)
+
+# While more calls wait, a timing keeps the node's lease for them up to this long, so that a
+# queue of built candidates is timed back to back rather than each after a round of builds.
+_LINGER_MAX_S = 2.0
+# A call that runs this many times its run timeout (plus a margin) was abandoned by a driver
+# that died: the actor ends its own process so that Ray restarts it for the other jobs.
+_ABANDONED_FACTOR = 3.0
+_ABANDONED_MARGIN_S = 30.0
+
+
+class _Turns:
+    """A first-come, first-served lock: the device's calls run one at a time in arrival order."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._next = 0
+        self._serving = 0
+
+    @property
+    def waiting(self) -> int:
+        """Calls waiting for their turn (the one running excluded)."""
+        with self._cv:
+            return max(self._next - self._serving - 1, 0)
+
+    def __enter__(self) -> None:
+        with self._cv:
+            ticket = self._next
+            self._next += 1
+            while self._serving != ticket:
+                self._cv.wait()
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cv:
+            self._serving += 1
+            self._cv.notify_all()
+
+
+class DeviceActor(CandidateRunner):
+    """A ``CandidateRunner`` run as the shared timing actor of one device of one node.
+
+    Threaded (``max_concurrency`` > 1): ``info`` answers while a candidate is timed, and calls
+    of several jobs wait their turn inside the actor.
+
+    Args:
+        kind: ``cpu`` or ``cuda``.
+        target_config: the target the candidates are built for; a CPU actor replaces its
+            ``num-cores`` with its node's physical cores, the threads it times with.
+        quiet: on a CPU device, take the node's exclusive lease around every timing (see
+            ``tuner.measure.quiet``).
+    """
+
+    def __init__(self, kind: str, target_config: dict[str, Any], *, quiet: bool = True) -> None:
+        import ray
+
+        from tuner.device import Device, host_cpu_info, parse_device
+
+        self.node_id = ray.get_runtime_context().get_node_id()
+        if kind == "cpu":
+            info = host_cpu_info()
+            cores = int(info["cores"])
+            # TVM's thread pool reads this when the first kernel runs, which is later.
+            os.environ["TVM_NUM_THREADS"] = str(cores)
+            config = dict(target_config) | {"num-cores": cores}
+            self.device = Device("cpu", 0, config, dict(info) | {"cores": cores, "mcpu": config.get("mcpu")})
+        super().__init__(kind, 0)
+        if kind != "cpu":
+            # With num_gpus=1 Ray shows the actor its GPU as device 0.
+            self.device = parse_device("cuda:0", target_arch=target_config.get("arch"))
+        if quiet and kind == "cpu":
+            from tuner.measure.quiet import TimingLease
+
+            allowed = sorted(os.sched_getaffinity(0))
+            self._timing_cores = allowed[:cores] if cores < len(allowed) else None
+            self.lease: TimingLease | None = TimingLease(self.node_id, self._timing_cores)
+        else:
+            self._timing_cores = None
+            self.lease = None
+        self._held_since: float | None = None
+        self._turns = _Turns()
+        self._current: tuple[float, float] | None = None
+        threading.Thread(target=self._watch, name="nightshift-abandoned", daemon=True).start()
+
+    def info(self) -> dict[str, Any]:
+        """Where the actor runs and the device as its node sees it (fingerprint included)."""
+        d = self.device
+        return super().info() | {
+            "fingerprint": d.fingerprint,
+            "device": {"kind": d.kind, "index": d.index, "target_config": d.target_config,
+                       "description": d.description},
+        }  # fmt: skip
+
+    def measure_stream(
+        self,
+        task_key: str,
+        artifact: bytes,
+        entry: str,
+        timing: TimingConfig,
+        reference: Reference | None,
+        best_sec: float | None,
+        run_timeout_s: float,
+    ) -> Iterator[float | RunResult]:
+        """Wait for the device's turn and, on a CPU, for the node's lease; say so (the start
+        time, from which the caller's run timeout counts); then check and time the candidate."""
+        with self._turns:
+            if self._timing_cores:
+                # Per thread (a threaded actor's calls run on several); TVM's pool threads,
+                # started by the first timing, inherit it.
+                os.sched_setaffinity(0, self._timing_cores)
+            grant = self._hold()
+            self._current = (time.monotonic(), run_timeout_s)
+            try:
+                yield time.time()
+                run = self.measure(task_key, artifact, entry, timing, reference, best_sec)
+            finally:
+                self._current = None
+                self._let_go()
+        yield dataclasses.replace(run, device_fingerprint=self.device.fingerprint,
+                                  quiet_wait_s=grant.get("waited_s", 0.0), builds_waited=grant.get("shared_waited", 0))
+
+    def _hold(self) -> dict[str, Any]:
+        if self.lease is None:
+            return {}
+        if self._held_since is not None:  # kept from the call before
+            return {"waited_s": 0.0, "shared_waited": 0}
+        grant = self.lease.acquire()
+        self._held_since = time.monotonic()
+        return grant
+
+    def _let_go(self) -> None:
+        if self.lease is None or self._held_since is None:
+            return
+        if self._turns.waiting and time.monotonic() - self._held_since < _LINGER_MAX_S:
+            return  # the next call is queued: keep the node quiet for it
+        self._held_since = None
+        self.lease.release()
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(1.0)
+            current = self._current
+            if current is not None:
+                start, timeout = current
+                if time.monotonic() - start > _ABANDONED_FACTOR * timeout + _ABANDONED_MARGIN_S:
+                    logger.error("a call ran %.0f s (run timeout %.0f s): restarting", time.monotonic() - start,
+                                 timeout)  # fmt: skip
+                    os._exit(1)
+
+
+def actor_name(resource: str, node_id: str, unit: int) -> str:
+    """The name of the timing actor of unit ``unit`` of ``resource`` on node ``node_id``."""
+    return f"device-{resource}-{node_id}-{unit}"
+
+
+def ensure(resource: str, node_id: str, unit: int, kind: str, target_config: dict[str, Any], *,
+           quiet: bool) -> Any:  # fmt: skip
+    """The timing actor of one device, started on its node if none runs yet (detached, shared)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from tuner.measure.quiet import NAMESPACE
+
+    options: dict[str, Any] = {
+        "name": actor_name(resource, node_id, unit), "namespace": NAMESPACE, "get_if_exists": True,
+        "lifetime": "detached", "num_cpus": 0, "max_restarts": -1, "max_task_retries": 0, "max_concurrency": 64,
+        "resources": {resource: 1},
+        "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False),
+        # The runtime-only import proves the device side needs no compiler.
+        "runtime_env": {"env_vars": {"TVM_USE_RUNTIME_LIB": "1"}},
+    }  # fmt: skip
+    if kind == "cuda":
+        options["num_gpus"] = 1
+    return ray.remote(DeviceActor).options(**options).remote(kind, target_config, quiet=quiet)
