@@ -76,6 +76,7 @@ def test_states_names_and_dead_jobs_on_both_backends(db_url, tmp_path):
 
 
 def test_empty_database(tmp_path):
+    assert run("nightshift", "db", "init", "--db", "empty.db", cwd=tmp_path).returncode == 0
     proc = run("nightshift", "jobs", "--db", "empty.db", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "no jobs" in proc.stdout
