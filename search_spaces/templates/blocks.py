@@ -34,3 +34,15 @@ def elementwise_tail(sch: Schedule, block: Any, spatial: int) -> list[str] | Non
         if iter_kinds(sch, b) != "S" * spatial or loop_extents(sch, b) != out_shape:
             return None
     return tail
+
+
+def accumulate_locally(sch: Schedule, name: str, tail: list[str]) -> tuple[Any, Any]:
+    """Give block ``name`` a compact local buffer of accumulators, which LLVM keeps in
+    registers, and return it with the block that stores the tile: the last block of its
+    (already inlined) elementwise ``tail``, or a new cache-write block when it writes the
+    function's output itself."""
+    block = sch.get_sblock(name)
+    if tail:
+        sch.set_scope(block, 0, "local")
+        return block, sch.get_sblock(tail[-1])
+    return block, sch.cache_write(block, 0, "local")

@@ -26,7 +26,7 @@ from tvm.s_tir import Schedule
 from search_spaces.constraints import Limits
 from search_spaces.knobs import Knob, divisors
 from search_spaces.templates import Template, register_template
-from search_spaces.templates.blocks import elementwise_tail, iter_kinds, root_blocks
+from search_spaces.templates.blocks import accumulate_locally, elementwise_tail, iter_kinds, root_blocks
 
 logger = logging.getLogger(__name__)
 
@@ -145,14 +145,7 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     if pad and values["pad_inline"]:
         sch.compute_inline(sch.get_sblock(_PAD))
 
-    conv = sch.get_sblock(conv_name)
-    if tail:
-        # The tile's accumulators: a compact local buffer that LLVM keeps in registers.
-        sch.set_scope(conv, 0, "local")
-        store = sch.get_sblock(tail[-1])
-    else:
-        # The conv writes the function's output: accumulate in a local tile, then store it.
-        store = sch.cache_write(conv, 0, "local")
+    conv, store = accumulate_locally(sch, conv_name, tail)
     n, oc_chunk, oh, ow, oc_block, ic, kh, kw = sch.get_loops(conv)
     oh_o, oh_i = sch.split(oh, [None, values["tile_oh"]])
     ow_o, ow_i = sch.split(ow, [None, values["reg_n"]])

@@ -23,7 +23,7 @@ from tvm.s_tir import Schedule
 from search_spaces.constraints import Limits
 from search_spaces.knobs import Knob, divisors
 from search_spaces.templates import Template, register_template
-from search_spaces.templates.blocks import elementwise_tail, iter_kinds, root_blocks
+from search_spaces.templates.blocks import accumulate_locally, elementwise_tail, iter_kinds, root_blocks
 
 logger = logging.getLogger(__name__)
 
@@ -136,14 +136,7 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     b_index = _b_read_index(sch, block)
     for t in tail[:-1]:
         sch.compute_inline(sch.get_sblock(t))
-    block = sch.get_sblock(name)
-    if tail:
-        # The C tile's accumulators: a compact local buffer that LLVM keeps in registers.
-        sch.set_scope(block, 0, "local")
-        store = sch.get_sblock(tail[-1])
-    else:
-        # C is the function's output: accumulate in a local tile, then store it.
-        store = sch.cache_write(block, 0, "local")
+    block, store = accumulate_locally(sch, name, tail)
     *batch, i, j, k = sch.get_loops(block)
     tile_n = values["tile_n"]
     # panel is counted in vectors; in tiles it is panel * lanes / tile_n.

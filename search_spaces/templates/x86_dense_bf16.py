@@ -23,7 +23,7 @@ from tvm.s_tir import Schedule
 from search_spaces.constraints import Limits
 from search_spaces.knobs import Knob, divisors
 from search_spaces.templates import Template, register_template
-from search_spaces.templates.blocks import elementwise_tail, iter_kinds, root_blocks
+from search_spaces.templates.blocks import accumulate_locally, elementwise_tail, iter_kinds, root_blocks
 from search_spaces.templates.intrin_x86 import BF16_DOT_16x2_LOCAL_INTRIN, register_intrinsics, target_has_bf16_dot
 
 logger = logging.getLogger(__name__)
@@ -107,12 +107,7 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     name = sch.get(block).name_hint
     for t in tail[:-1]:
         sch.compute_inline(sch.get_sblock(t))
-    block = sch.get_sblock(name)
-    if tail:
-        sch.set_scope(block, 0, "local")
-        store = sch.get_sblock(tail[-1])
-    else:
-        store = sch.cache_write(block, 0, "local")
+    block, store = accumulate_locally(sch, name, tail)
     *batch, i, j, ko, ki = sch.get_loops(block)
     tile_n = values["tile_n"]
     panel_tiles = values["panel"] * _LANES // tile_n

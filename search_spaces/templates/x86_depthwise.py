@@ -22,7 +22,7 @@ from tvm.s_tir import Schedule
 from search_spaces.constraints import Limits
 from search_spaces.knobs import Knob, divisors
 from search_spaces.templates import Template, register_template
-from search_spaces.templates.blocks import elementwise_tail, iter_kinds, root_blocks
+from search_spaces.templates.blocks import accumulate_locally, elementwise_tail, iter_kinds, root_blocks
 
 logger = logging.getLogger(__name__)
 
@@ -100,13 +100,7 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     pads = [sch.get(b).name_hint for b in root_blocks(sch) if sch.get(b).name_hint in _PADS]
     if pads and values["pad_inline"]:
         sch.compute_inline(sch.get_sblock(pads[0]))
-    conv = sch.get_sblock(conv_name)
-    if tail:
-        # The tile's accumulators: a compact local buffer that LLVM keeps in registers.
-        sch.set_scope(conv, 0, "local")
-        store = sch.get_sblock(tail[-1])
-    else:
-        store = sch.cache_write(conv, 0, "local")
+    conv, store = accumulate_locally(sch, conv_name, tail)
     n, c, h, w, *reduction = sch.get_loops(conv)
     c_o, c_i = sch.split(c, [None, values["tile_c"]])
     h_o, h_i = sch.split(h, [None, values["tile_h"]])
