@@ -12,11 +12,22 @@ BERT-base's 768x768 dense on 128 tokens (+ bias), all NCHW / row-major as writte
   interleaved, on the target's threads, beside PyTorch's operator (oneDNN) on as many
   threads: that is the latency compared. Curves keep each tool's own timings.
 
-Usage (writes benchmarks/results/search_vs_metaschedule.json; each phase adds to it):
+- ``warmstart``: a second job on a copy of the first evolutionary run's database (a new job
+  name, so it is warm-started from the first job's records: population seeds and the
+  pre-trained cost model) with ``--warm-trials`` trials, beside a cold job with as many trials
+  on an empty database; the best each finds among its *own* records, against the first job's
+  best at ``--trials``.
+- ``plot``: the curves (best latency against trials and against wall time, per task) as a
+  PNG beside the JSON (needs matplotlib: ``pip install matplotlib``).
+
+Results are keyed ``<task>/<trials>``, so runs at several budgets sit side by side. Usage
+(writes ``--out``, default benchmarks/results/search_vs_metaschedule.json; each phase adds to it):
 
     nice -n 10 .venv/bin/python benchmarks/search_vs_metaschedule.py --phase metaschedule --trials 64
     nice -n 10 .venv/bin/python benchmarks/search_vs_metaschedule.py --phase nightshift --trials 64
-    nice -n 10 .venv/bin/python benchmarks/search_vs_metaschedule.py --phase compare
+    nice -n 10 .venv/bin/python benchmarks/search_vs_metaschedule.py --phase warmstart --trials 64
+    nice -n 10 .venv/bin/python benchmarks/search_vs_metaschedule.py --phase compare --trials 64
+    nice -n 10 .venv/bin/python benchmarks/search_vs_metaschedule.py --phase plot
 """
 
 from __future__ import annotations
@@ -36,7 +47,7 @@ from tvm import te, topi
 
 logger = logging.getLogger("benchmarks.search")
 RESULTS = Path(__file__).parent / "results"
-OUT = RESULTS / "search_vs_metaschedule.json"
+OUT = RESULTS / "search_vs_metaschedule.json"  # --out
 WORK = Path(tempfile.gettempdir()) / "nightshift-search-bench"
 
 
@@ -77,13 +88,17 @@ def _task(name: str):
     return Task(name, mod, 1, float(estimate_tir_flops(mod)), workload_key(mod)), torch_op
 
 
-def _load() -> dict:
-    return json.loads(OUT.read_text()) if OUT.exists() else {"benchmark": "search_vs_metaschedule", "phases": {}}
+def _load(out: Path) -> dict:
+    return json.loads(out.read_text()) if out.exists() else {"benchmark": "search_vs_metaschedule", "phases": {}}
 
 
-def _save(result: dict) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(result, indent=1))
+def _save(result: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+
+
+def _key(name: str, trials: int) -> str:
+    return f"{name}/{trials}"
 
 
 def _cores(device) -> int:
@@ -110,8 +125,9 @@ def phase_metaschedule(args, device) -> dict:
             for f in work.iterdir():
                 f.unlink() if f.is_file() else None
         t0 = time.monotonic()
-        db = ms.tune_tir(task.mod, device.target, str(work), max_trials_global=args.trials,
-                         num_trials_per_iter=32, seed=args.seed)  # fmt: skip
+        with _LineCounter(work / "database_tuning_record.json", t0) as counter:
+            db = ms.tune_tir(task.mod, device.target, str(work), max_trials_global=args.trials,
+                             num_trials_per_iter=32, seed=args.seed)  # fmt: skip
         wall = time.monotonic() - t0
         records = db.get_all_tuning_records()
         curve, best = [], None
@@ -121,8 +137,11 @@ def phase_metaschedule(args, device) -> dict:
                 best = sec if best is None else min(best, sec)
             curve.append(best)
         top = db.get_top_k(db.commit_workload(task.mod), 1)
-        out[name] = {"wall_s": wall, "trials": len(records), "best_s": best, "curve_best_s": curve,
-                     "best_trace": json.dumps(top[0].as_json()) if top else None}  # fmt: skip
+        out[_key(name, args.trials)] = {
+            "wall_s": wall, "trials": len(records), "best_s": best, "curve_best_s": curve,
+            # When each record reached MetaSchedule's database file (polled every 0.5 s).
+            "curve_t_s": counter.times(len(records), wall),
+            "best_trace": json.dumps(top[0].as_json()) if top else None}  # fmt: skip
         logger.info("metaschedule %s: %d trials in %.0f s, best %.3g s", name, len(records), wall, best or 0)
     return out
 
@@ -141,34 +160,166 @@ def phase_nightshift(args, device) -> dict:
                 path = WORK / f"ns_{name}_{strategy}_{seed}.db"
                 path.unlink(missing_ok=True)
                 db = TuningDatabase(str(path))
-                t0 = time.monotonic()
+                t0, started = time.monotonic(), _utcnow()
                 config = TuneConfig(trials=args.trials, seed=seed, strategy=strategy)
                 summary = tune_tasks([task], device, db, config, model_name=f"bench-{name}")
                 wall = time.monotonic() - t0
-                curve, best = [], None
-                for r in _records_in_order(db, task, device):
-                    if r is not None:
-                        best = r if best is None else min(best, r)
-                    curve.append(best)
-                out.setdefault(name, {}).setdefault(strategy, []).append({
+                curve, times = _curve(db, task, started)
+                out.setdefault(_key(name, args.trials), {}).setdefault(strategy, []).append({
                     "seed": seed, "wall_s": wall, "trials": summary.trials, "errors": summary.errors,
-                    "best_s": best, "curve_best_s": curve, "db": str(path)})  # fmt: skip
-                logger.info("nightshift %s %s seed %d: %.0f s, best %.3g s", name, strategy, seed, wall, best or 0)
+                    "best_s": _last(curve), "curve_best_s": curve, "curve_t_s": times,
+                    "db": str(path)})  # fmt: skip
+                logger.info("nightshift %s %s seed %d: %.0f s, best %.3g s", name, strategy, seed, wall,
+                            _last(curve) or 0)  # fmt: skip
                 db.close()
     return out
 
 
-def _records_in_order(db, task, device) -> list[float | None]:
+def _utcnow():
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC).replace(tzinfo=None)  # the database stores naive UTC
+
+
+def _last(curve: list[float | None]) -> float | None:
+    return curve[-1] if curve else None
+
+
+def _curve(db, task, started, *, job_id: int | None = None) -> tuple[list[float | None], list[float]]:
+    """Best-so-far latency after each record (in the order stored) and the seconds since
+    ``started`` at which each was stored; only job ``job_id``'s records when given."""
     from sqlalchemy import select
 
     from tuner.db.schema import RecordRow, WorkloadRow
 
     with db.session(write=False) as s:
         wid = s.scalar(select(WorkloadRow.id).where(WorkloadRow.key == task.workload_key))
-        rows = s.execute(select(RecordRow.mean_sec, RecordRow.error_class, RecordRow.error_msg)
-                         .where(RecordRow.workload_id == wid).order_by(RecordRow.id)).all()  # fmt: skip
-    # An early-stopped probe is a lower bound, not a latency; it never counts as a best.
-    return [m if e is None and not (msg or "").startswith("stopped early") else None for m, e, msg in rows]
+        q = select(RecordRow.mean_sec, RecordRow.error_class, RecordRow.error_msg, RecordRow.created_at).where(
+            RecordRow.workload_id == wid)
+        if job_id is not None:
+            q = q.where(RecordRow.job_id == job_id)
+        rows = s.execute(q.order_by(RecordRow.id)).all()
+    curve, times, best = [], [], None
+    for m, e, msg, at in rows:
+        # An early-stopped probe is a lower bound, not a latency; it never counts as a best.
+        if m is not None and e is None and not (msg or "").startswith("stopped early"):
+            best = m if best is None else min(best, m)
+        curve.append(best)
+        times.append((at.replace(tzinfo=None) - started).total_seconds())
+    return curve, times
+
+
+class _LineCounter:
+    """Polls a JSON-lines file in a thread: when its line count grew (MetaSchedule appends a
+    tuning record per line as each batch completes)."""
+
+    def __init__(self, path: Path, t0: float) -> None:
+        import threading
+
+        self.path, self.t0, self.seen = path, t0, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        n = 0
+        while not self._stop.wait(0.5):
+            try:
+                lines = sum(1 for line in self.path.read_text().splitlines() if line.strip())
+            except OSError:
+                continue
+            if lines > n:
+                self.seen.extend([time.monotonic() - self.t0] * (lines - n))
+                n = lines
+
+    def times(self, count: int, wall: float) -> list[float]:
+        return (self.seen + [wall] * count)[:count]
+
+
+def phase_warmstart(args, device, result: dict) -> dict:
+    """A second evolutionary job warm-started from the first one's database, and a cold one."""
+    import shutil
+
+    from tuner.db import TuningDatabase
+    from tuner.job import TuneConfig, tune_tasks
+    from tuner.measure.ray_measure import connect
+
+    connect(None)
+    out: dict = {}
+    for name in args.tasks:
+        key = _key(name, args.trials)
+        task, _ = _task(name)
+        first = result["phases"].get("nightshift", {}).get(key, {}).get("evolutionary")
+        if not first:
+            logger.warning("warmstart %s: no evolutionary run at %d trials to start from", name, args.trials)
+            continue
+        row: dict = {"first_best_s": first[0]["best_s"], "first_trials": first[0]["trials"]}
+        for mode in ("warm", "cold"):
+            path = WORK / f"ns_{name}_{mode}_{args.trials}.db"
+            path.unlink(missing_ok=True)
+            if mode == "warm":
+                shutil.copy(first[0]["db"], path)
+            db = TuningDatabase(str(path))
+            t0, started = time.monotonic(), _utcnow()
+            config = TuneConfig(trials=args.warm_trials, seed=7, strategy="evolutionary", name=f"{mode}-start")
+            summary = tune_tasks([task], device, db, config, model_name=f"bench-{name}")
+            job_id = max(j.id for j, _ in db.jobs())
+            curve, times = _curve(db, task, started, job_id=job_id)
+            row[mode] = {"wall_s": time.monotonic() - t0, "trials": summary.trials, "best_s": _last(curve),
+                         "curve_best_s": curve, "curve_t_s": times}  # fmt: skip
+            db.close()
+        first_best, warm_best = row["first_best_s"], row["warm"]["best_s"]
+        row["warm_vs_first"] = warm_best / first_best if warm_best and first_best else None
+        logger.info("warmstart %s: first %s trials %.3g s; warm %d trials %.3g s; cold %.3g s", name,
+                    row["first_trials"], first_best or 0, row["warm"]["trials"], warm_best or 0,
+                    row["cold"]["best_s"] or 0)  # fmt: skip
+        out[key] = row
+    return out
+
+
+def phase_plot(result: dict, out: Path) -> None:
+    """Per task and budget: best latency against trials and against wall time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = sorted({*result["phases"].get("metaschedule", {}), *result["phases"].get("nightshift", {})})
+    fig, axes = plt.subplots(len(keys), 2, figsize=(11, 3.2 * len(keys)), squeeze=False)
+    for row, key in zip(axes, keys, strict=True):
+        lines = {}
+        ms_run = result["phases"].get("metaschedule", {}).get(key)
+        if ms_run:
+            lines["MetaSchedule"] = ms_run
+        for strategy, runs in result["phases"].get("nightshift", {}).get(key, {}).items():
+            for run in runs:
+                lines[f"Nightshift {strategy}" + (f" s{run['seed']}" if len(runs) > 1 else "")] = run
+        warm = result["phases"].get("warmstart", {}).get(key)
+        if warm:
+            lines["warm-started 2nd job"] = warm["warm"]
+        for label, run in lines.items():
+            ys = [y * 1e3 if y is not None else np.nan for y in run["curve_best_s"]]
+            row[0].plot(range(1, len(ys) + 1), ys, label=label, drawstyle="steps-post")
+            if run.get("curve_t_s"):
+                row[1].plot(run["curve_t_s"], ys, label=label, drawstyle="steps-post")
+        for ax, xlabel in zip(row, ("trials", "wall time (s)"), strict=True):
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel("best latency (ms)")
+            ax.set_yscale("log")
+            ax.set_title(key)
+            ax.grid(alpha=0.3)
+        row[0].legend(fontsize=7)
+    fig.tight_layout()
+    png = out.with_suffix(".png")
+    fig.savefig(png, dpi=90)
+    logger.info("wrote %s", png)
 
 
 def phase_compare(args, device, result: dict) -> dict:
@@ -183,18 +334,26 @@ def phase_compare(args, device, result: dict) -> dict:
     dev = tvm.cpu()
     out = {}
     for name in args.tasks:
+        key = _key(name, args.trials)
         task, torch_op = _task(name)
         builds: dict[str, tvm.runtime.Module] = {}
-        ms_res = result["phases"].get("metaschedule", {}).get(name)
+        ms_res = result["phases"].get("metaschedule", {}).get(key)
         if ms_res and ms_res.get("best_trace"):
             rec = TuningRecord.from_json(json.loads(ms_res["best_trace"]), Workload(task.mod))
             sch = Schedule(task.mod)
             rec.trace.apply_to_schedule(sch, remove_postproc=False)
             builds["metaschedule"] = tvm.compile(sch.mod, target=device.target)
-        for strategy, runs in result["phases"].get("nightshift", {}).get(name, {}).items():
+        runs_of = dict(result["phases"].get("nightshift", {}).get(key, {}))
+        warm = result["phases"].get("warmstart", {}).get(key)
+        if warm:
+            runs_of["warm-started"] = [{"seed": 7, "db": str(WORK / f"ns_{name}_warm_{args.trials}.db"),
+                                        "job": "warm-start"}]  # fmt: skip
+        for strategy, runs in runs_of.items():
             for run in runs:
+                if not Path(run["db"]).exists():
+                    continue
                 db = TuningDatabase(run["db"])
-                best = db.best(task.workload_key, db.device_id(device), k=1)
+                best = _best_of_job(db, task, device, run.get("job"))
                 if best:
                     rec = TuningRecord.from_json(json.loads(best[0].record_json), Workload(task.mod))
                     sch = Schedule(task.mod)
@@ -215,10 +374,18 @@ def phase_compare(args, device, result: dict) -> dict:
                 samples[k].append(float(timer(*tensors).mean))
             samples["pytorch"].append(torch_fn())
         med = {k: float(np.median(v)) for k, v in samples.items() if v}
-        out[name] = {"gflop": task.flops / 1e9, "median_s": med,
+        out[key] = {"gflop": task.flops / 1e9, "median_s": med,
                      "gflops": {k: task.flops / v / 1e9 for k, v in med.items()}}  # fmt: skip
         logger.info("compare %s: %s", name, {k: f"{v * 1e3:.3f} ms" for k, v in med.items()})
     return out
+
+
+def _best_of_job(db, task, device, job_name: str | None) -> list:
+    """The fastest record of the task (only job ``job_name``'s when given)."""
+    if job_name is None:
+        return db.best(task.workload_key, db.device_id(device), k=1)
+    job_id = max(j.id for j, _ in db.jobs() if j.name == job_name)
+    return [r for r in db.best(task.workload_key, db.device_id(device), k=10_000) if r.job_id == job_id][:1]
 
 
 def _torch_op(spec: dict, threads: int):
@@ -250,30 +417,37 @@ def _torch_op(spec: dict, threads: int):
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--phase", choices=("metaschedule", "nightshift", "compare"), required=True)
+    p.add_argument("--phase", choices=("metaschedule", "nightshift", "warmstart", "compare", "plot"), required=True)
     p.add_argument("--tasks", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     p.add_argument("--trials", type=int, default=64)
     p.add_argument("--strategies", nargs="+", default=["evolutionary", "random", "optuna-tpe"])
     p.add_argument("--seeds", type=int, default=1)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--warm-trials", type=int, default=8)
+    p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     from tuner.device import parse_device
 
     device = parse_device("cpu")
-    result = _load()
+    result = _load(args.out)
+    if args.phase == "plot":
+        phase_plot(result, args.out)
+        return
     if args.phase == "metaschedule":
         data = phase_metaschedule(args, device)
     elif args.phase == "nightshift":
         data = phase_nightshift(args, device)
+    elif args.phase == "warmstart":
+        data = phase_warmstart(args, device, result)
     else:
         data = phase_compare(args, device, result)
     phase = result["phases"].setdefault(args.phase, {})
     phase.update(data)
     result.setdefault("runs", []).append({"phase": args.phase, "argv": os.sys.argv[1:], "machine": _machine(device),
                                           "finished": time.strftime("%Y-%m-%d %H:%M:%S")})  # fmt: skip
-    _save(result)
+    _save(result, args.out)
 
 
 if __name__ == "__main__":

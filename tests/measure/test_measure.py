@@ -28,6 +28,9 @@ def test_candidates_built_checked_and_timed_on_runtime_only_actor(make_measurer,
         assert r.run.node_id == info["node_id"]
     assert m.stats.timed == 3 and 0.0 <= m.stats.device_idle_fraction < 1.0
     assert m.stats.device_busy_s > 0
+    # Calls arrive on the actor's many threads; checks and timings all run on one, so TVM's
+    # per-thread CPU pool exists once (not one pool of spinning workers per call thread).
+    assert m.actor_info()["timing_threads"] == 1
 
 
 def test_faults_become_error_classes_and_the_batch_completes(make_measurer, task):

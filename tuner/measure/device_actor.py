@@ -12,6 +12,7 @@ and SM), so records are keyed by the fingerprint of the node that timed.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 import os
@@ -102,6 +103,12 @@ class DeviceActor(CandidateRunner):
             self._timing_cores = None
             self.lease = None
         self._held_since: float | None = None
+        # Every check and timing runs on this one thread. TVM's CPU thread pool is per calling
+        # thread: on the actor's own threads (up to max_concurrency) each call made another
+        # pool whose workers spin-yield between kernels, 64 pools of busy threads on one node.
+        self._timer = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="nightshift-timing", initializer=self._pin_timing_thread)
+        self._timing_threads: set[int] = set()
         self._turns = _Turns()
         self._current: tuple[float, float] | None = None
         threading.Thread(target=self._watch, name="nightshift-abandoned", daemon=True).start()
@@ -111,6 +118,8 @@ class DeviceActor(CandidateRunner):
         d = self.device
         return super().info() | {
             "fingerprint": d.fingerprint,
+            # Threads that ran checks and timings: one, so TVM keeps one thread pool.
+            "timing_threads": len(self._timing_threads),
             "device": {"kind": d.kind, "index": d.index, "target_config": d.target_config,
                        "description": d.description},
         }  # fmt: skip
@@ -128,20 +137,25 @@ class DeviceActor(CandidateRunner):
         """Wait for the device's turn and, on a CPU, for the node's lease; say so (the start
         time, from which the caller's run timeout counts); then check and time the candidate."""
         with self._turns:
-            if self._timing_cores:
-                # Per thread (a threaded actor's calls run on several); TVM's pool threads,
-                # started by the first timing, inherit it.
-                os.sched_setaffinity(0, self._timing_cores)
             grant = self._hold()
             self._current = (time.monotonic(), run_timeout_s)
             try:
                 yield time.time()
-                run = self.measure(task_key, artifact, entry, timing, reference, best_sec)
+                run = self._timer.submit(self._measure, task_key, artifact, entry, timing, reference, best_sec).result()
             finally:
                 self._current = None
                 self._let_go()
         yield dataclasses.replace(run, device_fingerprint=self.device.fingerprint,
                                   quiet_wait_s=grant.get("waited_s", 0.0), builds_waited=grant.get("shared_waited", 0))
+
+    def _measure(self, *args: Any) -> RunResult:
+        self._timing_threads.add(threading.get_ident())
+        return self.measure(*args)
+
+    def _pin_timing_thread(self) -> None:
+        if self._timing_cores:
+            # TVM's pool threads, started by the first timing on this thread, inherit it.
+            os.sched_setaffinity(0, self._timing_cores)
 
     def _hold(self) -> dict[str, Any]:
         if self.lease is None:
