@@ -55,13 +55,21 @@ class _Calibration(quantization.CalibrationDataReader):
         return next(self._it, None)
 
 
+def _has_vnni() -> bool:
+    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
+    return any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8"))
+
+
 def _quantize(tmp_path: Path, exclude: list[str]) -> Path:
     src, out = tmp_path / "fp32.onnx", tmp_path / f"qdq{len(exclude)}.onnx"
     _small_model(src)
+    # Without VNNI, ONNX Runtime's u8s8 kernels use vpmaddubsw, whose int16 pair sums saturate
+    # with full-range int8 weights (its docs say so), and it stops being an exact reference:
+    # 7-bit weights (reduce_range) keep every pair sum in range.
     quantization.quantize_static(
         str(src), str(out), _Calibration(), quant_format=quantization.QuantFormat.QDQ, per_channel=True,
         activation_type=quantization.QuantType.QUInt8, weight_type=quantization.QuantType.QInt8,
-        nodes_to_exclude=exclude,
+        nodes_to_exclude=exclude, reduce_range=not _has_vnni(),
     )  # fmt: skip
     return out
 
@@ -105,3 +113,18 @@ def test_quantize_weight_recovers_int8_values_exactly():
     assert got is not None
     assert np.array_equal(got[0], q) and np.allclose(got[1], scale, rtol=1e-6)
     assert quantize_weight(rng.normal(size=(8, 4, 3, 3)).astype(np.float32), 0) is None
+
+
+def test_quantize_weight_recovers_reduced_range_weights():
+    """7-bit weights (onnxruntime's reduce_range: [-64, 63]) are on an int8 grid too; the
+    grid found may be finer than theirs, but its products are the same weights."""
+    rng = np.random.default_rng(3)
+    q = rng.integers(-64, 64, size=(8, 16)).astype(np.int8)
+    q[:4, 0], q[4:, 0] = 63, -64  # per channel, the peak is 63 steps or 64
+    scale = rng.uniform(1e-3, 1e-1, 8).astype(np.float32)
+    w = q.astype(np.float32) * scale[:, None]
+    got = quantize_weight(w, 0)
+    assert got is not None
+    values, scales = got
+    assert np.abs(values.astype(np.int32)).max() <= 127
+    assert np.allclose(values.astype(np.float64) * scales[:, None], w, rtol=1e-6, atol=0)

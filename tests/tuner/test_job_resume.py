@@ -75,12 +75,15 @@ def _db(cwd: Path, sql: str) -> list[tuple]:
 def test_killed_interrupted_and_resumed_job(tmp_path):
     rng = random.Random()
     # 1. Killed with SIGKILL at a random point after its first batch is stored.
+    walls: list[float] = []  # each run's process, start to exit: its counted time is within
+    t0 = time.monotonic()
     proc = _tune(tmp_path)
     _wait_batches(proc, tmp_path, 1, run=1)
     # Soon after: on a quiet machine the whole 16-trial job takes seconds.
     time.sleep(rng.uniform(0, 0.5))
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
+    walls.append(time.monotonic() - t0)
     _reap(proc)
     assert proc.returncode == -signal.SIGKILL
     ((state,),) = _db(tmp_path, "SELECT state FROM jobs")
@@ -90,11 +93,13 @@ def test_killed_interrupted_and_resumed_job(tmp_path):
 
     # 2. The same command resumes it at once (the killed process is gone; its heartbeat is
     # fresh); Ctrl-C stops it cleanly after a random delay.
+    t0 = time.monotonic()
     proc = _tune(tmp_path)
     _wait_batches(proc, tmp_path, 1, run=2)
     time.sleep(rng.uniform(0, 0.5))
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=300)
+    walls.append(time.monotonic() - t0)
     _reap(proc)
     assert proc.returncode == 130, out + err
     assert "Resume with:" in err and "--job tiny-cpu" in err, err
@@ -105,8 +110,10 @@ def test_killed_interrupted_and_resumed_job(tmp_path):
     assert second_run > first_run
 
     # 3. Resumed again: runs to the end of its budget or its trials.
+    t0 = time.monotonic()
     proc = _tune(tmp_path)
     out, err = proc.communicate(timeout=600)
+    walls.append(time.monotonic() - t0)
     _reap(proc)
     assert proc.returncode == 0, out + err
 
@@ -127,14 +134,15 @@ def test_killed_interrupted_and_resumed_job(tmp_path):
     assert [e["resumed"] for e in starts] == [False, True, True]
     assert starts[1]["trials_before"] == first_run and starts[2]["trials_before"] == second_run
     # Tuning time adds up across the runs: each run's span (first event to last) is in the
-    # job's elapsed time, less what the kill -9 left uncounted.
+    # job's elapsed time, less what the kill -9 left uncounted; and it is no more than the
+    # processes lived (the start-up before job_start counts, and takes long on a loaded machine).
     spans: list[float] = []
     for e in evs:
         if e["event"] == "job_start":
             spans.append(0.0)
             t0 = e["t"]
         spans[-1] = e["t"] - t0
-    assert sum(spans) - HEARTBEAT_SLACK_S <= elapsed <= sum(spans) + 60, (spans, elapsed)
+    assert sum(spans) - HEARTBEAT_SLACK_S <= elapsed <= sum(walls), (spans, walls, elapsed)
     ends = [e for e in evs if e["event"] == "job_end"]
     assert [(e["state"], e["reason"]) for e in ends] == [("stopped", "interrupted"), ("done", "trials cap reached")]
     # The job's final best of every task is what the database holds for it.

@@ -64,12 +64,29 @@ class Int8Rewrite:
 
 def quantize_weight(weight: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray] | None:
     """Symmetric per-channel int8 values and scales of ``weight`` along ``axis``, or None
-    when ``weight`` is not (to float32 rounding) int8 values times those scales."""
+    when ``weight`` is not (to float32 rounding) int8 values times those scales.
+
+    A channel's largest magnitude is ``n`` steps of its scale for some ``n <= 127``: 127 for
+    full-range weights, 63 or 64 for onnxruntime's ``reduce_range`` (7-bit weights, what it
+    advises on CPUs without VNNI). The largest ``n`` that puts every weight on the grid wins;
+    any grid that fits gives the same products.
+    """
     moved = np.moveaxis(weight.astype(np.float64), axis, 0).reshape(weight.shape[axis], -1)
-    scale = np.max(np.abs(moved), axis=1) / 127.0
-    scale[scale == 0] = 1.0
-    q = np.rint(moved / scale[:, None])
-    if np.max(np.abs(q * scale[:, None] - moved)) > _EXACT * max(float(np.max(np.abs(moved))), 1e-30):
+    peak = np.max(np.abs(moved), axis=1)
+    peak[peak == 0] = 1.0
+    tol = _EXACT * max(float(np.max(np.abs(moved))), 1e-30)
+    scale = np.zeros(len(peak))
+    q = np.zeros_like(moved)
+    left = np.arange(len(peak))
+    for n in range(127, 0, -1):
+        s = peak[left] / n
+        qn = np.rint(moved[left] / s[:, None])
+        fits = np.max(np.abs(qn * s[:, None] - moved[left]), axis=1) <= tol
+        scale[left[fits]], q[left[fits]] = s[fits], qn[fits]
+        left = left[~fits]
+        if not len(left):
+            break
+    if len(left):
         return None
     q = np.moveaxis(q.reshape(np.moveaxis(weight, axis, 0).shape), 0, axis)
     return q.astype(np.int8), scale.astype(np.float32)
