@@ -8,6 +8,7 @@ for timing, because these tests are about the strategies, not the machine.
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -253,6 +254,29 @@ def test_optuna_study_resumes_from_the_database(name, db_url, tmp_path):
     assert len(points) == len(set(points)) == len(done) + len(killed) + 1, "a point got a second trial"
     assert all(t.state.is_finished() for t in again.study.trials)
     assert again.study.best_value <= min(math.log(first.results[c].sec) for c in done)
+
+
+def test_studies_of_an_earlier_nightshift_are_not_lost_silently(db_url, tmp_path, caplog):
+    """Studies where an earlier Nightshift kept them (a sibling file, a PostgreSQL schema)
+    are named in a warning when the database's storage is opened."""
+    import optuna
+    import sqlalchemy as sa
+
+    from tuner.search.optuna_search import optuna_storage
+
+    if db_url.startswith("sqlite"):
+        old, where = f"sqlite:///{tmp_path / 'tuning.optuna.db'}", str(tmp_path / "tuning.optuna.db")
+    else:
+        engine = sa.create_engine(db_url)
+        with engine.begin() as conn:
+            conn.execute(sa.text("CREATE SCHEMA optuna"))
+        engine.dispose()
+        old = optuna.storages.RDBStorage(db_url, engine_kwargs={"connect_args": {"options": "-csearch_path=optuna"}})
+        where = "schema 'optuna'"
+    optuna.create_study(study_name="old", storage=old).optimize(lambda t: t.suggest_int("k", 0, 3), n_trials=1)
+    caplog.set_level(logging.WARNING, logger="tuner.search.optuna_search")
+    optuna_storage(db_url)
+    assert any(where in r.getMessage() and "no longer read" in r.getMessage() for r in caplog.records)
 
 
 def test_proposes_with_a_trained_cost_model(name):
