@@ -121,7 +121,8 @@ def schema_state(conn: Connection) -> SchemaState:
 def check(engine: Engine, url: URL, *, create: bool) -> SchemaState:
     """Make sure the database is usable by this Nightshift.
 
-    An empty database gets the newest schema when ``create`` is true.
+    An empty database gets the newest schema when ``create`` is true. A current revision
+    that an earlier Nightshift kept in ``alembic_version`` is moved to ``VERSION_TABLE``.
 
     Raises:
         DatabaseError: the schema is outdated (the message has the upgrade command), newer
@@ -200,7 +201,8 @@ def upgrade(engine: Engine, url: URL, *, only_if_empty: bool = False, to: str = 
     """Migrate the database to revision ``to`` (the newest), in one transaction, under a lock.
 
     With ``only_if_empty`` (first use), a database that another process initialised
-    meanwhile is checked instead of migrated.
+    meanwhile is checked instead of migrated. A revision an earlier Nightshift kept in
+    ``alembic_version`` is moved to ``VERSION_TABLE`` first, in the same transaction.
 
     Raises:
         DatabaseError: the schema is newer than this Nightshift, or not Nightshift's.
