@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
+import sqlalchemy as sa
 import tvm
 from tvm import te
 
@@ -38,3 +42,27 @@ def fake_cpu(base: Device, *, mcpu: str | None = None, cores: int | None = None,
     if model is not None:
         desc["model"] = model
     return Device(kind="cpu", index=0, target_config=config, description=desc)
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def load_fixture(name: str, db_url: str, tmp_path: Path) -> str:
+    """The fixture database ``fixtures/<name>.sqlite`` / ``<name>.pg.sql`` at ``db_url`` (SQLite:
+    a copy of the checked-in file); the URL or path to open it by."""
+    if db_url.startswith("sqlite"):
+        path = tmp_path / "old.db"
+        shutil.copy(FIXTURES / f"{name}.sqlite", path)
+        return str(path)
+    # pg_dump's psql meta-commands (\restrict) are not SQL; the rest is plain SQL.
+    dump = "\n".join(line for line in (FIXTURES / f"{name}.pg.sql").read_text().splitlines()
+                     if not line.startswith("\\"))  # fmt: skip
+    engine = sa.create_engine(db_url)
+    raw = engine.raw_connection()
+    try:
+        raw.cursor().execute(dump)
+        raw.commit()
+    finally:
+        raw.close()
+        engine.dispose()
+    return db_url

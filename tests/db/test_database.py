@@ -199,7 +199,7 @@ def test_reopen_keeps_data(db_url, cpu_device):
 def test_newer_schema_is_refused(db_url):
     db = TuningDatabase(db_url)
     with db.engine.begin() as conn:
-        conn.execute(sa.text("UPDATE alembic_version SET version_num = '9999'"))
+        conn.execute(sa.text(f"UPDATE {migrate.VERSION_TABLE} SET version_num = '9999'"))
     db.close()
     head = migrate.head_revision()
     with pytest.raises(DatabaseError, match=rf"schema 9999, newer than this Nightshift's {head}; upgrade Nightshift"):

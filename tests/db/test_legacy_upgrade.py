@@ -8,39 +8,17 @@ schema must lose nothing but those duplicates.
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import sqlalchemy as sa
+from dbtest_utils import load_fixture
 from tvm.s_tir.meta_schedule.database import TuningRecord, Workload
 
 from tuner import cli
 from tuner.db import TuningDatabase, database_url, migrate
 from tuner.db.validate import record_rejection
 
-FIXTURES = Path(__file__).parent / "fixtures"
 KEPT_COLUMNS = ("id", "workload_id", "device_id", "job_id", "point", "record_json", "run_secs", "mean_sec",
                 "error_class", "error_msg", "build_sec", "tvm_version", "host")  # fmt: skip
-
-
-def _load_fixture(db_url: str, tmp_path: Path) -> str:
-    """The fixture as a database at ``db_url`` (SQLite: a copy of the checked-in file)."""
-    if db_url.startswith("sqlite"):
-        path = tmp_path / "old.db"
-        shutil.copy(FIXTURES / "legacy_0001.sqlite", path)
-        return str(path)
-    # pg_dump's psql meta-commands (\restrict) are not SQL; the rest is plain SQL.
-    dump = "\n".join(line for line in (FIXTURES / "legacy_0001.pg.sql").read_text().splitlines()
-                     if not line.startswith("\\"))  # fmt: skip
-    engine = sa.create_engine(db_url)
-    raw = engine.raw_connection()
-    try:
-        raw.cursor().execute(dump)
-        raw.commit()
-    finally:
-        raw.close()
-        engine.dispose()
-    return db_url
 
 
 def _rows(url: str, table: str, columns: tuple[str, ...] | None = None) -> dict[int, tuple]:
@@ -69,7 +47,7 @@ def _expected_duplicates(records: dict[int, tuple]) -> set[int]:
 
 
 def test_legacy_database_upgrades_without_loss(db_url, tmp_path, capsys):
-    url = _load_fixture(db_url, tmp_path)
+    url = load_fixture("legacy_0001", db_url, tmp_path)
     old_columns = {t: tuple(_columns(url, t)) for t in ("devices", "workloads", "jobs", "cost_models")}
     before = {t: _rows(url, t, cols) for t, cols in old_columns.items()}
     records = _rows(url, "records", KEPT_COLUMNS)

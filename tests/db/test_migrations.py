@@ -25,7 +25,7 @@ def _first_schema_database(url: str, *, legacy: bool) -> None:
     with engine.begin() as conn:
         if legacy:
             # 0.1 had no alembic: only its nightshift_meta row says which schema it is.
-            conn.execute(sa.text("DROP TABLE alembic_version"))
+            conn.execute(sa.text(f"DROP TABLE {migrate.VERSION_TABLE}"))
         conn.execute(sa.text(
             "INSERT INTO devices (id, fingerprint, kind, arch, target, description, created_at) "
             f"VALUES (1, 'f00d', 'cpu', 'znver4', '{{}}', '{{}}', '{NOW}')"))
@@ -90,7 +90,8 @@ def test_migrations_match_the_models(db_url):
     """The migration chain builds exactly the tables schema.py declares."""
     db = TuningDatabase(db_url)
     with db.engine.connect() as conn:
-        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+        context = MigrationContext.configure(conn, opts={"version_table": migrate.VERSION_TABLE})
+        diff = compare_metadata(context, Base.metadata)
     assert diff == []
 
 
@@ -107,7 +108,7 @@ def test_newer_schema_through_the_cli(db_url, capsys):
     TuningDatabase(db_url).close()
     engine = sa.create_engine(db_url)
     with engine.begin() as conn:
-        conn.execute(sa.text("UPDATE alembic_version SET version_num = '0042'"))
+        conn.execute(sa.text(f"UPDATE {migrate.VERSION_TABLE} SET version_num = '0042'"))
     engine.dispose()
     for argv in (["db", "stats", "--db", db_url], ["db", "upgrade", "--db", db_url]):
         assert cli.main(argv) == 2

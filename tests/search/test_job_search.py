@@ -115,3 +115,65 @@ def test_second_job_seeds_from_the_first_and_never_remeasures(ray_cluster, cpu_d
     conv_kinds = {parse_record_point(p)[0] for _, w, p, _ in rows if w == conv}
     assert conv_kinds == {"sketch", "x86-conv2d-nchw"}
     db.close()
+
+
+def test_optuna_job_interrupted_and_resumed_keeps_one_study(ray_cluster, cpu_device, db_url, builtin_templates_only):
+    """An optuna-tpe job stopped with its second batch in flight (Ctrl-C: that batch is
+    dropped) and resumed: one study per space, in the tuning database, whose trials the
+    killed run left running are measured on resume as those trials; no point has two."""
+    import optuna
+    import sqlalchemy as sa
+
+    from tuner.search.optuna_search import optuna_storage
+
+    db = TuningDatabase(db_url)
+    storage = optuna_storage(db_url)
+    tasks = [search_tasks.task("matmul")]
+    config = TuneConfig(trials=8, batch_size=4, seed=0, strategy="optuna-tpe", name="opt")
+
+    events: list[str] = []
+
+    def ctrl_c_with_a_batch_in_flight(ev: dict) -> None:
+        # A task's second batch is proposed once its first is done: stop right after that.
+        events.append(ev["event"])
+        if ev["event"] == "batch_submitted" and "batch_done" in events:
+            raise KeyboardInterrupt
+
+    first = TuningJob(tasks, cpu_device, db, config, model_name="t", on_event=ctrl_c_with_a_batch_in_flight)
+    with pytest.raises(KeyboardInterrupt):
+        first.run()
+    studies = {s.study_name for s in optuna.get_all_study_summaries(storage)}
+    assert studies and all(name.startswith(f"t/{cpu_device.fingerprint}/") for name in studies)
+    left_running = {name: {t.number: t.user_attrs["nightshift_point"]
+                           for t in optuna.load_study(study_name=name, storage=storage).trials
+                           if t.state == optuna.trial.TrialState.RUNNING}
+                    for name in studies}  # fmt: skip
+    assert any(left_running.values()), "no batch was in flight at the interrupt"
+
+    second = TuningJob(tasks, cpu_device, db, config, model_name="t")
+    summary = second.run()
+    assert second.resumed and summary.trials == 8
+    engine = sa.create_engine(db_url)
+    with engine.connect() as conn:
+        jobs = conn.execute(sa.text("SELECT id, state FROM jobs")).all()
+        points = [p for (p,) in conn.execute(sa.text("SELECT point FROM records"))]
+        tables = set(sa.inspect(conn).get_table_names())
+    engine.dispose()
+    assert [state for _, state in jobs] == ["done"] and len(points) == 8
+    assert "trials" in tables  # the studies are in the tuning database
+
+    # The same studies (none made again), every trial finished, one trial per point.
+    assert {s.study_name for s in optuna.get_all_study_summaries(storage)} == studies
+    measured = {parse_record_point(p) for p in points}
+    for name in studies:
+        kind = name.split("/")[3]
+        trials = optuna.load_study(study_name=name, storage=storage).trials
+        assert all(t.state.is_finished() for t in trials)
+        by_point = [t.user_attrs["nightshift_point"] for t in trials if "nightshift_point" in t.user_attrs]
+        assert len(by_point) == len(set(by_point)), "a point got two trials"
+        assert {cid for k, cid in measured if k == kind} <= set(by_point)
+        # What was in flight at the interrupt was measured on resume, as the same trials.
+        for number, cid in left_running[name].items():
+            assert trials[number].user_attrs["nightshift_point"] == cid
+            assert trials[number].state == optuna.trial.TrialState.FAIL or (kind, cid) in measured
+    db.close()

@@ -8,6 +8,7 @@ for timing, because these tests are about the strategies, not the machine.
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -212,20 +213,29 @@ def test_evolutionary_crossover_mixes_parents_of_one_sketch():
 
 @pytest.mark.parametrize("name", ["optuna-tpe", "optuna-cmaes"])
 def test_optuna_study_resumes_from_the_database(name, db_url, tmp_path):
-    """A killed job's study is in the database (SQLite and PostgreSQL): the rerun loads it,
-    and replaying the stored records completes the trials left running instead of adding
-    them again."""
+    """A killed job's study is in the tuning database itself (SQLite and PostgreSQL): the
+    rerun loads it, replaying the stored records completes the trials left running instead
+    of adding them again, and the trials still running are proposed again as themselves."""
     import optuna
+    import sqlalchemy as sa
+
+    from tuner.db import migrate
 
     url = db_url
     space = search_tasks.space("x86-conv2d-nchw", "conv")
     first = make(name, space, seed=0, storage_url=url, study_name="job/conv")
     done = run(first, 8, 4)
     killed = first.propose(4).candidates  # asked, never measured: the job was killed here
-    if url.startswith("sqlite"):
-        assert (tmp_path / "tuning.optuna.db").exists()
+    assert len(killed) == 4
+    assert not list(tmp_path.glob("*.optuna.db"))  # no sibling file (the studies' old place)
+    engine = sa.create_engine(url)
+    tables = set(sa.inspect(engine).get_table_names())
+    engine.dispose()
+    assert {"studies", "trials", "records", migrate.VERSION_TABLE} <= tables  # one database, one schema
 
     again = make(name, space, seed=0, storage_url=url, study_name="job/conv")
+    # One RDBStorage (one engine) per database, under Optuna's per-study cache.
+    assert again.study._storage._backend is first.study._storage._backend
     assert len(again.study.trials) >= len(done) + len(killed)
     before = len(again.study.trials)
     for cid in done:
@@ -235,8 +245,38 @@ def test_optuna_study_resumes_from_the_database(name, db_url, tmp_path):
     assert len(again.study.trials) == before, "replayed records were added twice"
     states = {t.user_attrs.get("nightshift_point"): t.state for t in again.study.trials}
     assert states[finished.id] == optuna.trial.TrialState.COMPLETE
-    assert not {c.id for c in again.propose(4).candidates} & set(done)
+    resumed = again.propose(4).candidates
+    assert [c.id for c in resumed[:3]] == [c.id for c in killed[1:]]
+    assert not {c.id for c in resumed} & set(done)
+    for c in resumed:
+        again.tell(c.id, Result(synthetic_sec(space, c.point)))
+    points = [t.user_attrs["nightshift_point"] for t in again.study.trials if "nightshift_point" in t.user_attrs]
+    assert len(points) == len(set(points)) == len(done) + len(killed) + 1, "a point got a second trial"
+    assert all(t.state.is_finished() for t in again.study.trials)
     assert again.study.best_value <= min(math.log(first.results[c].sec) for c in done)
+
+
+def test_studies_of_an_earlier_nightshift_are_not_lost_silently(db_url, tmp_path, caplog):
+    """Studies where an earlier Nightshift kept them (a sibling file, a PostgreSQL schema)
+    are named in a warning when the database's storage is opened."""
+    import optuna
+    import sqlalchemy as sa
+
+    from tuner.search.optuna_search import optuna_storage
+
+    if db_url.startswith("sqlite"):
+        old, where = f"sqlite:///{tmp_path / 'tuning.optuna.db'}", str(tmp_path / "tuning.optuna.db")
+    else:
+        engine = sa.create_engine(db_url)
+        with engine.begin() as conn:
+            conn.execute(sa.text("CREATE SCHEMA optuna"))
+        engine.dispose()
+        old = optuna.storages.RDBStorage(db_url, engine_kwargs={"connect_args": {"options": "-csearch_path=optuna"}})
+        where = "schema 'optuna'"
+    optuna.create_study(study_name="old", storage=old).optimize(lambda t: t.suggest_int("k", 0, 3), n_trials=1)
+    caplog.set_level(logging.WARNING, logger="tuner.search.optuna_search")
+    optuna_storage(db_url)
+    assert any(where in r.getMessage() and "no longer read" in r.getMessage() for r in caplog.records)
 
 
 def test_proposes_with_a_trained_cost_model(name):

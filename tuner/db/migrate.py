@@ -4,6 +4,12 @@ The migrations live in ``tuner/db/migrations`` (package data). A database is one
 empty (created on first use), current, outdated (refused with the exact upgrade command),
 newer than this Nightshift (refused), or a Nightshift 0.1 database made before migrations
 existed (recognised by its ``nightshift_meta`` row and treated as revision 0001).
+
+Nightshift's revision lives in its own table, ``nightshift_alembic_version``: alembic's default
+``alembic_version`` belongs to Optuna, whose studies share the database
+(``tuner.search.optuna_search``). Databases made before kept Nightshift's revision in
+``alembic_version``; the first use of a current one moves it (``db upgrade`` moves an outdated
+one), under the migration lock. A revision there that is not Nightshift's is never read as one.
 """
 
 from __future__ import annotations
@@ -27,6 +33,10 @@ from tuner.errors import DatabaseError
 logger = logging.getLogger(__name__)
 
 _MIGRATIONS = Path(__file__).parent / "migrations"
+#: Alembic's table of Nightshift's schema revision (the migrations' env.py writes it).
+VERSION_TABLE = "nightshift_alembic_version"
+# Alembic's default table: Optuna's revision, and Nightshift's before it had its own table.
+_SHARED_VERSION_TABLE = "alembic_version"
 # Revision of the schema that Nightshift 0.1 created with create_all, before alembic.
 _LEGACY_REVISION = "0001"
 # Serializes concurrent `init`/first use of one PostgreSQL database (any fixed 64-bit number).
@@ -40,6 +50,8 @@ class SchemaState:
     revision: str | None
     head: str
     legacy: bool = False
+    #: The revision is still in ``alembic_version``, where Nightshift kept it before.
+    in_shared_table: bool = False
 
     @property
     def current(self) -> bool:
@@ -80,10 +92,18 @@ def upgrade_command(url: URL) -> str:
 
 def schema_state(conn: Connection) -> SchemaState:
     """Read the schema revision of the database behind ``conn``."""
-    revision = MigrationContext.configure(conn).get_current_revision()
+    tables = set(sa.inspect(conn).get_table_names())
+    revision = _own_revision(conn, tables)
     if revision is not None:
         return SchemaState(revision, head_revision())
-    tables = set(sa.inspect(conn).get_table_names())
+    if _SHARED_VERSION_TABLE in tables:
+        # Only a revision Nightshift knows is its own: Optuna's (v3.2.0.a...) is not, and a
+        # Nightshift newer than this one writes its own table.
+        known = set(known_revisions())
+        rows = conn.execute(sa.text(f"SELECT version_num FROM {_SHARED_VERSION_TABLE}")).scalars()
+        ours = [r for r in rows if r in known]
+        if ours:
+            return SchemaState(ours[0], head_revision(), in_shared_table=True)
     if "nightshift_meta" in tables:
         value = conn.execute(sa.text("SELECT value FROM nightshift_meta WHERE key = 'schema_version'")).scalar()
         if value == "1":
@@ -101,26 +121,57 @@ def schema_state(conn: Connection) -> SchemaState:
 def check(engine: Engine, url: URL, *, create: bool) -> SchemaState:
     """Make sure the database is usable by this Nightshift.
 
-    An empty database gets the newest schema when ``create`` is true.
+    An empty database gets the newest schema when ``create`` is true. A current revision
+    that an earlier Nightshift kept in ``alembic_version`` is moved to ``VERSION_TABLE``.
 
     Raises:
         DatabaseError: the schema is outdated (the message has the upgrade command), newer
             than this Nightshift, absent with ``create`` false, or not Nightshift's.
     """
     with engine.connect() as conn:
-        state = schema_state(conn.execution_options(nightshift_write=False))
-    if state.current:
-        return state
-    # Anything else is decided again under the migration lock: another process's first use
-    # may commit the schema between the reads of schema_state (seen as a bogus legacy state).
+        revision = _own_revision(conn.execution_options(nightshift_write=False))
+    if revision == head_revision():
+        return SchemaState(revision, revision)
+    # Anything else is decided under the migration lock: another process's first use may
+    # commit the schema, or move the revision and drop alembic_version, between two reads.
     if create:
         return upgrade(engine, url, only_if_empty=True)
     with _locked(engine) as conn:
         state = schema_state(conn)
-    if state.revision is None:
-        raise DatabaseError(f"{_shown(url)} has no tuning schema; run `nightshift db init --db {_db_arg(url)}`")
+        if state.revision is None:
+            raise DatabaseError(f"{_shown(url)} has no tuning schema; run `nightshift db init --db {_db_arg(url)}`")
+        return _settle(conn, state, url)
+
+
+def _own_revision(conn: Connection, tables: set[str] | None = None) -> str | None:
+    """The revision in Nightshift's own version table (None: no table, or no row)."""
+    if tables is None:
+        tables = set(sa.inspect(conn).get_table_names())
+    if VERSION_TABLE not in tables:
+        return None
+    return MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
+
+
+def _settle(conn: Connection, state: SchemaState, url: URL) -> SchemaState:
+    """Under the lock: a current revision still in ``alembic_version`` is moved to
+    Nightshift's table (first use after the move); an unusable schema is refused."""
+    if state.in_shared_table and state.current:
+        state = _move_revision(conn, state, url)
     _refuse_unusable(state, url)
     return state
+
+
+def _move_revision(conn: Connection, state: SchemaState, url: URL) -> SchemaState:
+    """Move Nightshift's revision from ``alembic_version`` to its own table, under the lock."""
+    assert state.revision is not None and state.in_shared_table
+    logger.info("moving schema revision %s of %s from %s to %s", state.revision, _shown(url),
+                _SHARED_VERSION_TABLE, VERSION_TABLE)  # fmt: skip
+    MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).stamp(_scripts(), state.revision)
+    conn.execute(sa.text(f"DELETE FROM {_SHARED_VERSION_TABLE} WHERE version_num = :rev"), {"rev": state.revision})
+    # Dropped only when empty: another alembic user's row (Optuna's) stays where it expects it.
+    if not conn.execute(sa.text(f"SELECT count(*) FROM {_SHARED_VERSION_TABLE}")).scalar():
+        conn.execute(sa.text(f"DROP TABLE {_SHARED_VERSION_TABLE}"))
+    return SchemaState(state.revision, state.head)
 
 
 @contextlib.contextmanager
@@ -150,18 +201,18 @@ def upgrade(engine: Engine, url: URL, *, only_if_empty: bool = False, to: str = 
     """Migrate the database to revision ``to`` (the newest), in one transaction, under a lock.
 
     With ``only_if_empty`` (first use), a database that another process initialised
-    meanwhile is checked instead of migrated.
+    meanwhile is checked instead of migrated. A revision an earlier Nightshift kept in
+    ``alembic_version`` is moved to ``VERSION_TABLE`` first, in the same transaction.
 
     Raises:
         DatabaseError: the schema is newer than this Nightshift, or not Nightshift's.
     """
     with _locked(engine) as conn:
         state = schema_state(conn)
-        if state.revision is not None and only_if_empty:
-            _refuse_unusable(state, url)
-            return state
-        if state.revision is not None and state.revision not in known_revisions():
-            _refuse_unusable(state, url)
+        if state.revision is not None and (only_if_empty or state.revision not in known_revisions()):
+            return _settle(conn, state, url)
+        if state.in_shared_table:
+            state = _move_revision(conn, state, url)
         target = state.head if to == "head" else to
         if state.revision == target:
             return state

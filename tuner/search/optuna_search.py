@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import logging
 import math
+import random
+import threading
+import time
+from pathlib import Path
 from typing import Any, ClassVar
 
 import optuna
@@ -13,6 +17,7 @@ from optuna.trial import TrialState
 
 from cost_models import CostModel
 from search_spaces import Point, SearchSpace
+from tuner.errors import DatabaseError
 from tuner.search.base import Candidate, Proposal, Result, SearchStrategy
 
 logger = logging.getLogger(__name__)
@@ -22,35 +27,97 @@ logger = logging.getLogger(__name__)
 _ASKS_PER_CANDIDATE = 8
 # The user attribute that names a trial's point (its candidate id).
 _POINT_ATTR = "nightshift_point"
-# PostgreSQL schema of the studies (see optuna_storage).
-_PG_SCHEMA = "optuna"
+# Attempts at opening Optuna's storage: processes opening a database at once race to create
+# its tables and version rows (Optuna does not serialize that), and the losers' second try
+# finds them made.
+_OPEN_ATTEMPTS = 5
+# Where earlier Nightshifts kept the studies: a sibling SQLite file, a PostgreSQL schema.
+_LEGACY_SUFFIX = ".optuna.db"
+_LEGACY_PG_SCHEMA = "optuna"
+
+# One storage (one engine, one connection pool) per database URL in a process: a job makes a
+# strategy per task and space, all on the same database.
+_storages: dict[str, optuna.storages.RDBStorage] = {}
+_storages_lock = threading.Lock()
 
 
 def optuna_storage(url: str | None) -> optuna.storages.BaseStorage | None:
-    """Optuna's RDB storage beside the tuning database at ``url`` (None: in memory).
+    """Optuna's RDB storage in the tuning database at ``url``, shared by every caller in
+    the process (None: in memory).
 
-    Optuna and Nightshift both record their schema revision in alembic's ``alembic_version``
-    table, so they cannot share one namespace: on PostgreSQL the studies live in the same
-    database under the schema ``optuna``; a SQLite file ``X.db`` gets ``X.optuna.db`` beside it.
+    The studies' tables (``studies``, ``trials``, ``trial_params``... and ``version_info``)
+    sit beside Nightshift's in the same SQLite file or PostgreSQL database and schema; no
+    name clashes. Optuna keeps its schema revision in alembic's ``alembic_version`` and
+    Nightshift in its own table, so the database is opened as a tuning database first
+    (``tuner.db.migrate.check``: created if empty, an older Nightshift's revision moved out
+    of ``alembic_version``, an outdated schema refused with the command that upgrades it).
+
+    Raises:
+        DatabaseError: the database cannot be opened, its Nightshift schema is unusable, or
+            Optuna refuses its tables (an older Optuna's: the message says how to upgrade).
     """
     if url is None:
         return None
-    u = sa.make_url(url)
-    if u.get_backend_name() == "sqlite":
-        if not u.database or u.database == ":memory:":
-            return None
-        base = u.database[:-3] if u.database.endswith(".db") else u.database
-        return optuna.storages.RDBStorage(u.set(database=f"{base}.optuna.db").render_as_string(hide_password=False))
-    engine = sa.create_engine(u)
+    from tuner.db.database import database_url
+
+    u = database_url(url)
+    if u.get_backend_name() == "sqlite" and u.database in (None, "", ":memory:"):
+        return None
+    key = u.render_as_string(hide_password=False)
+    with _storages_lock:
+        storage = _storages.get(key)
+        if storage is None:
+            storage = _storages[key] = _open_storage(u)
+        return storage
+
+
+def _open_storage(u: sa.URL) -> optuna.storages.RDBStorage:
+    from tuner.db import migrate
+    from tuner.db.database import _SQLITE_BUSY_TIMEOUT_S, create_engine, redact
+
+    engine = create_engine(u)
     try:
-        with engine.begin() as conn:
-            conn.execute(sa.text(f"CREATE SCHEMA IF NOT EXISTS {_PG_SCHEMA}"))
+        migrate.check(engine, u, create=True)
+        legacy = _legacy_studies(engine, u)
     finally:
         engine.dispose()
-    return optuna.storages.RDBStorage(
-        u.render_as_string(hide_password=False),
-        engine_kwargs={"connect_args": {"options": f"-csearch_path={_PG_SCHEMA}"}},
-    )
+    if legacy is not None:
+        logger.warning("%s holds Optuna studies of an older Nightshift, which are no longer read: a resumed job "
+                       "rebuilds its studies from the database's records (README.md says how to copy them in)",
+                       legacy)  # fmt: skip
+    if u.get_backend_name() == "sqlite":
+        # Nightshift's own writers hold the file's write lock for a whole batch.
+        kwargs: dict[str, Any] = {"connect_args": {"timeout": _SQLITE_BUSY_TIMEOUT_S}}
+    else:
+        kwargs = {"connect_args": {"connect_timeout": 10}, "pool_pre_ping": True}
+    attempt = 1
+    while True:
+        try:
+            return optuna.storages.RDBStorage(u.render_as_string(hide_password=False), engine_kwargs=kwargs)
+        except sa.exc.DBAPIError as err:
+            if attempt == _OPEN_ATTEMPTS:
+                raise DatabaseError(f"cannot open Optuna's studies in {redact(u)}: {err.orig}") from err
+            logger.debug("opening Optuna's studies in %s lost a race (%s); again", redact(u), err.orig)
+            time.sleep(random.uniform(0.05, 0.2) * attempt)
+            attempt += 1
+        except RuntimeError as err:  # Optuna's word for a schema it does not know
+            raise DatabaseError(f"Optuna's studies in {redact(u)}: {err}") from err
+
+
+def _legacy_studies(engine: sa.Engine, u: sa.URL) -> str | None:
+    """Where an older Nightshift kept the studies of this database, if they are there."""
+    if u.get_backend_name() == "sqlite":
+        assert u.database is not None
+        base = u.database[:-3] if u.database.endswith(".db") else u.database
+        path = Path(base + _LEGACY_SUFFIX)
+        return str(path) if path.is_file() else None
+    with engine.connect() as conn:
+        inspector = sa.inspect(conn)
+        if _LEGACY_PG_SCHEMA not in inspector.get_schema_names():
+            return None
+        if "studies" not in inspector.get_table_names(schema=_LEGACY_PG_SCHEMA):
+            return None
+    return f"schema {_LEGACY_PG_SCHEMA!r} of the database"
 
 
 class _OptunaSearch(SearchStrategy):
@@ -58,9 +125,10 @@ class _OptunaSearch(SearchStrategy):
     every sketch (``<sketch>:<knob index>:<name>``, the index into the knob's domain), a
     fixed search space so relative samplers see every trial. The objective is the log of
     the measured latency, minimized; failures are ``FAIL`` trials. With ``storage_url`` the
-    study (named ``study_name``) lives in the database, so an interrupted job resumes it:
-    records replayed through ``tell`` complete the trials the killed job left running and
-    are not added twice.
+    study (named ``study_name``) lives in the tuning database, so an interrupted job resumes
+    it: records replayed through ``tell`` complete the trials the killed job left running and
+    are not added twice, and the trials still running after that (the batches in flight at
+    the kill) are proposed again first, as themselves, so no point gets a second trial.
     """
 
     #: Whether knobs are integer indices (CMA-ES needs numbers) or categorical.
@@ -83,6 +151,9 @@ class _OptunaSearch(SearchStrategy):
         for t in self.study.get_trials(deepcopy=False):
             if _POINT_ATTR in t.user_attrs:
                 self._stored[t.user_attrs[_POINT_ATTR]] = (t.number, t.state)
+        # Trials an interrupted run left running, oldest first (see _resume_running).
+        self._running = [(key, number) for key, (number, state) in sorted(self._stored.items(), key=lambda kv: kv[1])
+                         if state == TrialState.RUNNING]  # fmt: skip
         self._asked: dict[str, int] = {}
         if self._stored:
             logger.info("study %s resumed with %d trials", self.study_name, len(self._stored))
@@ -110,8 +181,23 @@ class _OptunaSearch(SearchStrategy):
             out[self._param(point.sketch, i)] = k.index(v)
         return out
 
+    def _resume_running(self, out: dict[str, Candidate], n: int) -> None:
+        """Into ``out``, up to ``n`` points of trials a killed run left running and no
+        replayed record finished: measured now, as those trials."""
+        while self._running and len(out) < n:
+            key, number = self._running.pop(0)
+            if key in self.results or key in self.pending:
+                continue  # finished by a replayed record (or proposed since)
+            cand = self._apply(Point.from_json(key))
+            if cand is None:  # a point of another version of the space
+                self.study.tell(number, state=TrialState.FAIL, skip_if_finished=True)
+                continue
+            self._asked[key] = number
+            out[key] = cand
+
     def _propose(self, n: int, model: CostModel | None) -> Proposal:
         out: dict[str, Candidate] = {}
+        self._resume_running(out, n)
         for _ in range(_ASKS_PER_CANDIDATE * n):
             if len(out) >= n:
                 break
@@ -148,7 +234,9 @@ class _OptunaSearch(SearchStrategy):
                 return
             number = stored[0] if stored is not None else None
         if number is not None:
-            self.study.tell(number, value, state=state)
+            # Finished already only if another process shares the study (two jobs of one
+            # model, device and seed under different names): its result stands.
+            self.study.tell(number, value, state=state, skip_if_finished=True)
             return
         try:
             params = self._params(point)
