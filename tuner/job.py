@@ -167,6 +167,11 @@ class _Batch:
     hashes: list[str]
     features: Any
     futures: list
+    #: Where proposing it went (seconds): ``lease`` (waiting for the node's CPU lease),
+    #: ``spaces`` (the task's spaces built and told its records, on its first visit), the
+    #: strategy's ``sample``/``apply``/``features``/``predict``, the job's ``hash`` and
+    #: ``job_features``, ``submit``, ``total``.
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 class TuningJob:
@@ -357,7 +362,8 @@ class TuningJob:
                     self.inflight.append(batch)
                     self.submitted += len(batch.candidates)
                     self._emit("batch_submitted", task=i, task_name=self.tasks[i].name,
-                               trials=len(batch.candidates), elapsed_s=self.elapsed_s)  # fmt: skip
+                               trials=len(batch.candidates), elapsed_s=self.elapsed_s,
+                               propose_s=batch.seconds)  # fmt: skip
             if not self.inflight:
                 return
             self._complete(self.inflight.popleft())
@@ -515,9 +521,13 @@ class TuningJob:
             # First visit: a budget too small for a full batch per task is spread so
             # that every task gets measured schedules before any gets a second batch.
             size = min(size, max(2, config.trials // len(self.tasks)))
+        seconds: dict[str, float] = {}
+        start = time.perf_counter()
         # The search runs on the driver: no timing on this node runs beside it (the node's lease).
         with self.measurer.cpu_work():
+            seconds["lease"] = time.perf_counter() - start
             ts = self._search(i)
+            seconds["spaces"] = time.perf_counter() - start - seconds["lease"]
             k = ts.bandit.choose(exclude=ts.exhausted)
             strategy = ts.strategies[k]
             # Different knobs can give the same program: one measured already (by any job,
@@ -528,6 +538,8 @@ class TuningJob:
             feats = None
             for attempt in range(_PROPOSE_ROUNDS):
                 proposal = strategy.propose(size - len(keep), self.model)
+                for what, sec in proposal.seconds.items():
+                    seconds[what] = seconds.get(what, 0.0) + sec
                 if not proposal.candidates:
                     if attempt == 0:
                         logger.info("task %s: %s space exhausted", task.name, ts.kinds[k])
@@ -536,6 +548,7 @@ class TuningJob:
                             self.scheduler.retire(i, "search space exhausted")
                     break
                 fresh = []
+                hashed = time.perf_counter()
                 for n, c in enumerate(proposal.candidates):
                     h = program_hash(c.schedule.mod)
                     if h in ts.hashes:
@@ -545,6 +558,7 @@ class TuningJob:
                     fresh.append(n)
                     keep.append(c)
                     hashes.append(h)
+                seconds["hash"] = seconds.get("hash", 0.0) + time.perf_counter() - hashed
                 # A strategy's own features serve when one round filled the batch.
                 if attempt == 0 and proposal.features is not None:
                     feats = proposal.features[fresh]
@@ -553,12 +567,17 @@ class TuningJob:
             if not keep:
                 return None
             if feats is None or len(feats) != len(keep):
+                extracted = time.perf_counter()
                 feats = cost_models.extract_features(task.mod, self.device.target, [c.schedule for c in keep])
+                seconds["job_features"] = time.perf_counter() - extracted
         # Counted when proposed, so the next batch, proposed while this one is in flight,
         # already sees this space's share (every space gets a first batch before a second).
         ts.bandit.update(k, len(keep), None)
+        submitted = time.perf_counter()
         futures = self.measurer.submit(task, [c.schedule.mod for c in keep])
-        return _Batch(i, k, keep, hashes, feats, futures)
+        seconds["submit"] = time.perf_counter() - submitted
+        seconds["total"] = time.perf_counter() - start
+        return _Batch(i, k, keep, hashes, feats, futures, {w: round(v, 4) for w, v in seconds.items()})
 
     def _results(self, batch: _Batch) -> list:
         """The batch's measurements. When the Ray cluster is lost (the measurer fails, or
@@ -608,7 +627,9 @@ class TuningJob:
         i, task = batch.task, self.tasks[batch.task]
         ts = self.searches[i]
         kind = ts.kinds[batch.space]
+        waited = time.perf_counter()
         results = self._results(batch)
+        waited = time.perf_counter() - waited
         if all((m.run.error_msg or "").startswith("reference:") for m in results):
             logger.warning("task %s has no reference output (%s); skipped", task.name, results[0].error_msg)
             self.scheduler.retire(i, "no reference output")
@@ -659,9 +680,14 @@ class TuningJob:
         for r in records:
             if r.error_class:
                 by_class[r.error_class] = by_class.get(r.error_class, 0) + 1
+        # What the batch cost the device and the builders, and how long the job waited for it
+        # (near 0: proposing, not measuring, sets the pace), to set against proposal times.
+        device_s = sum(m.run.busy_s for m in results)
+        build_s = sum(m.build.build_sec for m in results)
         self._emit("batch_done", task=i, task_name=task.name, space=kind, trials=len(batch.candidates),
                    errors=by_class, best_sec=best, task_best_sec=self.scheduler.best_sec[i],
-                   task_trials=self.scheduler.trials[i], trials_done=self.done, elapsed_s=self.elapsed_s)  # fmt: skip
+                   task_trials=self.scheduler.trials[i], trials_done=self.done, elapsed_s=self.elapsed_s,
+                   device_s=round(device_s, 4), build_s=round(build_s, 4), wait_s=round(waited, 4))  # fmt: skip
         if not was_done and self.scheduler.is_done(i):
             self._emit("task_done", task=i, task_name=task.name, reason=self.scheduler.done_reason(i),
                        best_sec=self.scheduler.best_sec[i])  # fmt: skip

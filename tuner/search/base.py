@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import abc
+import contextlib
+import dataclasses
 import itertools
 import logging
-from dataclasses import dataclass
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -46,11 +50,14 @@ class Proposal:
 
     ``features`` is whatever ``cost_models.extract_features`` returned, indexed to the
     candidates' order (treated as opaque: only ``len`` and fancy indexing); None when the
-    strategy did not need the model, and the job extracts them itself.
+    strategy did not need the model, and the job extracts them itself. ``seconds`` says
+    where the proposal's time went (``sample``, ``apply``, ``features``, ``predict``), for
+    the job's events.
     """
 
     candidates: list[Candidate]
     features: Any | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,7 @@ class SearchStrategy(abc.ABC):
         self.rng = np.random.default_rng(seed)
         self.results: dict[str, Result] = {}
         self.pending: dict[str, Point] = {}
+        self._seconds: dict[str, float] = {}
 
     # --- the protocol ------------------------------------------------------------------------
 
@@ -116,10 +124,11 @@ class SearchStrategy(abc.ABC):
         """
         if n <= 0:
             raise ValueError(f"batch size must be positive, got {n}")
+        self._seconds = {}
         proposal = self._propose(n, model)
         for c in proposal.candidates:
             self.pending[c.id] = c.point
-        return proposal
+        return dataclasses.replace(proposal, seconds=dict(self._seconds))
 
     def tell(self, candidate_id: str, result: Result) -> None:
         """Record the result of the candidate ``candidate_id`` (see the class contract)."""
@@ -151,10 +160,20 @@ class SearchStrategy(abc.ABC):
     def _is_seen(self, key: str) -> bool:
         return key in self.results or key in self.pending
 
+    @contextlib.contextmanager
+    def _timed(self, what: str) -> Iterator[None]:
+        """Add the block's seconds to this proposal's ``seconds[what]``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._seconds[what] = self._seconds.get(what, 0.0) + time.perf_counter() - start
+
     def _apply(self, point: Point) -> Candidate | None:
         """The candidate of ``point`` (applied once), or None if the point is invalid."""
         try:
-            return Candidate(point.to_json(), point, self.space.apply(point))
+            with self._timed("apply"):
+                return Candidate(point.to_json(), point, self.space.apply(point))
         except InvalidPointError:
             return None
 
@@ -168,7 +187,8 @@ class SearchStrategy(abc.ABC):
         misses = 0
         while len(out) < n and misses < _SAMPLE_TRIES * n:
             try:
-                p = self.space.sample(self.rng)
+                with self._timed("sample"):
+                    p = self.space.sample(self.rng)
             except RuntimeError:
                 break
             key = p.to_json()
@@ -199,9 +219,17 @@ class SearchStrategy(abc.ABC):
         return out
 
 
-def score(model: CostModel | None, space: SearchSpace, candidates: list[Candidate]) -> tuple[Any, np.ndarray]:
-    """Features of ``candidates`` and the model's predicted scores (zeros without a model)."""
+def score(model: CostModel | None, space: SearchSpace, candidates: list[Candidate],
+          seconds: dict[str, float] | None = None) -> tuple[Any, np.ndarray]:  # fmt: skip
+    """Features of ``candidates`` and the model's predicted scores (zeros without a model);
+    the time each took is added to ``seconds`` (``features``, ``predict``)."""
+    seconds = {} if seconds is None else seconds
+    start = time.perf_counter()
     feats = extract_features(space.mod, space.target, [c.schedule for c in candidates])
+    mid = time.perf_counter()
+    seconds["features"] = seconds.get("features", 0.0) + mid - start
     if model is None or model.num_samples == 0:
         return feats, np.zeros(len(candidates))
-    return feats, np.asarray(model.predict(feats), dtype=float)
+    out = np.asarray(model.predict(feats), dtype=float)
+    seconds["predict"] = seconds.get("predict", 0.0) + time.perf_counter() - mid
+    return feats, out

@@ -104,7 +104,7 @@ class EvolutionarySearch(SearchStrategy):
             return np.zeros(0)
         if model is None:
             return np.array([fitness.get(c.id, 0.0) for c in cands])
-        return score(model, self.space, cands)[1]
+        return score(model, self.space, cands, self._seconds)[1]
 
     def _children(self, pop: list[Candidate], scores: np.ndarray, count: int,
                   pool: dict[str, Candidate]) -> list[tuple[Candidate, str]]:  # fmt: skip
