@@ -535,7 +535,7 @@ class TuningJob:
             # failure so it is not proposed again either, and is asked for more in its place.
             keep: list[Candidate] = []
             hashes: list[str] = []
-            feats = None
+            rows: list[np.ndarray | None] = []  # each candidate's features, where the strategy made them
             for attempt in range(_PROPOSE_ROUNDS):
                 proposal = strategy.propose(size - len(keep), self.model)
                 for what, sec in proposal.seconds.items():
@@ -547,29 +547,31 @@ class TuningJob:
                         if len(ts.exhausted) == len(ts.kinds):
                             self.scheduler.retire(i, "search space exhausted")
                     break
-                fresh = []
+                made = proposal.features or [None] * len(proposal.candidates)
                 hashed = time.perf_counter()
-                for n, c in enumerate(proposal.candidates):
+                for c, f in zip(proposal.candidates, made, strict=True):
                     h = program_hash(c.schedule.mod)
                     if h in ts.hashes:
                         strategy.tell(c.id, Result(None, "duplicate program"))
                         continue
                     ts.hashes.add(h)
-                    fresh.append(n)
                     keep.append(c)
                     hashes.append(h)
+                    rows.append(f)
                 seconds["hash"] = seconds.get("hash", 0.0) + time.perf_counter() - hashed
-                # A strategy's own features serve when one round filled the batch.
-                if attempt == 0 and proposal.features is not None:
-                    feats = proposal.features[fresh]
                 if len(keep) >= size:
                     break
             if not keep:
                 return None
-            if feats is None or len(feats) != len(keep):
+            # Only what the strategy did not featurize is extracted here: once per candidate.
+            missing = [n for n, f in enumerate(rows) if f is None]
+            if missing:
                 extracted = time.perf_counter()
-                feats = cost_models.extract_features(task.mod, self.device.target, [c.schedule for c in keep])
+                got = cost_models.extract_features(task.mod, self.device.target, [keep[n].schedule for n in missing])
+                for j, n in enumerate(missing):
+                    rows[n] = got.candidate(j)
                 seconds["job_features"] = time.perf_counter() - extracted
+            feats = cost_models.StoreFeatures.from_list(rows)  # type: ignore[arg-type]
         # Counted when proposed, so the next batch, proposed while this one is in flight,
         # already sees this space's share (every space gets a first batch before a second).
         ts.bandit.update(k, len(keep), None)

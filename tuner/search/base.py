@@ -8,14 +8,15 @@ import dataclasses
 import itertools
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 from tvm.s_tir import Schedule
 
-from cost_models import CostModel, extract_features
+from cost_models import CostModel, StoreFeatures, extract_features
 from search_spaces import InvalidPointError, Point, SearchSpace
 
 logger = logging.getLogger(__name__)
@@ -25,6 +26,9 @@ logger = logging.getLogger(__name__)
 _SAMPLE_TRIES = 8
 # Largest knob grid the strategies list exhaustively when sampling stops finding new points.
 MAX_ENUMERATE = 4096
+# Candidates whose features a strategy keeps (a few kB each): the measured parents it ranks
+# again at every proposal, and the batch it hands to the job.
+_FEATURE_CACHE = 256
 
 
 @dataclass(frozen=True)
@@ -46,17 +50,17 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Proposal:
-    """A batch of candidates, with their cost-model features when the strategy computed them.
+    """A batch of candidates, with the cost-model features the strategy computed for them.
 
-    ``features`` is whatever ``cost_models.extract_features`` returned, indexed to the
-    candidates' order (treated as opaque: only ``len`` and fancy indexing); None when the
-    strategy did not need the model, and the job extracts them itself. ``seconds`` says
-    where the proposal's time went (``sample``, ``apply``, ``features``, ``predict``), for
-    the job's events.
+    ``features`` has one entry per candidate, in order: its rows of TVM's per-store features
+    (``StoreFeatures.candidate``) where the strategy extracted them to rank it, None where it
+    did not; the job extracts only the missing ones, so no candidate is featurized twice.
+    None when the strategy featurized none of them. ``seconds`` says where the proposal's
+    time went (``sample``, ``apply``, ``features``, ``predict``), for the job's events.
     """
 
     candidates: list[Candidate]
-    features: Any | None = None
+    features: list[np.ndarray | None] | None = None
     seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -113,6 +117,7 @@ class SearchStrategy(abc.ABC):
         self.results: dict[str, Result] = {}
         self.pending: dict[str, Point] = {}
         self._seconds: dict[str, float] = {}
+        self._features: OrderedDict[str, np.ndarray] = OrderedDict()
 
     # --- the protocol ------------------------------------------------------------------------
 
@@ -128,7 +133,12 @@ class SearchStrategy(abc.ABC):
         proposal = self._propose(n, model)
         for c in proposal.candidates:
             self.pending[c.id] = c.point
-        return dataclasses.replace(proposal, seconds=dict(self._seconds))
+        features = proposal.features
+        if features is None:
+            features = [self._features.get(c.id) for c in proposal.candidates]
+            if all(f is None for f in features):
+                features = None
+        return dataclasses.replace(proposal, features=features, seconds=dict(self._seconds))
 
     def tell(self, candidate_id: str, result: Result) -> None:
         """Record the result of the candidate ``candidate_id`` (see the class contract)."""
@@ -168,6 +178,31 @@ class SearchStrategy(abc.ABC):
             yield
         finally:
             self._seconds[what] = self._seconds.get(what, 0.0) + time.perf_counter() - start
+
+    def _featurize(self, candidates: list[Candidate]) -> StoreFeatures:
+        """Features of ``candidates``, each extracted once: the ones this strategy extracted
+        before are reused (and handed to the job with the proposal)."""
+        missing = [c for c in candidates if c.id not in self._features]
+        if missing:
+            with self._timed("features"):
+                got = extract_features(self.space.mod, self.space.target, [c.schedule for c in missing])
+            for j, c in enumerate(missing):
+                self._features[c.id] = got.candidate(j)
+        rows = []
+        for c in candidates:
+            self._features.move_to_end(c.id)
+            rows.append(self._features[c.id])
+        while len(self._features) > max(_FEATURE_CACHE, len(candidates)):
+            self._features.popitem(last=False)
+        return StoreFeatures.from_list(rows)
+
+    def _score(self, model: CostModel | None, candidates: list[Candidate]) -> np.ndarray:
+        """The model's predicted scores of ``candidates`` (zeros without a trained model)."""
+        if model is None or model.num_samples == 0 or not candidates:
+            return np.zeros(len(candidates))
+        feats = self._featurize(candidates)
+        with self._timed("predict"):
+            return np.asarray(model.predict(feats), dtype=float)
 
     def _apply(self, point: Point) -> Candidate | None:
         """The candidate of ``point`` (applied once), or None if the point is invalid."""
@@ -218,18 +253,3 @@ class SearchStrategy(abc.ABC):
                     out.append(p)
         return out
 
-
-def score(model: CostModel | None, space: SearchSpace, candidates: list[Candidate],
-          seconds: dict[str, float] | None = None) -> tuple[Any, np.ndarray]:  # fmt: skip
-    """Features of ``candidates`` and the model's predicted scores (zeros without a model);
-    the time each took is added to ``seconds`` (``features``, ``predict``)."""
-    seconds = {} if seconds is None else seconds
-    start = time.perf_counter()
-    feats = extract_features(space.mod, space.target, [c.schedule for c in candidates])
-    mid = time.perf_counter()
-    seconds["features"] = seconds.get("features", 0.0) + mid - start
-    if model is None or model.num_samples == 0:
-        return feats, np.zeros(len(candidates))
-    out = np.asarray(model.predict(feats), dtype=float)
-    seconds["predict"] = seconds.get("predict", 0.0) + time.perf_counter() - mid
-    return feats, out

@@ -9,7 +9,7 @@ import numpy as np
 
 from cost_models import CostModel
 from search_spaces import Point, SearchSpace
-from tuner.search.base import Candidate, Proposal, SearchStrategy, score
+from tuner.search.base import Candidate, Proposal, SearchStrategy
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class EvolutionarySearch(SearchStrategy):
         fresh = self._fresh(max(self.population - len(parents), 0)) if trained else []
         pop = parents + fresh
         pool: dict[str, Candidate] = {c.id: c for c in fresh}
-        scores = self._score(model if trained else None, pop, fitness)
+        scores = self._rank(model if trained else None, pop, fitness)
         for _ in range(self.generations):
             born = self._children(pop, scores, max(self.children_per_candidate * n, self.population), pool)
             children = [c for c, _ in born]
@@ -85,7 +85,7 @@ class EvolutionarySearch(SearchStrategy):
                 # Without a model a child is presumed a little worse than its parent: the
                 # children of the fastest measured points go first, fresh samples last.
                 fitness[c.id] = 0.9 * fitness.get(parent, 0.0)
-            child_scores = self._score(model if trained else None, children, fitness)
+            child_scores = self._rank(model if trained else None, children, fitness)
             merged = pop + children
             all_scores = np.concatenate([scores, child_scores])
             keep = np.argsort(-all_scores, kind="stable")[: self.population]
@@ -99,12 +99,12 @@ class EvolutionarySearch(SearchStrategy):
         chosen += self._fresh(n - len(chosen), exclude=taken)
         return Proposal(chosen)
 
-    def _score(self, model: CostModel | None, cands: list[Candidate], fitness: dict[str, float]) -> np.ndarray:
+    def _rank(self, model: CostModel | None, cands: list[Candidate], fitness: dict[str, float]) -> np.ndarray:
         if not cands:
             return np.zeros(0)
         if model is None:
             return np.array([fitness.get(c.id, 0.0) for c in cands])
-        return score(model, self.space, cands, self._seconds)[1]
+        return self._score(model, cands)
 
     def _children(self, pop: list[Candidate], scores: np.ndarray, count: int,
                   pool: dict[str, Candidate]) -> list[tuple[Candidate, str]]:  # fmt: skip
