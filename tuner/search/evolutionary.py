@@ -62,8 +62,7 @@ class EvolutionarySearch(SearchStrategy):
         parents: list[Candidate] = []
         # Measured parents' fitness before the model knows anything: their measured speed.
         fitness: dict[str, float] = {}
-        for sec, p in measured:
-            cand = self._apply(p)
+        for (sec, _), cand in zip(measured, self._apply_many([p for _, p in measured]), strict=True):
             if cand is not None:
                 parents.append(cand)
                 fitness[cand.id] = measured[0][0] / sec
@@ -121,25 +120,31 @@ class EvolutionarySearch(SearchStrategy):
         for i, c in enumerate(pop):
             by_sketch.setdefault(c.point.sketch, []).append(i)
         out: dict[str, tuple[Candidate, str]] = {}
-        for _ in range(4 * count):
-            if len(out) >= count:
-                break
-            a = pop[int(self.rng.choice(len(pop), p=weights))]
-            mates = [i for i in by_sketch[a.point.sketch] if pop[i].id != a.id]
-            if mates and self.rng.random() < self.crossover:
-                w = weights[mates] / weights[mates].sum()
-                b = pop[int(self.rng.choice(mates, p=w))]
-                child = self._crossover(a.point, b.point)
-            else:
-                child = self._mutate(a.point)
-            if child is None:
-                continue
-            key = child.to_json()
-            if self._is_seen(key) or key in pool or key in out:
-                continue
-            cand = self._apply(child)
-            if cand is not None:
-                out[key] = (cand, a.id)
+        draws = 0
+        # Children are drawn as points, then applied together (one round of Ray tasks with an
+        # applier); the rounds repeat while some were invalid.
+        while len(out) < count and draws < 4 * count:
+            points: dict[str, tuple[Point, str]] = {}
+            while len(out) + len(points) < count and draws < 4 * count:
+                draws += 1
+                a = pop[int(self.rng.choice(len(pop), p=weights))]
+                mates = [i for i in by_sketch[a.point.sketch] if pop[i].id != a.id]
+                if mates and self.rng.random() < self.crossover:
+                    w = weights[mates] / weights[mates].sum()
+                    b = pop[int(self.rng.choice(mates, p=w))]
+                    child = self._crossover(a.point, b.point)
+                else:
+                    child = self._mutate(a.point)
+                if child is None:
+                    continue
+                key = child.to_json()
+                if self._is_seen(key) or key in pool or key in out or key in points:
+                    continue
+                points[key] = (child, a.id)
+            made = self._apply_many([p for p, _ in points.values()])
+            for (key, (_, parent)), cand in zip(points.items(), made, strict=True):
+                if cand is not None:
+                    out[key] = (cand, parent)
         return list(out.values())
 
     def _mutate(self, point: Point) -> Point | None:
