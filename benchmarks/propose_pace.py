@@ -1,7 +1,7 @@
 """Proposal against measurement: how long proposing a batch takes beside how long the device
 takes to consume one, in a real job.
 
-    nice -n 5 .venv/bin/python benchmarks/propose_pace.py --tasks 3 --trials 64
+    nice -n 5 .venv/bin/python benchmarks/propose_pace.py --tasks 3 --trials 64 --propose-on driver cluster
 
 Each run is a real job (Ray builds and timings on this machine, a fresh SQLite file) on the
 heaviest ``--tasks`` conv tasks of ResNet-50 (default layout plan), or every task of
@@ -10,7 +10,9 @@ heaviest ``--tasks`` conv tasks of ResNet-50 (default layout plan), or every tas
 feature extraction) and ``batch_done`` (``device_s``: the device actor's busy time for the
 batch; ``build_s``: CPU-seconds of its builds; ``wait_s``: how long the job waited for it,
 near 0 when proposing, not measuring, sets the pace). Writes
-benchmarks/results/propose_pace.json.
+benchmarks/results/propose_pace.json. ``--propose-on driver cluster`` runs the same job once
+with proposals' TVM work in the driver and once in Ray tasks (``TuneConfig.propose_on``), one
+after the other in one process.
 """
 
 from __future__ import annotations
@@ -46,9 +48,10 @@ def model_tasks(model: str, n: int, device) -> list[Task]:
     return [t for t in tasks if "conv" in t.name][:n]
 
 
-def run_job(tasks: list[Task], device, args, db_path: Path) -> dict:
+def run_job(tasks: list[Task], device, args, db_path: Path, propose_on: str) -> dict:
     events: list[dict] = []
-    config = TuneConfig(trials=args.trials, batch_size=args.batch, seed=args.seed, name=f"pace-{args.seed}")
+    config = TuneConfig(trials=args.trials, batch_size=args.batch, seed=args.seed, name=f"pace-{args.seed}",
+                        propose_on=propose_on)  # fmt: skip
     db = TuningDatabase(f"sqlite:///{db_path}")
     start = time.perf_counter()
     try:
@@ -71,7 +74,7 @@ def run_job(tasks: list[Task], device, args, db_path: Path) -> dict:
     device_per_trial = sum(e["device_s"] for e in done) / max(summary.trials, 1)
     build_per_trial = sum(e["build_s"] for e in done) / max(summary.trials, 1)
     return {
-        "trials": summary.trials, "wall_s": wall, "tuning_s": summary.elapsed_s,
+        "propose_on": propose_on, "trials": summary.trials, "wall_s": wall, "tuning_s": summary.elapsed_s,
         "device_idle_fraction": summary.device_idle_fraction, "errors": summary.errors,
         "propose_s": sum(e["propose_s"]["total"] for e in submitted),
         "propose_s_per_trial": per_trial, "steady_propose_s_per_trial": steady_per_trial,
@@ -89,33 +92,42 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=64)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--propose-on", nargs="+", default=["cluster"], choices=["driver", "cluster"])
+    p.add_argument("--keep", type=Path, default=None, help="keep each run's SQLite file in this folder")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     connect(num_cpus=2)
     device = parse_device("cpu")
     tasks = model_tasks(args.model, args.tasks, device)
+    load_before = os.getloadavg()
+    runs = []
     with tempfile.TemporaryDirectory() as tmp:
-        run = run_job(tasks, device, args, Path(tmp) / "pace.db")
-    steady = run["steady_propose_s_per_trial"]
+        folder = args.keep or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        for where in args.propose_on:
+            runs.append(run_job(tasks, device, args, folder / f"pace-{where}.db", where))
     out = {
-        "command": "benchmarks/propose_pace.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items() if k != "out"),
+        "command": "benchmarks/propose_pace.py " + " ".join(
+            f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+            for k, v in vars(args).items() if k not in ("out", "keep")),
         "machine": {"cpu": platform.processor() or platform.machine(), "llvm_mcpu": device.target_config.get("mcpu"),
-                    "cores": os.cpu_count(), "load_before_after": None},
+                    "cores": os.cpu_count(), "load_before": load_before, "load_after": os.getloadavg()},
         "tasks": [{"name": t.name, "flops": t.flops, "weight": t.weight} for t in tasks],
-        "run": run,
+        "runs": runs,
     }
-    out["machine"]["load_before_after"] = os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1, default=str))
-    print(f"{run['trials']} trials in {run['tuning_s']:.0f} s tuning, device idle {run['device_idle_fraction']:.0%}")
-    every = run["propose_s_per_trial"]
-    print("per trial, all batches: " + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in every.items()))
-    print("per trial, later batches: " + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in steady.items()))
-    print(f"device busy per trial {run['device_s_per_trial'] * 1e3:.0f} ms, build CPU per trial "
-          f"{run['build_cpu_s_per_trial'] * 1e3:.0f} ms, job waited {run['wait_s']:.0f} s for results")
-    later = [b["total"] for b in run["batches"]][1:] or [0.0]
-    print(f"median proposal of a later batch {statistics.median(later):.2f} s")
+    for run in runs:
+        print(f"[{run['propose_on']}] {run['trials']} trials in {run['tuning_s']:.0f} s tuning, "
+              f"device idle {run['device_idle_fraction']:.0%}, proposing {run['propose_s']:.0f} s")
+        every, steady = run["propose_s_per_trial"], run["steady_propose_s_per_trial"]
+        print("  per trial, all batches: " + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in every.items()))
+        print("  per trial, later batches: " + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in steady.items()))
+        print(f"  device busy per trial {run['device_s_per_trial'] * 1e3:.0f} ms, build CPU per trial "
+              f"{run['build_cpu_s_per_trial'] * 1e3:.0f} ms, job waited {run['wait_s']:.0f} s for results")
+        later = [b["total"] for b in run["batches"]][1:] or [0.0]
+        print(f"  median proposal of a later batch {statistics.median(later):.2f} s")
 
 
 if __name__ == "__main__":

@@ -32,6 +32,9 @@ MAX_ENUMERATE = 4096
 # Candidates whose features a strategy keeps (a few kB each): the measured parents it ranks
 # again at every proposal, and the batch it hands to the job.
 _FEATURE_CACHE = 256
+# Candidates applied by Ray tasks a strategy keeps (tens of kB each, the module's JSON): the
+# measured parents the evolutionary strategy asks for at every proposal.
+_REMOTE_CACHE = 64
 
 
 @dataclass(frozen=True)
@@ -268,18 +271,18 @@ class SearchStrategy(abc.ABC):
                     out.append(None)
             return out
         keys = [p.to_json() for p in points]
-        ask = sorted({k for k in keys if k not in self._remote})
+        known = {k: self._remote[k] for k in keys if k in self._remote}
+        ask = sorted(set(keys) - set(known))
         if ask:
             got = self._remote_call(self.applier.apply, ask)
             if got is None:
                 return self._apply_many(points)
             for key, a in zip(ask, got, strict=True):
-                self._keep_remote(key, a)
-        for key in keys:
+                known[key] = self._keep_remote(key, a) or "invalid"
+        for key in known:
             if key in self._remote:
                 self._remote.move_to_end(key)
-        got = [self._remote.get(k) for k in keys]
-        return [c if isinstance(c, Candidate) else None for c in got]
+        return [c if isinstance(c, Candidate) else None for c in (known[k] for k in keys)]
 
     def _remote_call(self, call: Any, arg: Any) -> list[Applied | str] | None:
         """``call(arg)`` on the applier; None, and no applier from then on, if its tasks fail:
@@ -300,7 +303,7 @@ class SearchStrategy(abc.ABC):
         cand = Candidate(key, Point.from_json(key), applied=applied)
         self._remote[key] = cand
         self._features[key] = applied.features
-        while len(self._remote) > _FEATURE_CACHE:
+        while len(self._remote) > _REMOTE_CACHE:
             self._remote.popitem(last=False)
         return cand
 
