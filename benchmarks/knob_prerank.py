@@ -128,7 +128,9 @@ def main() -> None:
             note(f"knobs{q:g}+features", two, y[fold])
     summary = {k: float(np.nanmean(v)) for k, v in results.items()}
     out = {
-        "command": "benchmarks/knob_prerank.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items() if k != "out"),
+        "command": "benchmarks/knob_prerank.py " + " ".join(
+            f"--{k} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+            for k, v in vars(args).items() if k != "out" and v is not None),
         "workload": key, "kind": args.kind, "records": len(points), "failed": int((y == 0).sum()),
         "seconds_per_candidate": {"knob_vector": knob_s, "apply": apply_s, "features": feature_s},
         "saved_share_of_apply_and_features": {f"{q:g}": 1 - q for q in args.keep},

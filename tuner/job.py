@@ -82,9 +82,12 @@ class TuneConfig:
     retry_s: float = 300.0
     #: Where measurements go when the database stays unreachable; written when the job resumes.
     spool_dir: Path = field(default_factory=lambda: Path.home() / ".cache" / "nightshift" / "spool")
-    #: Where proposals' TVM work (sampling, applying, features) runs: ``cluster``, Ray tasks
-    #: on any CPU, many points at once (``tuner.search.remote``); ``driver``, this process.
-    propose_on: str = "cluster"
+    #: Where proposals' TVM work (sampling, applying, features) runs: ``driver``, this
+    #: process; ``cluster``, Ray tasks on any CPU, many points at once (``tuner.search.remote``).
+    #: ``driver`` by default: on a 2-core node proposing costs ~6% of the device's time per
+    #: trial, and Ray tasks, which queue behind builds and the timing lease at every round of
+    #: a proposal, made the job 2x slower (benchmarks/README.md, proposal).
+    propose_on: str = "driver"
 
     def __post_init__(self) -> None:
         if self.trials is None and self.time_budget_s is None:

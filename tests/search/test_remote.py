@@ -152,3 +152,32 @@ def test_proposal_work_spreads_over_nodes_and_waits_for_a_timing(two_nodes):
     assert done.wait(300)
     thread.join()
     assert len(out) == 6 and all(not isinstance(a, str) for a in out)
+
+
+@pytest.mark.parametrize("propose_on", ["driver", "cluster"])
+def test_a_job_stores_records_that_replay_to_the_measured_program(ray_cluster, cpu_device, tmp_path, propose_on):
+    """Wherever the points were applied, each stored record's trace replays (as TVM's
+    compiler replays it) to the very program that was built and timed."""
+    import json
+    import sqlite3
+
+    from tvm.s_tir import meta_schedule as ms
+
+    from tuner.db import TuningDatabase
+    from tuner.job import TuneConfig, TuningJob
+    from tuner.tasks import trace_program_hash
+
+    db_path = tmp_path / "t.db"
+    db = TuningDatabase(f"sqlite:///{db_path}")
+    task = search_tasks.task("matmul")
+    config = TuneConfig(trials=8, batch_size=4, seed=0, strategy="evolutionary", propose_on=propose_on)
+    summary = TuningJob([task], cpu_device, db, config, model_name="t").run()
+    db.close()
+    assert summary.trials == 8
+    with sqlite3.connect(db_path) as conn:
+        rows = conn.execute("SELECT record_json, program_hash FROM records").fetchall()
+    assert len(rows) == 8
+    workload = ms.database.Workload(task.mod)
+    for record_json, stored_hash in rows:
+        record = ms.database.TuningRecord.from_json(json.loads(record_json), workload)
+        assert trace_program_hash(record.trace, task.mod) == stored_hash
