@@ -34,7 +34,8 @@ from tuner.measure.ray_measure import connect
 from tuner.tasks import Task
 
 RESULTS = Path(__file__).parent / "results" / "propose_pace.json"
-PHASES = ("lease", "spaces", "sample", "apply", "features", "predict", "hash", "job_features", "submit", "total")
+PHASES = ("lease", "spaces", "sample", "apply", "features", "predict", "remote", "hash", "job_features", "submit",
+          "total")  # fmt: skip
 
 
 def model_tasks(model: str, n: int, device) -> list[Task]:

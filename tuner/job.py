@@ -179,8 +179,9 @@ class _Batch:
     futures: list
     #: Where proposing it went (seconds): ``lease`` (waiting for the node's CPU lease),
     #: ``spaces`` (the task's spaces built and told its records, on its first visit), the
-    #: strategy's ``sample``/``apply``/``features``/``predict``, the job's ``hash`` and
-    #: ``job_features``, ``submit``, ``total``.
+    #: strategy's ``sample``/``apply``/``features``/``predict`` (``remote``: waiting for the
+    #: Ray tasks that sample, apply and featurize), the job's ``hash`` and ``job_features``,
+    #: ``submit``, ``total``.
     seconds: dict[str, float] = field(default_factory=dict)
 
 

@@ -94,7 +94,8 @@ class Proposal:
     (``StoreFeatures.candidate``) where the strategy extracted them to rank it, None where it
     did not; the job extracts only the missing ones, so no candidate is featurized twice.
     None when the strategy featurized none of them. ``seconds`` says where the proposal's
-    time went (``sample``, ``apply``, ``features``, ``predict``), for the job's events.
+    time went (``sample``, ``apply``, ``features``, ``predict``; ``remote``: waiting for the
+    applier's Ray tasks), for the job's events.
     """
 
     candidates: list[Candidate]
