@@ -7,8 +7,8 @@ import itertools
 import json
 import logging
 import math
-from collections import OrderedDict
-from collections.abc import Iterator
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -72,11 +72,18 @@ class SearchSpace(abc.ABC):
 
     #: The name ``search_spaces.create`` knows this kind by.
     kind: ClassVar[str] = ""
+    #: Whether the kind counts its own builds in ``built`` (one that builds a point in
+    #: several steps, e.g. a sketch replayed before its postprocessors run).
+    counts_builds: ClassVar[bool] = False
 
     def __init__(self, mod: tvm.IRModule, target: tvm.target.Target) -> None:
         self.mod = mod
         self.target = target
         self._cache: OrderedDict[str, Schedule | str] = OrderedDict()
+        #: Schedules built from the module (a sketch replayed, a template applied), by point
+        #: JSON: a point is built once while it stays in the cache, however it was reached
+        #: (``sample``, ``apply``, ``check``). Tests read it to catch a second replay.
+        self.built: Counter[str] = Counter()
 
     # --- what a space kind defines -------------------------------------------------------
 
@@ -162,6 +169,8 @@ class SearchSpace(abc.ABC):
         except tvm.error.InternalError:
             # TVM 0.27's Schedule.copy fails on any tensorized schedule (unordered_map::at,
             # with TVM's own dot_16x4_vnni too): schedule the point afresh instead.
+            if not self.counts_builds:
+                self.built[point.to_json()] += 1
             return self._schedule(point)
 
     def to_trace(self, point: Point) -> Trace:
@@ -230,7 +239,9 @@ class SearchSpace(abc.ABC):
                 if self.is_valid(point):
                     yield point
 
-    def _cached(self, point: Point) -> Schedule | str:
+    def _cached(self, point: Point, make: Callable[[], Schedule] | None = None) -> Schedule | str:
+        """The schedule of ``point`` or why it is invalid, from the cache or made once;
+        ``make`` makes it where the caller has the point half-built already (``sample``)."""
         key = point.to_json()
         hit = self._cache.get(key)
         if hit is not None:
@@ -241,8 +252,10 @@ class SearchSpace(abc.ABC):
         if reason is not None:
             result = reason
         else:
+            if not self.counts_builds:
+                self.built[key] += 1
             try:
-                result = self._schedule(point)
+                result = make() if make is not None else self._schedule(point)
             except InvalidPointError as err:
                 result = str(err)
         self._cache[key] = result

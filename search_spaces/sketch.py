@@ -55,6 +55,7 @@ class SketchSpace(SearchSpace):
     """
 
     kind = "sketch"
+    counts_builds = True  # every replay of a sketch, whatever it is for
 
     def __init__(self, mod: tvm.IRModule, target: tvm.target.Target, *, seed: int = 1,
                  limits: Limits | None = None) -> None:
@@ -110,7 +111,9 @@ class SketchSpace(SearchSpace):
             except _TVM_ERRORS:
                 continue
             point = Point(sketch, drawn)
-            if self.is_valid(point):
+            # The replay that drew the compute locations is the point's schedule: it is
+            # post-processed and cached as is, so the point is never replayed again.
+            if not isinstance(self._cached(point, lambda sch=sch: self._postprocess(sch)), str):
                 return point
         raise RuntimeError(f"no valid point after {tries} samples")
 
@@ -138,6 +141,14 @@ class SketchSpace(SearchSpace):
         if got != point.decisions:
             bad = [k.name for k, a, b in zip(self.knobs(point.sketch), got, point.decisions, strict=True) if a != b]
             raise InvalidPointError(f"knobs {bad} take values TVM does not offer for the other knobs' values")
+        return self._postprocess(sch)
+
+    def _postprocess(self, sch: Schedule) -> Schedule:
+        """Run the target's postprocessors on a replayed sketch.
+
+        Raises:
+            InvalidPointError: a postprocessor rejects the schedule.
+        """
         sch.enter_postproc()
         for post in self._postprocs:
             if not post.apply(sch):
@@ -206,6 +217,7 @@ class SketchSpace(SearchSpace):
         for n, site in enumerate(sites):
             if site.knob.kind != "annotation":
                 taken[n] = _to_py(decisions[next(it)])
+        self.built[Point(sketch, tuple(taken)).to_json()] += 1
         return tuple(taken)
 
     def _read_knobs(self, insts: list[Instruction], decisions: dict) -> tuple[_KnobSite, ...]:

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.schedule import Trace
 
 import cost_models
 import search_spaces
@@ -37,7 +38,8 @@ from tuner.progress import EventSink, event
 from tuner.reuse import TaskHistory, job_points, task_histories
 from tuner.reuse import rule as reuse_rule
 from tuner.search import Candidate, NoTaskAvailable, Result, SearchStrategy, SpaceBandit, TaskScheduler
-from tuner.tasks import Task, program_hash
+from tuner.search.remote import Applier, SpaceSpec
+from tuner.tasks import Task
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +82,12 @@ class TuneConfig:
     retry_s: float = 300.0
     #: Where measurements go when the database stays unreachable; written when the job resumes.
     spool_dir: Path = field(default_factory=lambda: Path.home() / ".cache" / "nightshift" / "spool")
+    #: Where proposals' TVM work (sampling, applying, features) runs: ``driver``, this
+    #: process; ``cluster``, Ray tasks on any CPU, many points at once (``tuner.search.remote``).
+    #: ``driver`` by default: on a 2-core node proposing costs ~6% of the device's time per
+    #: trial, and Ray tasks, which queue behind builds and the timing lease at every round of
+    #: a proposal, made the job 2x slower (benchmarks/README.md, proposal).
+    propose_on: str = "driver"
 
     def __post_init__(self) -> None:
         if self.trials is None and self.time_budget_s is None:
@@ -92,6 +100,8 @@ class TuneConfig:
             raise UserInputError(f"--batch must be a positive integer, got {self.batch_size}")
         if self.skip_after < 0:
             raise UserInputError(f"--skip-after must be 0 or more, got {self.skip_after}")
+        if self.propose_on not in ("cluster", "driver"):
+            raise UserInputError(f"propose_on must be cluster or driver, got {self.propose_on!r}")
         if self.strategy not in search.strategies():
             raise UserInputError(f"--strategy must be one of {', '.join(search.strategies())}, got {self.strategy!r}")
 
@@ -167,6 +177,12 @@ class _Batch:
     hashes: list[str]
     features: Any
     futures: list
+    #: Where proposing it went (seconds): ``lease`` (waiting for the node's CPU lease),
+    #: ``spaces`` (the task's spaces built and told its records, on its first visit), the
+    #: strategy's ``sample``/``apply``/``features``/``predict`` (``remote``: waiting for the
+    #: Ray tasks that sample, apply and featurize), the job's ``hash`` and ``job_features``,
+    #: ``submit``, ``total``.
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 class TuningJob:
@@ -357,7 +373,8 @@ class TuningJob:
                     self.inflight.append(batch)
                     self.submitted += len(batch.candidates)
                     self._emit("batch_submitted", task=i, task_name=self.tasks[i].name,
-                               trials=len(batch.candidates), elapsed_s=self.elapsed_s)  # fmt: skip
+                               trials=len(batch.candidates), elapsed_s=self.elapsed_s,
+                               propose_s=batch.seconds)  # fmt: skip
             if not self.inflight:
                 return
             self._complete(self.inflight.popleft())
@@ -515,50 +532,80 @@ class TuningJob:
             # First visit: a budget too small for a full batch per task is spread so
             # that every task gets measured schedules before any gets a second batch.
             size = min(size, max(2, config.trials // len(self.tasks)))
-        # The search runs on the driver: no timing on this node runs beside it (the node's lease).
+        seconds: dict[str, float] = {}
+        start = time.perf_counter()
+        # Work on the driver holds its node's lease, so no timing on this node runs beside it.
         with self.measurer.cpu_work():
+            seconds["lease"] = time.perf_counter() - start
             ts = self._search(i)
-            k = ts.bandit.choose(exclude=ts.exhausted)
-            strategy = ts.strategies[k]
-            # Different knobs can give the same program: one measured already (by any job,
-            # any teammate, or in flight) is not measured again; the strategy is told it as a
-            # failure so it is not proposed again either, and is asked for more in its place.
-            keep: list[Candidate] = []
-            hashes: list[str] = []
-            feats = None
-            for attempt in range(_PROPOSE_ROUNDS):
-                proposal = strategy.propose(size - len(keep), self.model)
-                if not proposal.candidates:
-                    if attempt == 0:
-                        logger.info("task %s: %s space exhausted", task.name, ts.kinds[k])
-                        ts.exhausted.add(k)
-                        if len(ts.exhausted) == len(ts.kinds):
-                            self.scheduler.retire(i, "search space exhausted")
-                    break
-                fresh = []
-                for n, c in enumerate(proposal.candidates):
-                    h = program_hash(c.schedule.mod)
-                    if h in ts.hashes:
-                        strategy.tell(c.id, Result(None, "duplicate program"))
-                        continue
-                    ts.hashes.add(h)
-                    fresh.append(n)
-                    keep.append(c)
-                    hashes.append(h)
-                # A strategy's own features serve when one round filled the batch.
-                if attempt == 0 and proposal.features is not None:
-                    feats = proposal.features[fresh]
-                if len(keep) >= size:
-                    break
+            seconds["spaces"] = time.perf_counter() - start - seconds["lease"]
+        k = ts.bandit.choose(exclude=ts.exhausted)
+        strategy = ts.strategies[k]
+        # With an applier TVM's work runs in Ray tasks, which hold the lease of their own node
+        # while they work; the driver only waits for them and must not hold its node's.
+        with contextlib.nullcontext() if strategy.applier is not None else self.measurer.cpu_work():
+            keep, hashes, rows = self._gather(i, k, size, seconds)
             if not keep:
                 return None
-            if feats is None or len(feats) != len(keep):
-                feats = cost_models.extract_features(task.mod, self.device.target, [c.schedule for c in keep])
+            # Only what the strategy did not featurize is extracted here: once per candidate.
+            missing = [n for n, f in enumerate(rows) if f is None]
+            if missing:
+                extracted = time.perf_counter()
+                got = cost_models.extract_features(task.mod, self.device.target, [keep[n].schedule for n in missing])
+                for j, n in enumerate(missing):
+                    rows[n] = got.candidate(j)
+                seconds["job_features"] = time.perf_counter() - extracted
+        feats = cost_models.StoreFeatures.from_list(rows)  # type: ignore[arg-type]
         # Counted when proposed, so the next batch, proposed while this one is in flight,
         # already sees this space's share (every space gets a first batch before a second).
         ts.bandit.update(k, len(keep), None)
-        futures = self.measurer.submit(task, [c.schedule.mod for c in keep])
-        return _Batch(i, k, keep, hashes, feats, futures)
+        submitted = time.perf_counter()
+        futures = self.measurer.submit(task, [c.mod for c in keep])
+        seconds["submit"] = time.perf_counter() - submitted
+        seconds["total"] = time.perf_counter() - start
+        return _Batch(i, k, keep, hashes, feats, futures, {w: round(v, 4) for w, v in seconds.items()})
+
+    def _gather(self, i: int, k: int, size: int,
+                seconds: dict[str, float]) -> tuple[list[Candidate], list[str], list[np.ndarray | None]]:  # fmt: skip
+        """Up to ``size`` candidates of task ``i``'s space ``k`` whose programs were never
+        measured, their program hashes, and the features the strategy made of them (None
+        where it made none).
+
+        Different knobs can give the same program: one measured already (by any job, any
+        teammate, or in flight) is not measured again; the strategy is told it as a failure
+        so it is not proposed again either, and is asked for more in its place.
+        """
+        ts, task = self.searches[i], self.tasks[i]
+        strategy = ts.strategies[k]
+        keep: list[Candidate] = []
+        hashes: list[str] = []
+        rows: list[np.ndarray | None] = []
+        for attempt in range(_PROPOSE_ROUNDS):
+            proposal = strategy.propose(size - len(keep), self.model)
+            for what, sec in proposal.seconds.items():
+                seconds[what] = seconds.get(what, 0.0) + sec
+            if not proposal.candidates:
+                if attempt == 0:
+                    logger.info("task %s: %s space exhausted", task.name, ts.kinds[k])
+                    ts.exhausted.add(k)
+                    if len(ts.exhausted) == len(ts.kinds):
+                        self.scheduler.retire(i, "search space exhausted")
+                break
+            made = proposal.features or [None] * len(proposal.candidates)
+            hashed = time.perf_counter()
+            for c, f in zip(proposal.candidates, made, strict=True):
+                h = c.program_hash
+                if h in ts.hashes:
+                    strategy.tell(c.id, Result(None, "duplicate program"))
+                    continue
+                ts.hashes.add(h)
+                keep.append(c)
+                hashes.append(h)
+                rows.append(f if f is not None or c.applied is None else c.applied.features)
+            seconds["hash"] = seconds.get("hash", 0.0) + time.perf_counter() - hashed
+            if len(keep) >= size:
+                break
+        return keep, hashes, rows
 
     def _results(self, batch: _Batch) -> list:
         """The batch's measurements. When the Ray cluster is lost (the measurer fails, or
@@ -586,11 +633,11 @@ class TuningJob:
         logger.warning("Ray cluster back after loss (%s); measuring the batch again", cause)
         self.measurer.close()
         self.measurer = RayMeasurer(self.device, self.config.measure)
-        mods = [c.schedule.mod for c in batch.candidates]
+        mods = [c.mod for c in batch.candidates]
         again = self.measurer.submit(self.tasks[batch.task], mods)
         # Batches proposed before the loss were submitted to the old measurer: submit them again.
         for other in self.inflight:
-            other.futures = self.measurer.submit(self.tasks[other.task], [c.schedule.mod for c in other.candidates])
+            other.futures = self.measurer.submit(self.tasks[other.task], [c.mod for c in other.candidates])
         return [f.result() for f in again]
 
     def _ray_alive(self) -> bool:
@@ -608,7 +655,9 @@ class TuningJob:
         i, task = batch.task, self.tasks[batch.task]
         ts = self.searches[i]
         kind = ts.kinds[batch.space]
+        waited = time.perf_counter()
         results = self._results(batch)
+        waited = time.perf_counter() - waited
         if all((m.run.error_msg or "").startswith("reference:") for m in results):
             logger.warning("task %s has no reference output (%s); skipped", task.name, results[0].error_msg)
             self.scheduler.retire(i, "no reference output")
@@ -618,15 +667,18 @@ class TuningJob:
         best, failed = None, 0
         for n, (c, h, m) in enumerate(zip(batch.candidates, batch.hashes, results, strict=True)):
             r = m.run
-            rec = ms.database.TuningRecord(c.schedule.trace, ms.database.Workload(task.mod),
-                                           r.run_secs or None, target, args_info)  # fmt: skip
+            # The trace comes as JSON (a Ray task may have applied the point): the record is
+            # made around an empty trace, then given the candidate's.
+            rec = ms.database.TuningRecord(Trace([], {}), ms.database.Workload(task.mod),
+                                           r.run_secs or None, target, args_info).as_json()  # fmt: skip
+            rec[0] = c.trace_json
             error = m.error_class
             msg = m.error_msg
             if error is None and r.early_stopped:
                 msg = f"stopped early: at least {min(r.run_secs):.3g} s (probe only)"
             records.append(NewRecord(
                 workload_key=task.workload_key, point=record_point(kind, c.point),
-                record_json=json.dumps(rec.as_json()), run_secs=r.run_secs,
+                record_json=json.dumps(rec), run_secs=r.run_secs,
                 error_class=str(error) if error else None, error_msg=msg,
                 build_sec=m.build.build_sec, program_hash=h, run_wall_sec=r.busy_s or None,
             ))  # fmt: skip
@@ -659,9 +711,14 @@ class TuningJob:
         for r in records:
             if r.error_class:
                 by_class[r.error_class] = by_class.get(r.error_class, 0) + 1
+        # What the batch cost the device and the builders, and how long the job waited for it
+        # (near 0: proposing, not measuring, sets the pace), to set against proposal times.
+        device_s = sum(m.run.busy_s for m in results)
+        build_s = sum(m.build.build_sec for m in results)
         self._emit("batch_done", task=i, task_name=task.name, space=kind, trials=len(batch.candidates),
                    errors=by_class, best_sec=best, task_best_sec=self.scheduler.best_sec[i],
-                   task_trials=self.scheduler.trials[i], trials_done=self.done, elapsed_s=self.elapsed_s)  # fmt: skip
+                   task_trials=self.scheduler.trials[i], trials_done=self.done, elapsed_s=self.elapsed_s,
+                   device_s=round(device_s, 4), build_s=round(build_s, 4), wait_s=round(waited, 4))  # fmt: skip
         if not was_done and self.scheduler.is_done(i):
             self._emit("task_done", task=i, task_name=task.name, reason=self.scheduler.done_reason(i),
                        best_sec=self.scheduler.best_sec[i])  # fmt: skip
@@ -679,7 +736,7 @@ class TuningJob:
         kinds = sorted(search_spaces.applicable_kinds(task.mod, target), key=lambda kind: kind == "sketch")
         spaces, strategies = [], []
         for k, kind in enumerate(kinds):
-            space = search_spaces.create(task.mod, target, kind=kind, seed=config.seed + 1)
+            space = search_spaces.create(task.mod, target, kind=kind, seed=self._space_seed)
             spaces.append(space)
             strategies.append(self._strategy(space, task, kind, seed=config.seed * 1009 + i * 31 + k))
         assert self.device_id is not None
@@ -689,12 +746,19 @@ class TuningJob:
         self.searches[i] = ts
         return ts
 
+    @property
+    def _space_seed(self) -> int:
+        return self.config.seed + 1
+
     def _strategy(self, space: search_spaces.SearchSpace, task: Task, kind: str, *, seed: int) -> SearchStrategy:
         # A study name that a rerun of the same job derives again, so Optuna resumes it.
         study = "/".join([self.model_name, self.device.fingerprint, task.workload_key, kind,
                           self.config.strategy, f"seed{self.config.seed}"])  # fmt: skip
-        options = {"seed": seed, "storage_url": self.db.url.render_as_string(hide_password=False),
-                   "study_name": study}  # fmt: skip
+        options: dict[str, Any] = {"seed": seed, "storage_url": self.db.url.render_as_string(hide_password=False),
+                                   "study_name": study}  # fmt: skip
+        if self.config.propose_on == "cluster":
+            spec = SpaceSpec.of(space, self.device.target_config, self._space_seed)
+            options["applier"] = Applier(spec)
         try:
             return search.create(self.config.strategy, space, **options)
         except ValueError as err:

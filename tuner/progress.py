@@ -8,10 +8,12 @@ and the rest the same way.
 
 Events, in order: ``job_start`` (job id and name, resumed or not, budget, trials cap, the
 tasks with their weight, FLOPs and reuse rule), ``batch_submitted`` (a batch proposed and
-sent to be built and timed), ``batch_done`` (per measured batch: task,
-trials, errors by class, the task's best), ``task_done`` (a task gets no more trials, and
-why), ``retry`` (the database or the Ray cluster is unreachable; waiting), ``job_end``
-(state ``done``/``stopped``/``failed``, why, totals).
+sent to be built and timed, with ``propose_s``: where proposing it went), ``batch_done``
+(per measured batch: task, trials, errors by class, the task's best, ``device_s``/``build_s``:
+the device's busy and the builds' CPU seconds, ``wait_s``: how long the job waited for it),
+``task_done`` (a task gets no more trials, and why), ``retry`` (the database or the Ray
+cluster is unreachable; waiting), ``job_end`` (state ``done``/``stopped``/``failed``, why,
+totals).
 """
 
 from __future__ import annotations
@@ -82,6 +84,10 @@ class JobProgress:
     state: str = "running"
     reason: str = ""
     retrying: str | None = None
+    #: Seconds spent proposing batches (``batch_submitted.propose_s.total``) and the device's
+    #: busy seconds on measured batches (``batch_done.device_s``), over this run.
+    propose_s: float = 0.0
+    device_s: float = 0.0
 
     def apply(self, ev: Event) -> None:
         """Take one event into account."""
@@ -96,7 +102,10 @@ class JobProgress:
             self.tasks = [TaskProgress(t["name"], t["workload_key"], t["weight"], t["flops"], t.get("reuse", "new"),
                                        t.get("trials", 0), 0, t.get("best_sec"), t.get("best_sec"), t.get("done"))
                           for t in ev["tasks"]]  # fmt: skip
+        elif kind == "batch_submitted":
+            self.propose_s += float((ev.get("propose_s") or {}).get("total", 0.0))
         elif kind == "batch_done":
+            self.device_s += float(ev.get("device_s", 0.0))
             t = self.tasks[ev["task"]]
             t.trials += ev["trials"]
             t.errors += sum(ev["errors"].values())
@@ -170,6 +179,7 @@ def render(p: JobProgress) -> Group:
         f"trials {p.trials_done}{cap}, {'-' if rate is None else f'{rate:.1f}'}/min; elapsed {_dur(p.elapsed_s)}"
         f"{'' if p.time_budget_s is None else f' of {_dur(p.time_budget_s)}'}; left {_dur(p.time_left_s)}",
         f"estimated latency (tuned tasks): start {_ms(start)} ms, now {_ms(now)} ms; errors: {errors}",
+        f"proposing {_dur(p.propose_s)}, device busy {_dur(p.device_s)}",
     ]
     if p.retrying:
         lines.append(f"[yellow]{p.retrying}[/]")

@@ -19,6 +19,8 @@ from tvm.s_tir import Schedule
 from search_spaces import Point, SearchSpace
 from tuner import search
 from tuner.search import Result, SearchStrategy
+from tuner.search import base as search_base
+from tuner.tasks import program_hash
 
 STRATEGIES = search.strategies()
 # Spaces every strategy is run on: (space kind, task).
@@ -75,8 +77,13 @@ def test_proposes_valid_unseen_distinct_points(name, space):
     strategy = make(name, space, seed=3)
     told: set[str] = set()
     for n in (4, 1, 2, 3):
+        built = space.built.copy()
         prop = strategy.propose(n)
         ids = [c.id for c in prop.candidates]
+        # Each point is built (a sketch replayed, a template applied) at most once: the
+        # schedule made while validating a sample is the one the candidate carries.
+        twice = [i for i in ids if space.built[i] - built[i] > 1]
+        assert not twice, f"{len(twice)} candidates built more than once"
         assert 1 <= len(ids) <= n
         assert len(set(ids)) == len(ids), "a batch repeats a point"
         assert not set(ids) & told, "a point measured before was proposed again"
@@ -279,7 +286,7 @@ def test_studies_of_an_earlier_nightshift_are_not_lost_silently(db_url, tmp_path
     assert any(where in r.getMessage() and "no longer read" in r.getMessage() for r in caplog.records)
 
 
-def test_proposes_with_a_trained_cost_model(name):
+def test_proposes_with_a_trained_cost_model(name, monkeypatch):
     """With a model trained on measured points, proposals still obey the contract (the
     evolutionary strategy ranks its pool with it)."""
     import cost_models
@@ -293,8 +300,27 @@ def test_proposes_with_a_trained_cost_model(name):
     strategy = make(name, space, seed=7)
     for c in cands:
         strategy.tell(c.id, Result(synthetic_sec(space, c.point)))
+    featurized: list[str] = []
+    real = search_base.extract_features
+
+    def counting(mod, target, schedules):
+        featurized.extend(program_hash(s.mod) for s in schedules)
+        return real(mod, target, schedules)
+
+    monkeypatch.setattr(search_base, "extract_features", counting)
     prop = strategy.propose(6, model)
     ids = [c.id for c in prop.candidates]
     assert 1 <= len(ids) <= 6 and len(set(ids)) == len(ids)
     assert not set(ids) & {c.id for c in cands}
     assert all(space.is_valid(c.point) for c in prop.candidates)
+    # Features are extracted once per candidate, and the ones the strategy extracted come
+    # with the proposal (the job extracts only the rest).
+    assert len(featurized) == len(set(featurized)), "a candidate was featurized twice"
+    if name == "evolutionary":
+        assert prop.features is not None, "the ranked candidates' features were not handed over"
+    if prop.features is not None:
+        assert len(prop.features) == len(ids)
+        for c, rows in zip(prop.candidates, prop.features, strict=True):
+            if rows is not None:
+                again = cost_models.extract_features(space.mod, space.target, [c.schedule]).candidate(0)
+                np.testing.assert_allclose(rows, again, rtol=1e-5)

@@ -69,6 +69,22 @@ def test_apply_is_deterministic_and_json_round_trips(case_space):
         assert tvm_ffi.structural_equal(first, sp.apply(back).mod)
 
 
+def test_a_sampled_point_is_built_once_and_its_schedule_is_the_replayed_one(case_space):
+    """``sample`` validates a point by building it; that schedule is the one ``apply`` hands
+    out (no second replay), and it is the schedule the point gives built from scratch."""
+    sp = case_space
+    rng = np.random.default_rng(11)
+    for _ in range(3):
+        before = sp.built.copy()
+        p = sp.sample(rng)
+        sch = sp.apply(p)
+        sp.check(p)
+        assert sp.built[p.to_json()] - before[p.to_json()] <= 1, "a sampled point was built twice"
+        fresh = sp._schedule(p)
+        assert tvm_ffi.structural_equal(sch.mod, fresh.mod)
+        assert str(sch.trace) == str(fresh.trace)
+
+
 def test_apply_returns_a_fresh_schedule(case_space):
     sp = case_space
     p = sp.sample(np.random.default_rng(3))

@@ -9,7 +9,7 @@ import numpy as np
 
 from cost_models import CostModel
 from search_spaces import Point, SearchSpace
-from tuner.search.base import Candidate, Proposal, SearchStrategy, score
+from tuner.search.base import Candidate, Proposal, SearchStrategy
 
 logger = logging.getLogger(__name__)
 
@@ -62,8 +62,7 @@ class EvolutionarySearch(SearchStrategy):
         parents: list[Candidate] = []
         # Measured parents' fitness before the model knows anything: their measured speed.
         fitness: dict[str, float] = {}
-        for sec, p in measured:
-            cand = self._apply(p)
+        for (sec, _), cand in zip(measured, self._apply_many([p for _, p in measured]), strict=True):
             if cand is not None:
                 parents.append(cand)
                 fitness[cand.id] = measured[0][0] / sec
@@ -76,7 +75,7 @@ class EvolutionarySearch(SearchStrategy):
         fresh = self._fresh(max(self.population - len(parents), 0)) if trained else []
         pop = parents + fresh
         pool: dict[str, Candidate] = {c.id: c for c in fresh}
-        scores = self._score(model if trained else None, pop, fitness)
+        scores = self._rank(model if trained else None, pop, fitness)
         for _ in range(self.generations):
             born = self._children(pop, scores, max(self.children_per_candidate * n, self.population), pool)
             children = [c for c, _ in born]
@@ -85,7 +84,7 @@ class EvolutionarySearch(SearchStrategy):
                 # Without a model a child is presumed a little worse than its parent: the
                 # children of the fastest measured points go first, fresh samples last.
                 fitness[c.id] = 0.9 * fitness.get(parent, 0.0)
-            child_scores = self._score(model if trained else None, children, fitness)
+            child_scores = self._rank(model if trained else None, children, fitness)
             merged = pop + children
             all_scores = np.concatenate([scores, child_scores])
             keep = np.argsort(-all_scores, kind="stable")[: self.population]
@@ -99,12 +98,12 @@ class EvolutionarySearch(SearchStrategy):
         chosen += self._fresh(n - len(chosen), exclude=taken)
         return Proposal(chosen)
 
-    def _score(self, model: CostModel | None, cands: list[Candidate], fitness: dict[str, float]) -> np.ndarray:
+    def _rank(self, model: CostModel | None, cands: list[Candidate], fitness: dict[str, float]) -> np.ndarray:
         if not cands:
             return np.zeros(0)
         if model is None:
             return np.array([fitness.get(c.id, 0.0) for c in cands])
-        return score(model, self.space, cands)[1]
+        return self._score(model, cands)
 
     def _children(self, pop: list[Candidate], scores: np.ndarray, count: int,
                   pool: dict[str, Candidate]) -> list[tuple[Candidate, str]]:  # fmt: skip
@@ -121,25 +120,31 @@ class EvolutionarySearch(SearchStrategy):
         for i, c in enumerate(pop):
             by_sketch.setdefault(c.point.sketch, []).append(i)
         out: dict[str, tuple[Candidate, str]] = {}
-        for _ in range(4 * count):
-            if len(out) >= count:
-                break
-            a = pop[int(self.rng.choice(len(pop), p=weights))]
-            mates = [i for i in by_sketch[a.point.sketch] if pop[i].id != a.id]
-            if mates and self.rng.random() < self.crossover:
-                w = weights[mates] / weights[mates].sum()
-                b = pop[int(self.rng.choice(mates, p=w))]
-                child = self._crossover(a.point, b.point)
-            else:
-                child = self._mutate(a.point)
-            if child is None:
-                continue
-            key = child.to_json()
-            if self._is_seen(key) or key in pool or key in out:
-                continue
-            cand = self._apply(child)
-            if cand is not None:
-                out[key] = (cand, a.id)
+        draws = 0
+        # Children are drawn as points, then applied together (one round of Ray tasks with an
+        # applier); the rounds repeat while some were invalid.
+        while len(out) < count and draws < 4 * count:
+            points: dict[str, tuple[Point, str]] = {}
+            while len(out) + len(points) < count and draws < 4 * count:
+                draws += 1
+                a = pop[int(self.rng.choice(len(pop), p=weights))]
+                mates = [i for i in by_sketch[a.point.sketch] if pop[i].id != a.id]
+                if mates and self.rng.random() < self.crossover:
+                    w = weights[mates] / weights[mates].sum()
+                    b = pop[int(self.rng.choice(mates, p=w))]
+                    child = self._crossover(a.point, b.point)
+                else:
+                    child = self._mutate(a.point)
+                if child is None:
+                    continue
+                key = child.to_json()
+                if self._is_seen(key) or key in pool or key in out or key in points:
+                    continue
+                points[key] = (child, a.id)
+            made = self._apply_many([p for p, _ in points.values()])
+            for (key, (_, parent)), cand in zip(points.items(), made, strict=True):
+                if cand is not None:
+                    out[key] = (cand, parent)
         return list(out.values())
 
     def _mutate(self, point: Point) -> Point | None:

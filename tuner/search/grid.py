@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from cost_models import CostModel
 from search_spaces import Point, SearchSpace
-from tuner.search.base import MAX_ENUMERATE, Proposal, SearchStrategy
+from tuner.search.base import MAX_ENUMERATE, Candidate, Proposal, SearchStrategy
 
 logger = logging.getLogger(__name__)
 
@@ -38,14 +38,12 @@ class GridSearch(SearchStrategy):
                 yield Point(s, tuple(values))
 
     def _propose(self, n: int, model: CostModel | None) -> Proposal:
-        out = []
-        for p in self._walk:
-            # Seen points are skipped before applying: a resumed grid costs no replays.
-            if self._is_seen(p.to_json()):
-                continue
-            cand = self._apply(p)
-            if cand is not None:
-                out.append(cand)
-                if len(out) == n:
-                    break
+        out: list[Candidate] = []
+        while len(out) < n:
+            # Seen points are skipped before applying: a resumed grid costs no replays. What
+            # is still wanted is applied together (one round of Ray tasks with an applier).
+            points = list(itertools.islice((p for p in self._walk if not self._is_seen(p.to_json())), n - len(out)))
+            if not points:
+                break
+            out += [c for c in self._apply_many(points) if c is not None]
         return Proposal(out)
