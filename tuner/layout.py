@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import tvm
@@ -422,9 +422,9 @@ def auto_layouts(target: tvm.target.Target) -> tuple[str, ...]:
     the target's blocked layout (:meth:`LayoutPlan.for_target`) and NCHW; NCHW alone where
     no blocked layout applies (CUDA, CPUs without AVX2).
 
-    NHWC is not a candidate: on ResNet-50's convs its spaces' best points ran 2-4x slower
-    than the blocked layout's at equal trials (benchmarks/README.md, issue 9), so its trials
-    would be spent to confirm a loser.
+    NHWC is not a candidate by default: each candidate layout costs every conv a probe batch,
+    and NHWC's spaces were not measured competitive here (pass it explicitly to
+    :func:`tuner.tasks.extract_layout_tasks` and :func:`choose_from_database` to weigh it).
     """
     preferred = LayoutPlan.for_target(target).default
     return (preferred,) if preferred == NCHW else (preferred, NCHW)
@@ -648,3 +648,41 @@ def _conv_shape(call: relax.Call) -> str:
     groups = int(call.attrs.groups)
     grouped = f" /{groups}" if groups != 1 else ""
     return f"{kh}x{kw} {in_ch * groups}->{out_ch}{grouped} {h}x{w}"
+
+
+_SUMMARY_LAYOUT = re.compile(r" layout=(\S+)$")
+
+
+def stored_layouts(db, keys: Collection[str] | None = None) -> dict[str, str]:
+    """The conv layout of each stored workload (of ``keys``, default all) that has a conv:
+    the layout every record of that workload belongs to.
+
+    Read from the workload's summary (``... layout=NCHW8c``, written since the layout became
+    a tuning decision); a workload stored before that is read from its serialized PrimFunc.
+    SQL reaches the same facts: ``SELECT key FROM workloads WHERE summary LIKE '% layout=NCHW'``.
+    """
+    import json
+
+    from sqlalchemy import select
+    from tvm.s_tir.meta_schedule.database import Workload
+
+    from tuner.db.schema import WorkloadRow
+
+    stmt = select(WorkloadRow.key, WorkloadRow.summary, WorkloadRow.workload_json)
+    if keys is not None:
+        stmt = stmt.where(WorkloadRow.key.in_(list(keys)))
+    with db.session(write=False) as s:
+        rows = list(s.execute(stmt))
+    found: dict[str, str] = {}
+    for key, summary, workload_json in rows:
+        if summary and (m := _SUMMARY_LAYOUT.search(summary)):
+            found[key] = m.group(1)
+            continue
+        try:
+            layout = task_layout(Workload.from_json(json.loads(workload_json)).mod)
+        except Exception as err:  # a workload of another TVM version may not load: no layout known
+            logger.debug("workload %s: %s", key, err)
+            continue
+        if layout:
+            found[key] = layout
+    return found
