@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 import tvm
+from sqlalchemy import text
 from tvm import relax
 from tvm.relax.frontend import nn
 
@@ -351,8 +352,15 @@ def test_chooser_mixes_layouts_from_stored_records_and_the_model_stays_correct(t
     assert choice.bandwidth_measured  # from the NCHW8c plan's input/output transform tasks
     assert choice.seconds < min(choice.candidates["NCHW8c"], choice.candidates["NCHW"])
     assert [c.seconds for c in choice.convs] == [{"NCHW8c": 6e-4, "NCHW": 1e-4}, {"NCHW8c": 1e-4, "NCHW": 6e-4}]
-    assert stored_layouts(db, [t.workload_key for t in tasks if t.layout]) == {t.workload_key: t.layout
-                                                                               for t in tasks if t.layout}
+    # The database says which layout each record belongs to: from the workload's summary, or
+    # (rows written before it named the layout) from the stored PrimFunc.
+    layouts = {t.workload_key: t.layout for t in tasks if t.layout}
+    assert stored_layouts(db) == layouts
+    with db.session() as s:
+        hits = s.execute(text("SELECT key FROM workloads WHERE summary LIKE '% layout=NCHW'")).scalars().all()
+        assert set(hits) == {k for k, v in layouts.items() if v == "NCHW"}
+        s.execute(text("UPDATE workloads SET summary = NULL"))
+    assert stored_layouts(db, list(layouts)) == layouts
     compiled = compile_model(spec, cpu_device, db, plan=choice.plan)
     conv_keys = {t.workload_key for t in tasks if t.layout}
     used = {k for k in compiled.decisions if k in conv_keys}
