@@ -224,7 +224,8 @@ def test_a_clearly_losing_layout_stops_getting_trials(mod):
     curves = [power_law(0.01, 0.5), power_law(0.03, 0.5),  # conv 0: blocked wins by 3x
               power_law(0.01, 0.5), power_law(0.009, 0.5)]  # conv 1: NCHW a little faster  # fmt: skip
     sched = TaskScheduler(tasks, epsilon=0.0, patience=10**6)
-    run(sched, curves, budget=640)
+    order = run(sched, curves, budget=640)
+    assert order[:4] == [0, 2, 1, 3]  # the preferred layout first, then the probes
     assert sched.first_batch_size(0, 16) == 16  # already measured: full batches from now on
     assert sched.trials[1] <= 8 + 16, sched.trials  # its probe, at most one batch more
     assert sched.trials[0] >= 8 * sched.trials[1], sched.trials

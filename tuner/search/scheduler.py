@@ -170,7 +170,8 @@ class TaskScheduler:
         """Index of the task to give the next batch to.
 
         Tasks never updated come first, in the order given (the job passes them heaviest
-        first); then the steepest gradient, or with probability ``epsilon`` a random task.
+        first), probes of alternatives after the rest; then the steepest gradient, or with
+        probability ``epsilon`` a random task.
 
         Args:
             exclude: indices not to choose now (e.g. tasks whose first batch is in flight).
@@ -182,9 +183,10 @@ class TaskScheduler:
         live = [i for i in range(len(self.tasks)) if i not in self._done and i not in exclude]
         if not live:
             raise NoTaskAvailable(f"all {len(self.tasks)} tasks are done or excluded")
-        for i in live:
-            if not self._history[i]:
-                return i
+        # Probes of alternatives come last: on a small budget the preferred layout gets measured.
+        fresh = [i for i in live if not self._history[i]]
+        if fresh:
+            return min(fresh, key=lambda i: (self._alternatives[i] is not None and self.tasks[i].choice_rank > 0, i))
         if self._rng.random() < self.epsilon:
             return self._rng.choice(live)
         grads = {i: self.gradient(i) for i in live}
