@@ -491,17 +491,21 @@ def measured_bandwidth(plans: Sequence[PlanWorkloads], best_seconds: Callable[[s
     return sorted(rates)[len(rates) // 2] if rates else None
 
 
-def plan_seconds(pw: PlanWorkloads, best_seconds: Callable[[str], float | None], bandwidth: float) -> float:
+def plan_seconds(pw: PlanWorkloads, best_seconds: Callable[[str], float | None], bandwidth: float,
+                 blind: Collection[str] = ()) -> float:  # fmt: skip
     """A plan's estimated model latency: every task's weight x best measured seconds; a task
     without a record costs its bytes at ``bandwidth`` (the transforms and elementwise ops a
-    mixed plan adds), except a conv, which makes the plan unmeasured (inf)."""
-    convs = set(pw.conv_keys)
+    mixed plan adds), except a conv, which makes the plan unmeasured (inf), unless it is in
+    ``blind`` (convs measured in no candidate layout: they cost nothing in every plan)."""
+    convs = set(pw.conv_keys) - set(blind)
     total = 0.0
     for key, (_name, weight, task) in pw.tasks.items():
         sec = best_seconds(key)
         if sec is None:
             if key in convs:
                 return math.inf
+            if key in blind:
+                continue
             sec = io_bytes(task) / bandwidth
         total += weight * sec
     return total
@@ -605,7 +609,8 @@ def choose_from_database(
     really gives the model (:func:`plan_seconds`): every transform, residual ones included,
     and every operator in the layout it ends up in. The cheapest wins, so the choice is never
     estimated slower than the best single layout. A conv measured in no layout costs nothing
-    in each, so only the transforms decide it.
+    in each, so only the transforms decide it; a plan that puts a conv in a layout it was not
+    measured in is unmeasured (inf). When no plan is measured, the target's default plan.
     """
     LayoutPlan(NCHW, tuple(layouts))  # rejects unknown layouts and mixed blocks up front
     uniform = [plan_workloads(mod, target, LayoutPlan(layout), precision=precision) for layout in layouts]
@@ -623,13 +628,14 @@ def choose_from_database(
         return transform_seconds(elements[i], bytes_per_element=itemsize, bandwidth=bw)
 
     chain = choose_layouts([c or dict.fromkeys(layouts, 0.0) for c in conv_seconds], cost)
-    candidates = {pw.plan.default: (pw, plan_seconds(pw, best_seconds, bw)) for pw in uniform}
+    blind = {pw.conv_keys[i] for i, c in enumerate(conv_seconds) if not c for pw in uniform}
+    candidates = {pw.plan.default: (pw, plan_seconds(pw, best_seconds, bw, blind)) for pw in uniform}
     chain_plan = chain.plan
     if len(set(chain_plan.layouts)) == 1:
         chain_plan = LayoutPlan(chain_plan.layouts[0])
     if str(chain_plan) not in candidates:
         pw = plan_workloads(mod, target, chain_plan, precision=precision)
-        candidates["per-conv chain"] = (pw, plan_seconds(pw, best_seconds, bw))
+        candidates["per-conv chain"] = (pw, plan_seconds(pw, best_seconds, bw, blind))
     # min keeps the first of equals: the preferred layout.
     best_pw, best_sec = min(candidates.values(), key=lambda c: c[1])
     if not math.isfinite(best_sec):
