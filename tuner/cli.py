@@ -273,6 +273,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         # The local cluster's processes (its device actor's TVM thread pool included) would
         # share the cores with the closing timings.
         ray.shutdown()
+    if _auto_layouts(args, device) is not None:
+        _plan(args, device, db, spec)  # say which layout each conv gets, and why, even without -o
     if args.no_verify:
         return 0
     if device.kind == "cuda":
