@@ -387,3 +387,17 @@ def test_measured_dear_transforms_keep_one_layout(tiny, cpu_device, tmp_path):
     assert choice.bandwidth_measured and choice.bandwidth < 1e8
     assert len(set(choice.plan.layouts or (choice.plan.default,))) == 1
     assert choice.seconds <= min(choice.candidates.values())
+
+
+def test_a_conv_measured_in_no_layout_leaves_the_choice_to_the_others(tiny, cpu_device, tmp_path):
+    """A partly tuned database: conv 0 has no record in any layout, conv 1 in both. The plan
+    is still chosen from conv 1's measurements; a layout conv 1 lacks would be unmeasured."""
+    spec, bound, _ = tiny
+    db = TuningDatabase(str(tmp_path / "partial.db"))
+    tasks = extract_layout_tasks(bound, cpu_device.target, ("NCHW8c", "NCHW"))
+    first = {t.workload_key for t in tasks if t.layout and int(t.mod["main"].params[0].shape[1 if t.layout == "NCHW"
+                                                                                           else -1]) == 3}  # fmt: skip
+    assert len(first) == 2
+    _store(db, cpu_device, [t for t in tasks if t.workload_key not in first], _conv_seconds({0: "NCHW", 1: "NCHW"}))
+    choice = choose_layout(spec, cpu_device, db, ("NCHW8c", "NCHW"))
+    assert choice.measured and choice.convs[0].seconds == {} and choice.convs[1].layout == "NCHW"
