@@ -407,7 +407,9 @@ def _verify(spec, device, db, output: Path | None, source: str | None = None, *,
         out.print(f"max relative output difference vs {check.reference} {check.max_error:.2e}")
     if output is not None:
         meta = write_artifact(output, tuned, spec, device, latency_s=tuned_lat, untuned_latency_s=base_lat,
-                              verification=check, job=job, source=source, tasks=tasks, outputs=tuned_out)
+                              verification=check, job=job, source=source, outputs=tuned_out,
+                              # Under --layout auto the job tuned convs in layouts the plan leaves out.
+                              tasks=[t for t in tasks if t.workload_key in tuned.decisions] or tasks)
         out.print(f"wrote {output} (metadata {meta}); run it with: nightshift run {output} --input x.npy")
     if not check.ok:
         console.print(f"[red]error:[/] the tuned model's output differs from the {check.reference}'s")
