@@ -64,6 +64,8 @@ class BenchConfig:
         precision: the TVM builds' precision (``fp32``, ``bf16``, ``int8``; see
             :mod:`tuner.precision`); other than fp32, their accuracy against TVM's fp32
             build is measured on ``accuracy_inputs`` inputs.
+        layout_choice: how ``--layout auto`` chose ``plan`` (a
+            :class:`tuner.layout.PlanChoice`), recorded in the JSON; None for a fixed plan.
     """
 
     rounds: int = 10
@@ -76,6 +78,7 @@ class BenchConfig:
     plan: Any = None
     precision: str = "fp32"
     accuracy_inputs: int = 8
+    layout_choice: Any = None
 
     def __post_init__(self) -> None:
         if self.rounds < 1:
@@ -194,6 +197,8 @@ class BenchResult:
             "fastest_peer": self.fastest_peer,
             "ok": self.ok,
             "precision": self.config.precision,
+            "layout_plan": None if self.config.plan is None else str(self.config.plan),
+            "layout_choice": None if self.config.layout_choice is None else self.config.layout_choice.to_json(),
             "accuracy_vs_fp32": self.accuracy.to_json() if self.accuracy is not None else None,
             "order": self.order,
             "entries": [

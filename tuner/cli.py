@@ -38,7 +38,8 @@ def _add_model_args(p: argparse.ArgumentParser, *, required: bool = True) -> Non
     p.add_argument("--batch-size", type=int, default=1, help="model batch size (default 1)")
     p.add_argument("--dtype", default="float32", help="zoo models' dtype (default float32)")
     p.add_argument("--layout", default=None, choices=("auto", "NCHW", "NHWC", "NCHWc"),
-                   help="convs' data layout; auto (default): NCHWc blocked by the vector width on x86 AVX2/AVX-512")
+                   help="convs' data layout; auto (default): on x86 with AVX2/AVX-512, tune each conv in NCHWc "
+                        "(blocked by the vector width) and NCHW, compile each in the layout its measurements favour")
     p.add_argument("--precision", default=None, choices=("fp32", "bf16", "int8"),
                    help="fp32 (default); bf16 (needs AVX512_BF16 or AMX); int8 from a QDQ model (needs VNNI)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -107,19 +108,82 @@ def _load(args: argparse.Namespace):
     return device, spec
 
 
-def _plan(args: argparse.Namespace, device):
+def _auto_layouts(args: argparse.Namespace, device) -> tuple[str, ...] | None:
+    """The layouts ``--layout auto`` tunes and chooses between for this device, or None where
+    it is a fixed plan (an explicit --layout, a reduced precision, one candidate layout)."""
+    from tuner.layout import auto_layouts
+
+    if (getattr(args, "layout", None) or "auto") != "auto" or (args.precision or "fp32") != "fp32":
+        return None
+    layouts = auto_layouts(device.target)
+    return layouts if len(layouts) > 1 else None
+
+
+def _extract(args: argparse.Namespace, device, spec):
+    """The tasks to tune: with a measured ``--layout auto``, every conv in each candidate layout."""
+    from tuner.tasks import extract_layout_tasks, extract_tasks
+
+    layouts = _auto_layouts(args, device)
+    if layouts is not None:
+        return extract_layout_tasks(spec.bound(), device.target, layouts, precision=args.precision)
+    return extract_tasks(spec.bound(), device.target, _plan(args, device), precision=args.precision)
+
+
+def _plan(args: argparse.Namespace, device, db=None, spec=None):
+    """The layout plan of ``--layout``; for ``auto`` with a database, the per-conv plan its
+    measurements favour (:func:`tuner.layout.choose_from_database`), chosen once per command
+    and printed with the measured costs behind it."""
     from tuner.layout import LayoutPlan
 
-    return LayoutPlan.parse(getattr(args, "layout", None) or "auto", device.target)
+    layouts = _auto_layouts(args, device) if db is not None and spec is not None else None
+    if layouts is None:
+        return LayoutPlan.parse(getattr(args, "layout", None) or "auto", device.target)
+    chosen = getattr(args, "chosen_layout", None)
+    if chosen is None:
+        with console.status("choosing each conv's layout from the measurements"):
+            chosen = args.chosen_layout = choose_layout(spec, device, db, layouts, args.precision)
+        print_layout_choice(chosen, layouts)
+    return chosen.plan
+
+
+def choose_layout(spec, device, db, layouts: Sequence[str], precision: str = "fp32"):
+    """:func:`tuner.layout.choose_from_database` on ``db``'s best records for ``device``
+    (same-architecture records where the device has none, as the compiler uses them)."""
+    from tuner.layout import choose_from_database
+    from tuner.precision import apply_precision
+
+    dev_id = db.find_device_id(device)
+    cache: dict[str, float | None] = {}
+
+    def best(key: str) -> float | None:
+        if key not in cache:
+            found = db.lookup(key, dev_id, policy="same-arch") if dev_id is not None else []
+            cache[key] = found[0].row.mean_sec if found else None
+        return cache[key]
+
+    return choose_from_database(apply_precision(spec.bound(), precision), device.target, best, layouts,
+                                precision=precision)  # fmt: skip
+
+
+def print_layout_choice(choice, layouts: Sequence[str]) -> None:
+    """Each conv's layout and the measured bests it was chosen from, then the plans weighed."""
+    table = Table(title="--layout auto: each conv's layout from the measured bests (ms)")
+    for col in ("#", "conv", "layout", *layouts):
+        table.add_column(col, justify="left" if col in ("conv", "layout") else "right")
+    for c in choice.convs:
+        cells = [f"{c.seconds[x] * 1e3:.3f}" if x in c.seconds else "-" for x in layouts]
+        table.add_row(str(c.index), c.shape, c.layout, *cells)
+    out.print(table)
+    source = "measured layout_transform tasks" if choice.bandwidth_measured else "no transform measured, assumed"
+    out.print(f"layout plan {choice.plan}: {choice.describe()}; a transform moves {choice.bandwidth / 1e9:.1f} "
+              f"GB/s ({source})", highlight=False, soft_wrap=True)  # fmt: skip
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
     """Print the model's fused-operator tasks."""
-    from tuner.tasks import extract_tasks
-
     device, spec = _load(args)
     with console.status("extracting tasks"):
-        tasks = extract_tasks(spec.bound(), device.target, _plan(args, device), precision=args.precision)
+        tasks = _extract(args, device, spec)
     table = Table(title=f"{spec.name} on {device.name} ({device.arch}), {args.precision}: {len(tasks)} tasks")
     for col in ("#", "task", "layout", "weight", "MFLOP", "workload key"):
         table.add_column(col, justify="right" if col in ("#", "weight", "MFLOP") else "left")
@@ -148,7 +212,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from tuner.measure.ray_measure import MeasureConfig, connect
     from tuner.measure.submit import check_address, is_jobs_address, submit
     from tuner.progress import JsonLog, LiveView
-    from tuner.tasks import extract_tasks
 
     check_address(args.ray_address)
     if is_jobs_address(args.ray_address):  # the driver runs on the head; this process follows it
@@ -175,7 +238,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             raise UserInputError(f"cannot write --log-json {args.log_json}: {err.strerror}") from err
     db = _open_db(args.db, create=True)
     with console.status("extracting tasks"):
-        tasks = extract_tasks(spec.bound(), device.target, _plan(args, device), precision=args.precision)
+        tasks = _extract(args, device, spec)
     from tuner.db import redact
 
     _print_precision(spec, args.precision)
@@ -210,6 +273,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         # The local cluster's processes (its device actor's TVM thread pool included) would
         # share the cores with the closing timings.
         ray.shutdown()
+    if _auto_layouts(args, device) is not None:
+        _plan(args, device, db, spec)  # say which layout each conv gets, and why, even without -o
     if args.no_verify:
         return 0
     if device.kind == "cuda":
@@ -222,7 +287,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.precision != "fp32":
         return _verify_reduced(spec, device, db, args.output, plan=_plan(args, device), precision=args.precision,
                                num_inputs=args.accuracy_inputs)  # fmt: skip
-    return _verify(spec, device, db, args.output, source=args.model, plan=_plan(args, device),
+    return _verify(spec, device, db, args.output, source=args.model, plan=_plan(args, device, db, spec),
                    job={"id": summary.job_id, "name": summary.name}, tasks=tasks)
 
 
@@ -342,7 +407,9 @@ def _verify(spec, device, db, output: Path | None, source: str | None = None, *,
         out.print(f"max relative output difference vs {check.reference} {check.max_error:.2e}")
     if output is not None:
         meta = write_artifact(output, tuned, spec, device, latency_s=tuned_lat, untuned_latency_s=base_lat,
-                              verification=check, job=job, source=source, tasks=tasks, outputs=tuned_out)
+                              verification=check, job=job, source=source, outputs=tuned_out,
+                              # Under --layout auto the job tuned convs in layouts the plan leaves out.
+                              tasks=[t for t in tasks if t.workload_key in tuned.decisions] or tasks)
         out.print(f"wrote {output} (metadata {meta}); run it with: nightshift run {output} --input x.npy")
     if not check.ok:
         console.print(f"[red]error:[/] the tuned model's output differs from the {check.reference}'s")
@@ -369,7 +436,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     device, spec = _load(args)
     db = _open_db(args.db)
     with console.status("compiling"):
-        compiled = compile_model(spec, device, db, policy=args.policy, plan=_plan(args, device),
+        compiled = compile_model(spec, device, db, policy=args.policy, plan=_plan(args, device, db, spec),
                                  precision=args.precision)  # fmt: skip
     table = Table(title=f"{spec.name} on {device.name} ({device.arch}), {args.precision}: what each operator got")
     for col in ("operator", "schedule", "detail"):
@@ -391,7 +458,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     if verify_wanted(args.verify, spec, device):
         with console.status("checking the output against the untuned build"):
-            worst = verify_model(spec, device, compiled, plan=_plan(args, device))
+            worst = verify_model(spec, device, compiled, plan=_plan(args, device, db, spec))
         if worst is not None:
             console.print(f"[red]error:[/] the compiled model's output differs from the untuned build's "
                           f"(max relative difference {worst:.2e}); {args.output} not written")
@@ -411,9 +478,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json is not None and not args.json.parent.is_dir():
         raise UserInputError(f"--json {args.json}: folder {args.json.parent} does not exist")
     device, spec = _load(args)
-    config = BenchConfig(rounds=args.rounds, peers=tuple(args.peers), plan=_plan(args, device),
-                         precision=args.precision, accuracy_inputs=args.accuracy_inputs)  # fmt: skip
     db = _open_db(args.db)
+    plan = _plan(args, device, db, spec)
+    config = BenchConfig(rounds=args.rounds, peers=tuple(args.peers), plan=plan, precision=args.precision,
+                         accuracy_inputs=args.accuracy_inputs,
+                         layout_choice=getattr(args, "chosen_layout", None))  # fmt: skip
     with console.status("benchmarking") as status:
         result = bench(spec, device, db, source=args.model, config=config,
                        on_stage=lambda text: status.update(text))  # fmt: skip

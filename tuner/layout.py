@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import tvm
@@ -55,8 +55,17 @@ def check_layout(layout: str) -> str:
 
 def vector_lanes(target: tvm.target.Target) -> int:
     """fp32 lanes of the target's vector registers (16 with AVX-512, 8 with AVX2)."""
+    from tvm.target import codegen
+
     from search_spaces.constraints import limits_for
 
+    if str(target.kind.name) == "llvm" and _is_x86(target):
+        # TVM 0.27's llvm_get_vector_width says 512 for every x86 mcpu (haswell and znver3
+        # included), so x86 asks LLVM about the features themselves.
+        for feature, lanes in (("avx512f", 16), ("avx2", 8), ("avx", 8)):
+            if codegen.target_has_features(feature, target):
+                return lanes
+        return 4
     return limits_for(target).vector_bits // 32
 
 
@@ -395,28 +404,181 @@ def task_layout(mod: tvm.IRModule) -> str:
     return ""
 
 
-def conv_task_keys(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> list[str]:
-    """For each conv of a bound module, in plan order, the workload key of the fused task
-    that computes it under ``plan`` (the key :func:`tuner.tasks.extract_tasks` gives it)."""
-    from tuner.tasks import fuse, workload_key  # tuner.tasks imports this module
+def io_bytes(mod: tvm.IRModule) -> int:
+    """Bytes of every tensor argument of a task's ``main``: what a memory-bound operator (a
+    layout transform) reads and writes once."""
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    total = 0
+    for arg in ArgInfo.from_prim_func(mod["main"]):
+        shape, dtype = getattr(arg, "shape", None), getattr(arg, "dtype", None)
+        if shape is not None and dtype is not None:
+            total += math.prod(int(d) for d in shape) * tvm.DataType(str(dtype)).bits // 8
+    return total
+
+
+def auto_layouts(target: tvm.target.Target) -> tuple[str, ...]:
+    """The layouts ``--layout auto`` tunes every conv in and chooses between, preferred first:
+    the target's blocked layout (:meth:`LayoutPlan.for_target`) and NCHW; NCHW alone where
+    no blocked layout applies (CUDA, CPUs without AVX2).
+
+    NHWC is not a candidate by default: each candidate layout costs every conv a probe batch,
+    and NHWC's spaces were not measured competitive here (pass it explicitly to
+    :func:`tuner.tasks.extract_layout_tasks` and :func:`choose_from_database` to weigh it).
+    """
+    preferred = LayoutPlan.for_target(target).default
+    return (preferred,) if preferred == NCHW else (preferred, NCHW)
+
+
+@dataclass(frozen=True)
+class PlanWorkloads:
+    """The fused tasks a plan gives a model: ``tasks`` maps workload keys to (name, weight,
+    task module); ``conv_keys`` is each conv's task key in plan order."""
+
+    plan: LayoutPlan
+    tasks: dict[str, tuple[str, int, tvm.IRModule]]
+    conv_keys: list[str]
+
+
+def plan_workloads(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan, *,
+                   precision: str = "fp32") -> PlanWorkloads:  # fmt: skip
+    """The tasks of a bound module (already in ``precision``) under ``plan``, with the keys
+    :func:`tuner.tasks.extract_tasks` gives them (without MetaSchedule's extraction)."""
+    from tuner.tasks import fuse, fused_conv_keys, workload_key  # tuner.tasks imports this module
 
     fused = fuse(prepare(mod, target, plan), target)
-    keys: list[str] = []
+    tasks: dict[str, tuple[str, int, tvm.IRModule]] = {}
 
     def visit(expr: relax.Expr) -> None:
         if not (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.call_tir"):
             return
-        func = fused[expr.args[0]]
-        # MetaSchedule extracts each PrimFunc as the ``main`` of its own module.
+        gv = expr.args[0]
+        func = fused[gv]
+        if func.attrs and func.attrs.get("tirx.is_scheduled", False):
+            return
         task = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
-        if task_layout(task):
-            keys.append(workload_key(task))
+        key = workload_key(task, precision)
+        name, weight, _ = tasks.get(key, (gv.name_hint, 0, task))
+        tasks[key] = (name, weight + 1, task)
 
-    # FuseOps keeps the binding order, and no fused function holds two convs.
     relax.analysis.post_order_visit(fused["main"].body, visit)
+    keys = fused_conv_keys(fused, precision)
     if len(keys) != len(conv_calls(mod)):
         raise ValueError(f"found {len(keys)} conv tasks for {len(conv_calls(mod))} convs")
-    return keys
+    return PlanWorkloads(plan, tasks, keys)
+
+
+def conv_task_keys(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> list[str]:
+    """For each conv of a bound module, in plan order, the workload key of the fused task
+    that computes it under ``plan`` (the key :func:`tuner.tasks.extract_tasks` gives it)."""
+    return plan_workloads(mod, target, plan).conv_keys
+
+
+def measured_bandwidth(plans: Sequence[PlanWorkloads], best_seconds: Callable[[str], float | None]) -> float | None:
+    """Bytes/s of the model's measured ``layout_transform`` tasks (the median over them), or
+    None when no plan has one measured: what a transform the plans do not contain costs."""
+    rates = []
+    seen: set[str] = set()
+    for pw in plans:
+        for key, (name, _weight, task) in pw.tasks.items():
+            if key in seen or "layout_transform" not in name:
+                continue
+            seen.add(key)
+            sec = best_seconds(key)
+            moved = io_bytes(task)
+            if sec and moved:
+                rates.append(moved / sec)
+    return sorted(rates)[len(rates) // 2] if rates else None
+
+
+def plan_seconds(pw: PlanWorkloads, best_seconds: Callable[[str], float | None], bandwidth: float,
+                 blind: Collection[str] = ()) -> float:  # fmt: skip
+    """A plan's estimated model latency: every task's weight x best measured seconds; a task
+    without a record costs its bytes at ``bandwidth`` (the transforms and elementwise ops a
+    mixed plan adds), except a conv, which makes the plan unmeasured (inf), unless it is in
+    ``blind`` (convs measured in no candidate layout: they cost nothing in every plan)."""
+    convs = set(pw.conv_keys) - set(blind)
+    total = 0.0
+    for key, (_name, weight, task) in pw.tasks.items():
+        sec = best_seconds(key)
+        if sec is None:
+            if key in convs:
+                return math.inf
+            if key in blind:
+                continue
+            sec = io_bytes(task) / bandwidth
+        total += weight * sec
+    return total
+
+
+@dataclass(frozen=True)
+class ConvDecision:
+    """One conv's layout in the chosen plan and the best measured seconds of its task in each
+    candidate layout (a layout without a record is absent)."""
+
+    index: int
+    layout: str
+    seconds: dict[str, float]
+    #: ``3x3 64->64 56x56``: kernel, channels and input size.
+    shape: str = ""
+
+
+@dataclass(frozen=True)
+class PlanChoice:
+    """What :func:`choose_from_database` chose, and why.
+
+    Attributes:
+        plan: the chosen plan.
+        seconds: its estimated model latency (:func:`plan_seconds`).
+        candidates: every plan weighed (each uniform layout, the chain optimum) by its
+            description, with its estimated latency (inf: a conv of it was never measured).
+        convs: each conv's decision with its measured seconds per layout.
+        bandwidth: bytes/s charged for a transform; ``bandwidth_measured`` says whether it
+            came from the model's measured transform tasks or :data:`DEFAULT_BANDWIDTH`.
+    """
+
+    plan: LayoutPlan
+    seconds: float
+    candidates: dict[str, float]
+    convs: list[ConvDecision]
+    bandwidth: float
+    bandwidth_measured: bool
+
+    @property
+    def measured(self) -> bool:
+        """Whether the choice rests on measurements (else it is the target's default plan)."""
+        return math.isfinite(self.seconds)
+
+    def describe(self) -> str:
+        """One line: the chosen plan against the other candidates."""
+        counts: dict[str, int] = {}
+        for c in self.convs:
+            counts[c.layout] = counts.get(c.layout, 0) + 1
+        mix = ", ".join(f"{n} {layout}" for layout, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+        others = "; ".join(f"{name} {sec * 1e3:.2f} ms" if math.isfinite(sec) else f"{name} unmeasured"
+                           for name, sec in self.candidates.items())  # fmt: skip
+        if not self.measured:
+            return f"convs: {mix} (no measured plan; the target's default); weighed: {others}"
+        return f"convs: {mix}, estimated {self.seconds * 1e3:.2f} ms; weighed: {others}"
+
+    def to_json(self) -> dict:
+        """The choice as plain JSON types (inf as None)."""
+
+        def ms(sec: float) -> float | None:
+            return sec * 1e3 if math.isfinite(sec) else None
+
+        return {
+            "plan": str(self.plan), "layouts": [c.layout for c in self.convs], "estimated_ms": ms(self.seconds),
+            "candidates_ms": {name: ms(sec) for name, sec in self.candidates.items()},
+            "bandwidth_gbps": self.bandwidth / 1e9, "bandwidth_measured": self.bandwidth_measured,
+            "convs": [{"index": c.index, "shape": c.shape, "layout": c.layout,
+                       "best_ms": {k: v * 1e3 for k, v in c.seconds.items()}} for c in self.convs],
+        }  # fmt: skip
+
+
+# Bytes/s charged for a layout transform when the model has none measured: a strided copy on
+# one core (conservative).
+DEFAULT_BANDWIDTH = 10e9
 
 
 def choose_from_database(
@@ -425,32 +587,108 @@ def choose_from_database(
     best_seconds: Callable[[str], float | None],
     layouts: Sequence[str],
     *,
-    bandwidth: float = 10e9,
-) -> LayoutChoice:
+    precision: str = "fp32",
+    bandwidth: float | None = None,
+) -> PlanChoice:
     """The per-conv plan that the measurements favour, among uniform candidate ``layouts``.
 
     Args:
-        mod: the bound module (:meth:`tuner.frontends.ModelSpec.bound`).
+        mod: the bound module (:meth:`tuner.frontends.ModelSpec.bound`), in ``precision``.
         target: the target the tasks were extracted for.
         best_seconds: a workload key's best measured seconds on the device, or None when it
             has no record (e.g. ``lambda k: (r := db.best(k, dev_id)) and r[0].mean_sec``).
-        layouts: the layouts the model's convs were tuned in (``NCHW``, ``NCHW16c``, ...).
-        bandwidth: bytes/s for :func:`transform_seconds`.
+        layouts: the layouts the model's convs were tuned in (``NCHW8c``, ``NCHW``, ...),
+            preferred first (it breaks ties).
+        precision: the precision of the workload keys.
+        bandwidth: bytes/s of a layout transform; default: measured from the model's
+            ``layout_transform`` tasks in the database, else :data:`DEFAULT_BANDWIDTH`.
 
-    A conv measured in no layout costs nothing in each, so only the transforms decide it.
-    The candidates' blocked layouts must share one block (see :class:`LayoutPlan`).
+    Two steps. The chain optimum (:func:`choose_layouts`) over the convs' measured bests,
+    each switch of layout costing a transform of the conv's input at ``bandwidth``. Then
+    every candidate (that plan and each uniform plan) is costed in full from the tasks it
+    really gives the model (:func:`plan_seconds`): every transform, residual ones included,
+    and every operator in the layout it ends up in. The cheapest wins, so the choice is never
+    estimated slower than the best single layout. A conv measured in no layout costs nothing
+    in each, so only the transforms decide it; a plan that puts a conv in a layout it was not
+    measured in is unmeasured (inf). When no plan is measured, the target's default plan.
     """
     LayoutPlan(NCHW, tuple(layouts))  # rejects unknown layouts and mixed blocks up front
-    per_layout = {layout: conv_task_keys(mod, target, LayoutPlan(layout)) for layout in layouts}
+    uniform = [plan_workloads(mod, target, LayoutPlan(layout), precision=precision) for layout in layouts]
+    measured = measured_bandwidth(uniform, best_seconds)
+    bw = bandwidth or measured or DEFAULT_BANDWIDTH
     calls = conv_calls(mod)
     conv_seconds: list[dict[str, float]] = []
     for i in range(len(calls)):
-        measured = {layout: best_seconds(keys[i]) for layout, keys in per_layout.items()}
-        known = {k: float(v) for k, v in measured.items() if v is not None}
-        conv_seconds.append(known or dict.fromkeys(layouts, 0.0))
+        found = {pw.plan.default: best_seconds(pw.conv_keys[i]) for pw in uniform}
+        conv_seconds.append({k: float(v) for k, v in found.items() if v is not None})
     elements = [*activation_elements(mod), math.prod(int(d) for d in calls[-1].ty.shape.values)] if calls else []
+    itemsize = tvm.DataType(str(calls[0].args[0].ty.dtype)).bits // 8 if calls else 4
 
     def cost(i: int, _src: str, _dst: str) -> float:
-        return transform_seconds(elements[i], bandwidth=bandwidth)
+        return transform_seconds(elements[i], bytes_per_element=itemsize, bandwidth=bw)
 
-    return choose_layouts(conv_seconds, cost)
+    chain = choose_layouts([c or dict.fromkeys(layouts, 0.0) for c in conv_seconds], cost)
+    blind = {pw.conv_keys[i] for i, c in enumerate(conv_seconds) if not c for pw in uniform}
+    candidates = {pw.plan.default: (pw, plan_seconds(pw, best_seconds, bw, blind)) for pw in uniform}
+    chain_plan = chain.plan
+    if len(set(chain_plan.layouts)) == 1:
+        chain_plan = LayoutPlan(chain_plan.layouts[0])
+    if str(chain_plan) not in candidates:
+        pw = plan_workloads(mod, target, chain_plan, precision=precision)
+        candidates["per-conv chain"] = (pw, plan_seconds(pw, best_seconds, bw, blind))
+    # min keeps the first of equals: the preferred layout.
+    best_pw, best_sec = min(candidates.values(), key=lambda c: c[1])
+    if not math.isfinite(best_sec):
+        best_pw = candidates.get(LayoutPlan.for_target(target).default, (uniform[0], math.inf))[0]
+    plan = best_pw.plan
+    convs = [ConvDecision(i, plan.layout_of(i), conv_seconds[i], _conv_shape(call)) for i, call in enumerate(calls)]
+    choice = PlanChoice(plan, best_sec, {name: sec for name, (_pw, sec) in candidates.items()}, convs, bw,
+                        bandwidth is None and measured is not None)  # fmt: skip
+    logger.info("layout choice: %s", choice.describe())
+    return choice
+
+
+def _conv_shape(call: relax.Call) -> str:
+    out_ch, in_ch, kh, kw = (int(d) for d in call.args[1].ty.shape.values[:4])
+    h, w = (int(d) for d in call.args[0].ty.shape.values[2:4])
+    groups = int(call.attrs.groups)
+    grouped = f" /{groups}" if groups != 1 else ""
+    return f"{kh}x{kw} {in_ch * groups}->{out_ch}{grouped} {h}x{w}"
+
+
+_SUMMARY_LAYOUT = re.compile(r" layout=(\S+)$")
+
+
+def stored_layouts(db, keys: Collection[str] | None = None) -> dict[str, str]:
+    """The conv layout of each stored workload (of ``keys``, default all) that has a conv:
+    the layout every record of that workload belongs to.
+
+    Read from the workload's summary (``... layout=NCHW8c``, written since the layout became
+    a tuning decision); a workload stored before that is read from its serialized PrimFunc.
+    SQL reaches the same facts: ``SELECT key FROM workloads WHERE summary LIKE '% layout=NCHW'``.
+    """
+    import json
+
+    from sqlalchemy import select
+    from tvm.s_tir.meta_schedule.database import Workload
+
+    from tuner.db.schema import WorkloadRow
+
+    stmt = select(WorkloadRow.key, WorkloadRow.summary, WorkloadRow.workload_json)
+    if keys is not None:
+        stmt = stmt.where(WorkloadRow.key.in_(list(keys)))
+    with db.session(write=False) as s:
+        rows = list(s.execute(stmt))
+    found: dict[str, str] = {}
+    for key, summary, workload_json in rows:
+        if summary and (m := _SUMMARY_LAYOUT.search(summary)):
+            found[key] = m.group(1)
+            continue
+        try:
+            layout = task_layout(Workload.from_json(json.loads(workload_json)).mod)
+        except Exception as err:  # a workload of another TVM version may not load: no layout known
+            logger.debug("workload %s: %s", key, err)
+            continue
+        if layout:
+            found[key] = layout
+    return found

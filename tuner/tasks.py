@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import tvm
 import tvm_ffi
@@ -15,7 +17,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.analysis import estimate_tir_flops
 from tvm.s_tir.schedule import Trace
 
-from tuner.layout import LayoutPlan, prepare, task_layout
+from tuner.layout import LayoutPlan, conv_calls, prepare, task_layout
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +34,13 @@ class Task:
         workload_key: stable hex key of the PrimFunc's structure, the database's workload id.
         layout: the conv's data layout (``NCHW``, ``NHWC``, ``NCHW16c``); empty for an
             operator without a conv.
+        choice: for a conv tuned in several layouts (:func:`extract_layout_tasks`), the id
+            shared by its layout variants: the model runs exactly one of them, so they are
+            alternatives, not addends, in its latency. Empty for a task without alternatives.
+        choice_rank: the variant's layout's position among the candidate layouts (0: the
+            first, the target's preferred layout).
+        io_bytes: bytes of the conv's input and output tensors: what the layout transforms
+            around it move when its neighbours run in another layout.
     """
 
     name: str
@@ -40,6 +49,9 @@ class Task:
     flops: float
     workload_key: str
     layout: str = ""
+    choice: str = ""
+    choice_rank: int = 0
+    io_bytes: int = 0
 
 
 def workload_key(mod: tvm.IRModule, precision: str = "fp32") -> str:
@@ -117,6 +129,11 @@ def extract_tasks(
 
     plan = LayoutPlan.for_target(target) if plan is None else plan
     fused = fuse(prepare(apply_precision(mod, precision), target, plan), target)
+    return _fused_tasks(fused, target, precision)
+
+
+def _fused_tasks(fused: tvm.IRModule, target: tvm.target.Target, precision: str) -> list[Task]:
+    """The tasks of a fused module (see :func:`extract_tasks`), heaviest first."""
     extracted = ms.relax_integration.extract_tasks(fused, target)
     by_key: dict[str, Task] = {}
     for ext in extracted:
@@ -126,7 +143,7 @@ def extract_tasks(
         key = workload_key(task_mod, precision)
         if key in by_key:
             old = by_key[key]
-            by_key[key] = Task(old.name, old.mod, old.weight + int(ext.weight), old.flops, key, old.layout)
+            by_key[key] = replace(old, weight=old.weight + int(ext.weight))
             continue
         try:
             flops = float(estimate_tir_flops(task_mod))
@@ -135,4 +152,80 @@ def extract_tasks(
         by_key[key] = Task(str(ext.task_name), task_mod, int(ext.weight), flops, key, task_layout(task_mod))
     tasks = sorted(by_key.values(), key=lambda t: (-t.weight * t.flops, t.name))
     logger.info("%d tasks from %d extracted functions", len(tasks), len(extracted))
+    return tasks
+
+
+def fused_conv_keys(fused: tvm.IRModule, precision: str = "fp32") -> list[str]:
+    """For each conv of a fused module, in plan order (binding order of ``main``), the
+    workload key of the task that computes it."""
+    keys: list[str] = []
+
+    def visit(expr: relax.Expr) -> None:
+        if not (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.call_tir"):
+            return
+        func = fused[expr.args[0]]
+        # MetaSchedule extracts each PrimFunc as the ``main`` of its own module.
+        task = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+        if task_layout(task):
+            keys.append(workload_key(task, precision))
+
+    # FuseOps keeps the binding order, and no fused function holds two convs.
+    relax.analysis.post_order_visit(fused["main"].body, visit)
+    return keys
+
+
+def extract_layout_tasks(
+    mod: tvm.IRModule, target: tvm.target.Target, layouts: Sequence[str], *, precision: str = "fp32"
+) -> list[Task]:
+    """The tasks of a model whose convs are each to run in the best of ``layouts``.
+
+    The model's tasks under each uniform plan (every conv in one layout), merged: a task
+    identical across plans (dense, softmax, a conv that stays NCHW) is one task, with the
+    weight it has in one plan. The variants of a conv in the different layouts share a
+    :attr:`Task.choice` id, so the scheduler treats them as alternatives; after tuning,
+    :func:`tuner.layout.choose_plan` picks each conv's layout from their measurements.
+    Heaviest first, as :func:`extract_tasks`.
+    """
+    from tuner.precision import apply_precision
+
+    if not layouts:
+        raise ValueError("no candidate layouts")
+    base = apply_precision(mod, precision)
+    calls = conv_calls(base)
+    itemsize = [tvm.DataType(str(c.args[0].ty.dtype)).bits // 8 for c in calls]
+    io_bytes = [(math.prod(int(d) for d in c.args[0].ty.shape.values) + math.prod(int(d) for d in c.ty.shape.values))
+                * size for c, size in zip(calls, itemsize, strict=True)]  # fmt: skip
+    merged: dict[str, Task] = {}
+    # Union-find over workload keys: the keys one conv gets in each layout are one decision.
+    parent: dict[str, str] = {}
+
+    def find(k: str) -> str:
+        while parent.setdefault(k, k) != k:
+            k = parent[k]
+        return k
+
+    conv_io: dict[str, int] = {}
+    rank: dict[str, int] = {}
+    for r, layout in enumerate(layouts):
+        fused = fuse(prepare(base, target, LayoutPlan(layout)), target)
+        for t in _fused_tasks(fused, target, precision):
+            old = merged.get(t.workload_key)
+            merged[t.workload_key] = t if old is None else replace(old, weight=max(old.weight, t.weight))
+            rank.setdefault(t.workload_key, r)
+        keys = fused_conv_keys(fused, precision)
+        if len(keys) != len(calls):
+            raise ValueError(f"found {len(keys)} conv tasks for {len(calls)} convs under {layout}")
+        if r == 0:
+            first = keys
+        for i, key in enumerate(keys):
+            conv_io[key] = io_bytes[i]
+            parent[find(key)] = find(first[i])
+    groups: dict[str, list[str]] = {}
+    for key in conv_io:
+        groups.setdefault(find(key), []).append(key)
+    choice = {k: min(members) for members in groups.values() if len(members) > 1 for k in members}
+    tasks = [replace(t, choice=choice.get(k, ""), choice_rank=rank[k], io_bytes=conv_io.get(k, 0))
+             for k, t in merged.items()]  # fmt: skip
+    tasks.sort(key=lambda t: (-t.weight * t.flops, t.name))
+    logger.info("%d tasks over layouts %s, %d convs with alternatives", len(tasks), ", ".join(layouts), len(choice))
     return tasks

@@ -113,6 +113,9 @@ def test_cli_compile_reports_tuned_and_fallback(tuned_tiny, tmp_path, capsys, mo
     out = tmp_path / "tiny.so"
     assert cli.main(["compile", "--model", "tiny", "--db", str(path), "-o", str(out)]) == 0
     text = capsys.readouterr().out
-    assert text.startswith(f"{len(summary.best_sec)} operators tuned on this device, 0 from another device")
+    # --layout auto first says which layout each conv got from the records (NCHW was not tuned).
+    assert "--layout auto:" in text.splitlines()[0]
+    assert "layout plan NCHW8c" in text or "layout plan NCHW16c" in text
+    assert f"\n{len(summary.best_sec)} operators tuned on this device, 0 from another device" in text
     assert "with TVM's default lowering" in text and FALLBACK_DESCRIPTION in text
     assert out.stat().st_size > 0

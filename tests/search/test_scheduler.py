@@ -205,3 +205,65 @@ def test_rejects_bad_parameters(mod):
         TaskScheduler(tasks_of(mod, ("a", 1, 1.0)), alpha=1.5)
     with pytest.raises(ValueError, match="beta"):
         TaskScheduler(tasks_of(mod, ("a", 1, 1.0)), beta=0.5)
+
+
+def layout_variants(mod: tvm.IRModule, convs: int, *, io_bytes: int = 0) -> list[Task]:
+    """``convs`` convs, each a blocked task (rank 0) and an NCHW one (rank 1): alternatives."""
+    tasks = []
+    for c in range(convs):
+        for rank, name in enumerate((f"fused_conv2d_NCHWc{c}_add", f"fused_conv2d{c}_add")):
+            tasks.append(Task(name, mod, 1, 1e9, f"key{c}-{rank}", "NCHW8c" if rank == 0 else "NCHW",
+                              choice=f"conv{c}", choice_rank=rank, io_bytes=io_bytes))  # fmt: skip
+    return tasks
+
+
+def test_a_clearly_losing_layout_stops_getting_trials(mod):
+    """Conv 0's NCHW variant runs 3x slower than its blocked one at any trial count: after its
+    probe it gets (almost) nothing, while conv 1's NCHW variant, the faster one, is tuned."""
+    tasks = layout_variants(mod, 2)
+    curves = [power_law(0.01, 0.5), power_law(0.03, 0.5),  # conv 0: blocked wins by 3x
+              power_law(0.01, 0.5), power_law(0.009, 0.5)]  # conv 1: NCHW a little faster  # fmt: skip
+    sched = TaskScheduler(tasks, epsilon=0.0, patience=10**6)
+    order = run(sched, curves, budget=640)
+    assert order[:4] == [0, 2, 1, 3]  # the preferred layout first, then the probes
+    assert sched.first_batch_size(0, 16) == 16  # already measured: full batches from now on
+    assert sched.trials[1] <= 8 + 16, sched.trials  # its probe, at most one batch more
+    assert sched.trials[0] >= 8 * sched.trials[1], sched.trials
+    assert sched.trials[3] >= 8 * sched.trials[1], sched.trials
+    # Not a split in halves: the budget went where the model's latency is decided.
+    assert sched.trials[0] + sched.trials[3] >= 0.75 * 640, sched.trials
+
+
+def test_alternatives_enter_the_objective_by_their_best(mod):
+    tasks = [*layout_variants(mod, 1), Task("fused_matmul_add", mod, 2, 1e8, "dense")]
+    sched = TaskScheduler(tasks, epsilon=0.0)
+    assert [sched.first_batch_size(i, 16) for i in range(3)] == [16, 8, 16]  # the NCHW variant probes
+    sched.update(0, 16, 0.004)
+    assert sched.objective() is None  # the dense task has no time yet
+    sched.update(2, 16, 0.001)
+    assert sched.objective() == pytest.approx(0.004 + 2 * 0.001)  # the unmeasured alternative is not needed
+    sched.update(1, 8, 0.003)
+    assert sched.objective() == pytest.approx(0.003 + 2 * 0.001)  # the better of the two, not their sum
+    assert sched.preferred_rank() == 1
+
+
+def test_transforms_count_against_a_layout_the_model_does_not_prefer(mod):
+    """Conv 1's NCHW variant is faster alone, but the model prefers the blocked layout (conv 0
+    strongly): running conv 1 in NCHW costs two transforms of its input and output, measured
+    by the model's layout_transform task (1 MB in 1 ms: 1 GB/s)."""
+    a = te.placeholder((1 << 18,), name="a")  # 1 MiB of float32 in, 1 MiB out
+    b = te.compute((1 << 18,), lambda i: a[i], name="b")
+    transform = Task("te_layout_transform", tvm.IRModule({"main": te.create_prim_func([a, b])}), 1, 0.0, "lt")
+    tasks = [*layout_variants(mod, 2, io_bytes=1 << 20), transform]
+    sched = TaskScheduler(tasks, epsilon=0.0)
+    for i, sec in enumerate((0.010, 0.030, 0.010, 0.009)):
+        sched.update(i, 16, sec)
+    assert sched.preferred_rank() == 0
+    # Before the transform is measured, the default bandwidth (10 GB/s) makes it cheap.
+    assert sched.contribution(3) == pytest.approx(0.009 + 2 * (1 << 20) / 10e9)
+    sched.update(4, 4, 2 * (1 << 20) / 1e9)
+    assert sched.contribution(3) == pytest.approx(0.009 + 2 * (1 << 20) / 1e9)
+    assert sched.contribution(2) == pytest.approx(0.010)  # the preferred layout pays nothing
+    assert sched.objective() == pytest.approx(0.010 + 0.010 + 2 * (1 << 20) / 1e9)
+    # Conv 1's NCHW variant now trails by more than a batch can be expected to win back.
+    assert sched.gradient(3) > sched.gradient(2)

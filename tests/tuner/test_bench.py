@@ -193,6 +193,10 @@ def test_cli_bench_writes_json(tmp_path: Path):
     doc = json.loads(out.read_text())
     assert [e["key"] for e in doc["entries"]] == [TVM_DB, "onnxruntime"]
     assert all(e["agrees"] for e in doc["entries"])
+    # --layout auto on a database without records: the target's default plan, said so.
+    choice = doc["layout_choice"]
+    assert choice["plan"] == doc["layout_plan"] and choice["estimated_ms"] is None
+    assert len(choice["convs"]) == 2 and set(choice["candidates_ms"].values()) == {None}
 
 
 @pytest.mark.parametrize(("name", "options"), [

@@ -1,26 +1,32 @@
 """Batch norm folding, conv data layouts as a plan, and the chooser over measured layouts."""
 
 import itertools
+import json
 
 import numpy as np
 import pytest
 import tvm
+from sqlalchemy import text
 from tvm import relax
 from tvm.relax.frontend import nn
 
+from tuner.cli import choose_layout
+from tuner.db import TuningDatabase
 from tuner.frontends import ModelSpec, load_model
 from tuner.frontends.zoo import BatchNorm2d
 from tuner.layout import (
     LayoutPlan,
+    auto_layouts,
     choose_from_database,
     choose_layouts,
     conv_calls,
     conv_task_keys,
     prepare,
     simplify_sums,
+    stored_layouts,
     vector_lanes,
 )
-from tuner.tasks import extract_tasks
+from tuner.tasks import Task, extract_layout_tasks, extract_tasks
 
 
 def _run(mod: tvm.IRModule, target: tvm.target.Target, inputs: list[np.ndarray]) -> np.ndarray:
@@ -274,3 +280,124 @@ def test_gelu_on_cpu_uses_fast_erf_and_matches_exact_gelu() -> None:
     got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(data)).numpy()
     exact = np.vectorize(lambda v: 0.5 * v * (1 + math.erf(v / math.sqrt(2))))(data.astype(np.float64))
     np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-6)
+
+
+def test_auto_tasks_hold_each_conv_in_each_layout_once(tiny, cpu_device):
+    """--layout auto's tasks: the union of the uniform plans' tasks, each conv's variants
+    sharing a choice id, and a task identical across plans counted once, with one plan's weight."""
+    _spec, bound, _ = tiny
+    target = cpu_device.target
+    layouts = auto_layouts(target)
+    assert layouts[0] == f"NCHW{vector_lanes(target)}c" and layouts[1:] == ("NCHW",)
+    tasks = extract_layout_tasks(bound, target, ("NCHW8c", "NCHW"))
+    per_plan = {layout: extract_tasks(bound, target, LayoutPlan(layout)) for layout in ("NCHW8c", "NCHW")}
+    union = {t.workload_key: t.weight for plan_tasks in per_plan.values() for t in plan_tasks}
+    assert {t.workload_key: t.weight for t in tasks} == union
+    convs = [t for t in tasks if t.layout]
+    assert len(convs) == 4 and all(t.choice for t in convs)
+    choices: dict[str, dict[str, Task]] = {}
+    for t in convs:
+        choices.setdefault(t.choice, {})[t.layout] = t
+    assert len(choices) == 2 and all(set(c) == {"NCHW8c", "NCHW"} for c in choices.values())
+    for pair in choices.values():
+        assert pair["NCHW8c"].choice_rank == 0 and pair["NCHW"].choice_rank == 1
+        assert pair["NCHW8c"].io_bytes == pair["NCHW"].io_bytes > 0
+    # The classifier head is the same in both plans: one task, tuned once.
+    shared = set.intersection(*({t.workload_key for t in p} for p in per_plan.values()))
+    assert shared and all(not t.choice for t in tasks if t.workload_key in shared)
+
+
+def _store(db, device, tasks, seconds) -> None:
+    """Store, for every task, its fallback schedule as a measured record timed ``seconds(task)``."""
+    from tvm.s_tir.meta_schedule.database import Workload
+
+    from tuner.compile import fallback_record
+    from tuner.db import NewRecord
+
+    dev = db.device_id(device)
+    for t in tasks:
+        db.workload_id(t.workload_key, t.name, t.mod, t.flops)
+        record, _ = fallback_record(Workload(t.mod), device.target)
+        sec = seconds(t)
+        db.add_records(dev, None, [NewRecord(t.workload_key, "fallback", json.dumps(record.as_json()), [sec] * 3)])
+
+
+def _conv_seconds(fast: dict[int, str]):
+    """Timings: conv 0 (3 input channels) fastest in ``fast[0]``, conv 1 in ``fast[1]``."""
+
+    def seconds(t: Task) -> float:
+        if not t.layout:
+            return 2e-5
+        index = 0 if int(t.mod["main"].params[0].shape[1 if t.layout == "NCHW" else -1]) == 3 else 1
+        return 1e-4 if t.layout == fast[index] else 6e-4
+
+    return seconds
+
+
+def test_chooser_mixes_layouts_from_stored_records_and_the_model_stays_correct(tiny, cpu_device, tmp_path, capsys):
+    """Records stored as a job stores them: conv 0 is faster in NCHW, conv 1 blocked, and the
+    model's measured transforms are cheap. The chooser mixes the layouts, names the plan and
+    the measured costs; the compiled mixed plan computes what the untuned NCHW build does,
+    every conv on its stored record."""
+    from tuner import cli
+    from tuner.compile import compile_model, run_model
+    from tuner.db import TuningDatabase
+
+    spec, bound, inputs = tiny
+    db = TuningDatabase(str(tmp_path / "mixed.db"))
+    tasks = extract_layout_tasks(bound, cpu_device.target, ("NCHW8c", "NCHW"))
+    _store(db, cpu_device, tasks, _conv_seconds({0: "NCHW", 1: "NCHW8c"}))
+    choice = cli.choose_layout(spec, cpu_device, db, ("NCHW8c", "NCHW"))
+    assert choice.plan.layouts == ("NCHW", "NCHW8c") and choice.measured
+    assert choice.bandwidth_measured  # from the NCHW8c plan's input/output transform tasks
+    assert choice.seconds < min(choice.candidates["NCHW8c"], choice.candidates["NCHW"])
+    assert [c.seconds for c in choice.convs] == [{"NCHW8c": 6e-4, "NCHW": 1e-4}, {"NCHW8c": 1e-4, "NCHW": 6e-4}]
+    # The database says which layout each record belongs to: from the workload's summary, or
+    # (rows written before it named the layout) from the stored PrimFunc.
+    layouts = {t.workload_key: t.layout for t in tasks if t.layout}
+    assert stored_layouts(db) == layouts
+    with db.session() as s:
+        hits = s.execute(text("SELECT key FROM workloads WHERE summary LIKE '% layout=NCHW'")).scalars().all()
+        assert set(hits) == {k for k, v in layouts.items() if v == "NCHW"}
+        s.execute(text("UPDATE workloads SET summary = NULL"))
+    assert stored_layouts(db, list(layouts)) == layouts
+    compiled = compile_model(spec, cpu_device, db, plan=choice.plan)
+    conv_keys = {t.workload_key for t in tasks if t.layout}
+    used = {k for k in compiled.decisions if k in conv_keys}
+    assert len(used) == 2 and all(compiled.decisions[k].kind == "tuned" for k in used)
+    got, _ = run_model(compiled, cpu_device, inputs, budget_s=0.1)
+    assert _scaled_error(_run(bound, cpu_device.target, inputs), got[0]) < 1e-5
+    # The command line says which layout each conv got and why.
+    assert cli.main(["compile", "--model", "tiny", "--db", str(tmp_path / "mixed.db"), "--layout", "auto",
+                     "-o", str(tmp_path / "tiny.so"), "--verify", "on"]) == 0  # fmt: skip
+    printed = " ".join(capsys.readouterr().out.split())  # rich wraps lines at the terminal's width
+    assert "with NCHW,NCHW8c: convs: 1 NCHW, 1 NCHW8c, estimated" in printed
+    assert "output checked against the untuned build" in printed
+
+
+def test_measured_dear_transforms_keep_one_layout(tiny, cpu_device, tmp_path):
+    """The same conv timings, but the model's layout transforms measured slow: switching
+    layouts between the convs costs more than it saves, so one layout everywhere wins."""
+    spec, bound, _ = tiny
+    db = TuningDatabase(str(tmp_path / "dear.db"))
+    tasks = extract_layout_tasks(bound, cpu_device.target, ("NCHW8c", "NCHW"))
+    conv = _conv_seconds({0: "NCHW", 1: "NCHW8c"})
+    _store(db, cpu_device, tasks, lambda t: 5e-3 if "layout_transform" in t.name else conv(t))
+    choice = choose_layout(spec, cpu_device, db, ("NCHW8c", "NCHW"))
+    assert choice.bandwidth_measured and choice.bandwidth < 1e8
+    assert len(set(choice.plan.layouts or (choice.plan.default,))) == 1
+    assert choice.seconds <= min(choice.candidates.values())
+
+
+def test_a_conv_measured_in_no_layout_leaves_the_choice_to_the_others(tiny, cpu_device, tmp_path):
+    """A partly tuned database: conv 0 has no record in any layout, conv 1 in both. The plan
+    is still chosen from conv 1's measurements; a layout conv 1 lacks would be unmeasured."""
+    spec, bound, _ = tiny
+    db = TuningDatabase(str(tmp_path / "partial.db"))
+    tasks = extract_layout_tasks(bound, cpu_device.target, ("NCHW8c", "NCHW"))
+    first = {t.workload_key for t in tasks if t.layout and int(t.mod["main"].params[0].shape[1 if t.layout == "NCHW"
+                                                                                           else -1]) == 3}  # fmt: skip
+    assert len(first) == 2
+    _store(db, cpu_device, [t for t in tasks if t.workload_key not in first], _conv_seconds({0: "NCHW", 1: "NCHW"}))
+    choice = choose_layout(spec, cpu_device, db, ("NCHW8c", "NCHW"))
+    assert choice.measured and choice.convs[0].seconds == {} and choice.convs[1].layout == "NCHW"

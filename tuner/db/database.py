@@ -923,8 +923,18 @@ def _best_stmt(workload_id: int, device_ids: list[int], origin: str | None = "lo
 
 
 def workload_summary(name: str, mod: tvm.IRModule) -> str:
-    """``name(float32[1, 64, 56, 56], ...)``: a readable one-liner of a PrimFunc workload."""
+    """``name(float32[1, 64, 56, 56], ...)``: a readable one-liner of a PrimFunc workload;
+    a conv's ends with its data layout, `` layout=NCHW8c`` (what :func:`tuner.layout.
+    stored_layouts` and ``summary LIKE '% layout=NCHW8c'`` read)."""
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    from tuner.layout import task_layout
+
+    try:
+        layout = task_layout(mod)
+    except (RuntimeError, ValueError, TypeError):
+        layout = ""
+    suffix = f" layout={layout}" if layout else ""
 
     try:
         func_ = mod["main"] if any(g.name_hint == "main" for g in mod.get_global_vars()) else None
@@ -932,8 +942,8 @@ def workload_summary(name: str, mod: tvm.IRModule) -> str:
         shown = ", ".join(f"{a.dtype}[{', '.join(str(int(d)) for d in a.shape)}]" for a in args)
     except (RuntimeError, TypeError, ValueError, AttributeError):
         # Dynamic shapes or a non-tensor argument: the name alone still says what it is.
-        return name
-    return f"{name}({shown})"
+        return name + suffix
+    return f"{name}({shown}){suffix}"
 
 
 def _utcnow() -> datetime:

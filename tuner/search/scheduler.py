@@ -2,9 +2,10 @@
 
 The allocation is Ansor's gradient task scheduler (Zheng et al., "Ansor: Generating
 High-Performance Tensor Programs for Deep Learning", OSDI 2020, section 6), written for
-Nightshift's batches of unequal size, with three additions: a small first batch for tasks
-that carry a negligible share of the model's FLOPs, a per-task convergence stop, and a cap
-on tasks that have never produced a working schedule.
+Nightshift's batches of unequal size, with four additions: a small first batch for tasks
+that carry a negligible share of the model's FLOPs, a per-task convergence stop, a cap on
+tasks that have never produced a working schedule, and alternatives: the layout variants of
+a conv (:attr:`tuner.tasks.Task.choice`), of which the model runs only the best.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import statistics
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from tuner.layout import io_bytes
 from tuner.tasks import Task
 
 logger = logging.getLogger(__name__)
@@ -88,7 +90,19 @@ class TaskScheduler:
         tiny_share: a task whose ``weight x FLOPs`` is below this share of the model's
             gets a first batch of at most ``tiny_first_batch``.
         tiny_first_batch: first-batch size of such tasks.
+        probe_first_batch: first-batch size of an alternative that is not the preferred one
+            (``choice_rank > 0``): enough to see whether its layout competes.
         seed: seed of the epsilon-greedy choice.
+
+    Alternatives. Tasks sharing a :attr:`~tuner.tasks.Task.choice` compute the same convs in
+    different layouts, and the model runs one of them: their contribution to the objective
+    is ``weight x min(best + transforms)``, where ``transforms`` is what running the conv
+    outside the layout the model prefers (the one whose alternatives sum lowest) costs: its
+    input and output moved twice each (:attr:`~tuner.tasks.Task.io_bytes`) at the bandwidth
+    of the model's measured ``layout_transform`` tasks. The leading alternative's gradient is
+    as above; a trailing one's counts only the part of its expected gain over its next batch
+    that exceeds its margin behind the leader, so a clearly losing layout gets no trials
+    while a close or barely explored one keeps them.
 
     Attributes:
         trials: trials accounted to each task (all ``update`` calls, failed ones included).
@@ -108,13 +122,14 @@ class TaskScheduler:
         max_failed_trials: int = 64,
         tiny_share: float = 0.005,
         tiny_first_batch: int = 4,
+        probe_first_batch: int = 8,
         seed: int = 0,
     ) -> None:
         if not 0.0 <= alpha <= 1.0 or not 0.0 <= epsilon <= 1.0:
             raise ValueError(f"alpha and epsilon must lie in [0, 1], got {alpha} and {epsilon}")
-        if beta < 1.0 or backward_window < 1 or patience < 1 or max_failed_trials < 1 or tiny_first_batch < 1:
-            raise ValueError("beta must be >= 1; backward_window, patience, max_failed_trials and "
-                             "tiny_first_batch must be >= 1")  # fmt: skip
+        if beta < 1.0 or min(backward_window, patience, max_failed_trials, tiny_first_batch, probe_first_batch) < 1:
+            raise ValueError("beta must be >= 1; backward_window, patience, max_failed_trials, "
+                             "tiny_first_batch and probe_first_batch must be >= 1")  # fmt: skip
         self.tasks = list(tasks)
         self.alpha, self.beta, self.epsilon = alpha, beta, epsilon
         self.backward_window = backward_window
@@ -122,6 +137,7 @@ class TaskScheduler:
         self.min_improvement = min_improvement
         self.max_failed_trials = max_failed_trials
         self.tiny_first_batch = tiny_first_batch
+        self.probe_first_batch = probe_first_batch
         self.trials = [0] * len(self.tasks)
         self.best_sec: list[float | None] = [None] * len(self.tasks)
         self._rng = random.Random(seed)
@@ -134,6 +150,19 @@ class TaskScheduler:
         self._kind = [op_kind(t.name) if t.flops > 0 else None for t in self.tasks]
         total = sum(t.weight * max(t.flops, 0.0) for t in self.tasks)
         self._tiny = [total > 0 and t.weight * max(t.flops, 0.0) < tiny_share * total for t in self.tasks]
+        groups: dict[str, list[int]] = {}
+        for i, t in enumerate(self.tasks):
+            if t.choice:
+                groups.setdefault(t.choice, []).append(i)
+        #: Per task, the indices of its alternatives (itself included); None without any.
+        self._alternatives: list[list[int] | None] = [None] * len(self.tasks)
+        for members in groups.values():
+            if len(members) > 1:
+                for i in members:
+                    self._alternatives[i] = members
+        self._groups = [m for m in groups.values() if len(m) > 1]
+        # Layout transform tasks measure what moving a tensor costs (see _bandwidth).
+        self._moved = [io_bytes(t.mod) if "layout_transform" in t.name else 0 for t in self.tasks]
 
     # --- what the job calls ------------------------------------------------------------------
 
@@ -141,7 +170,8 @@ class TaskScheduler:
         """Index of the task to give the next batch to.
 
         Tasks never updated come first, in the order given (the job passes them heaviest
-        first); then the steepest gradient, or with probability ``epsilon`` a random task.
+        first), probes of alternatives after the rest; then the steepest gradient, or with
+        probability ``epsilon`` a random task.
 
         Args:
             exclude: indices not to choose now (e.g. tasks whose first batch is in flight).
@@ -153,9 +183,10 @@ class TaskScheduler:
         live = [i for i in range(len(self.tasks)) if i not in self._done and i not in exclude]
         if not live:
             raise NoTaskAvailable(f"all {len(self.tasks)} tasks are done or excluded")
-        for i in live:
-            if not self._history[i]:
-                return i
+        # Probes of alternatives come last: on a small budget the preferred layout gets measured.
+        fresh = [i for i in live if not self._history[i]]
+        if fresh:
+            return min(fresh, key=lambda i: (self._alternatives[i] is not None and self.tasks[i].choice_rank > 0, i))
         if self._rng.random() < self.epsilon:
             return self._rng.choice(live)
         grads = {i: self.gradient(i) for i in live}
@@ -171,9 +202,13 @@ class TaskScheduler:
         elementwise ops) gets a small first batch: enough for a working schedule, not
         enough to take trials from the operators that matter. Later batches are ``batch``.
         """
-        if self._history[index] or not self._tiny[index]:
+        if self._history[index]:
             return batch
-        return min(batch, self.tiny_first_batch)
+        if self._tiny[index]:
+            return min(batch, self.tiny_first_batch)
+        if self._alternatives[index] is not None and self.tasks[index].choice_rank > 0:
+            return min(batch, self.probe_first_batch)
+        return batch
 
     def update(self, index: int, trials: int, best_sec: float | None, *, failed: int | None = None) -> None:
         """Account a measured batch of task ``index``.
@@ -226,13 +261,75 @@ class TaskScheduler:
     # --- the estimates --------------------------------------------------------------------
 
     def objective(self) -> float | None:
-        """The model's estimated latency, ``sum(weight * best_sec)``; None until all succeeded."""
-        if any(b is None for b in self.best_sec):
+        """The model's estimated latency, ``sum(weight * best_sec)`` over tasks without
+        alternatives plus each set of alternatives' best (transforms included); None until
+        every task, or one alternative of each set, has succeeded."""
+        total = 0.0
+        for i, (t, b) in enumerate(zip(self.tasks, self.best_sec, strict=True)):
+            if self._alternatives[i] is None:
+                if b is None:
+                    return None
+                total += t.weight * b
+        for members in self._groups:
+            costs = [c for j in members if (c := self.contribution(j)) is not None]
+            if not costs:
+                return None
+            total += min(costs)
+        return total
+
+    def contribution(self, index: int) -> float | None:
+        """What task ``index`` adds to the model's latency if the model runs it: weight x
+        (best + the transforms its layout implies, for an alternative); None before a success."""
+        best = self.best_sec[index]
+        if best is None:
             return None
-        return sum(t.weight * b for t, b in zip(self.tasks, self.best_sec, strict=True) if b is not None)
+        return self.tasks[index].weight * (best + self._transform_sec(index))
+
+    def preferred_rank(self) -> int:
+        """The layout rank the model's alternatives favour: the one whose alternatives' bests
+        sum lowest over the sets measured in every rank (0 until such a set exists)."""
+        totals: dict[int, float] = {}
+        for members in self._groups:
+            if any(self.best_sec[j] is None for j in members):
+                continue
+            for j in members:
+                rank = self.tasks[j].choice_rank
+                totals[rank] = totals.get(rank, 0.0) + self.tasks[j].weight * self.best_sec[j]  # type: ignore[operator]
+        return min(totals, key=lambda r: (totals[r], r)) if totals else 0
+
+    def _transform_sec(self, index: int) -> float:
+        if self._alternatives[index] is None or self.tasks[index].choice_rank == self.preferred_rank():
+            return 0.0
+        # In front of the conv and behind it, each transform reads and writes its tensor.
+        return 2.0 * self.tasks[index].io_bytes / self._bandwidth()
+
+    def _bandwidth(self) -> float:
+        """Bytes/s of the model's measured layout transforms (median), else a default."""
+        from tuner.layout import DEFAULT_BANDWIDTH
+
+        rates = sorted(m / b for m, b in zip(self._moved, self.best_sec, strict=True) if m and b)
+        return rates[len(rates) // 2] if rates else DEFAULT_BANDWIDTH
 
     def gradient(self, index: int) -> float:
-        """d(objective)/d(trials of task ``index``): negative, steeper is more promising."""
+        """d(objective)/d(trials of task ``index``): negative, steeper is more promising.
+
+        A trailing alternative's gradient counts only the expected gain of its next batch
+        beyond its margin behind the leading one (see the class docstring).
+        """
+        rate = self._own_gradient(index)
+        members = self._alternatives[index]
+        mine = self.contribution(index)
+        if members is None or mine is None or rate == 0.0:
+            return rate
+        rivals = [c for j in members if j != index and (c := self.contribution(j)) is not None]
+        margin = mine - min(rivals) if rivals else 0.0
+        if margin <= 0.0:
+            return rate
+        horizon = max(self._last_batch[index], 1)
+        return -max(0.0, -rate * horizon - margin) / horizon
+
+    def _own_gradient(self, index: int) -> float:
+        """Ansor's gradient of task ``index``, as if it had no alternatives."""
         task = self.tasks[index]
         best = self.best_sec[index]
         latency = best if best is not None else self._estimate(index)
