@@ -127,7 +127,8 @@ def phase_metaschedule(args, device) -> dict:
         t0 = time.monotonic()
         with _LineCounter(work / "database_tuning_record.json", t0) as counter:
             db = ms.tune_tir(task.mod, device.target, str(work), max_trials_global=args.trials,
-                             num_trials_per_iter=32, seed=args.seed)  # fmt: skip
+                             num_trials_per_iter=32, seed=args.seed,
+                             builder=ms.builder.LocalBuilder(timeout_sec=args.ms_build_timeout))  # fmt: skip
         wall = time.monotonic() - t0
         records = db.get_all_tuning_records()
         curve, best = [], None
@@ -425,6 +426,9 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--warm-trials", type=int, default=8)
+    # MetaSchedule's LocalBuilder default; on a loaded machine every build can exceed it
+    # (2026-11-24, load 20-150 on 2 cores: 64 of 64 builds killed at 30 s).
+    p.add_argument("--ms-build-timeout", type=float, default=30.0)
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)

@@ -73,14 +73,37 @@ def limits_for(target: tvm.target.Target) -> Limits:
         gpu = {k: int(target.attrs[k]) for k in _CUDA_DEFAULTS if k in target.attrs}
         # GPU unrolling is cheap to compile and TVM's candidates go to 1024; keep them all.
         return Limits(max_unroll_step=1 << 30, gpu=gpu)
+    cores = int(target.attrs["num-cores"]) if "num-cores" in target.attrs else 1
+    return Limits(vector_bits=vector_bits(target), num_cores=max(cores, 1))
+
+
+def vector_bits(target: tvm.target.Target) -> int:
+    """The widest vector register of an LLVM target's ISA, in bits (at least 128)."""
     from tvm.target import codegen
 
+    if is_x86(target):
+        # TVM 0.27's llvm_get_vector_width says 512 for every x86 mcpu, AVX2-only ones (haswell,
+        # znver3) included: ask LLVM about the features instead.
+        for feature, bits in (("avx512f", 512), ("avx", 256)):
+            if codegen.target_has_features(feature, target):
+                return bits
+        return 128
     try:
-        bits = int(codegen.llvm_get_vector_width(target))
+        return max(int(codegen.llvm_get_vector_width(target)), 128)
     except (RuntimeError, ValueError, AttributeError):
-        bits = 128
-    cores = int(target.attrs["num-cores"]) if "num-cores" in target.attrs else 1
-    return Limits(vector_bits=max(bits, 128), num_cores=max(cores, 1))
+        return 128
+
+
+def is_x86(target: tvm.target.Target) -> bool:
+    """Whether an LLVM target is an x86 CPU (a host target, with no triple, is this machine)."""
+    if str(target.kind.name) != "llvm":
+        return False
+    triple = str(target.attrs["mtriple"]) if "mtriple" in target.attrs else ""
+    if triple:
+        return triple.startswith(("x86_64", "i686", "i386"))
+    import platform
+
+    return platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
 
 
 def target_with_limits(target: tvm.target.Target) -> tvm.target.Target:

@@ -216,6 +216,10 @@ class TuningJob:
         self.scheduler = TaskScheduler(tasks)
         self.searches: dict[int, _TaskSearch] = {}
         self.inflight: deque[_Batch] = deque()
+        # Seconds between batch completions (moving average): how long the batches in flight
+        # take to drain, which the time budget must leave room for.
+        self._batch_pace_s: float | None = None
+        self._last_completion: float | None = None
         self.errors: dict[str, int] = {}
         self.submitted = 0
         self.done = 0
@@ -242,14 +246,26 @@ class TuningJob:
         cap = self.config.trials
         return 1 << 62 if cap is None else cap - self.submitted
 
-    def _out_of_time(self) -> bool:
+    def _out_of_time(self, batches_ahead: int = 0) -> bool:
+        """Whether the budget is spent, or would be by the time ``batches_ahead`` more batches
+        complete at the pace batches have been completing (so the batches in flight at the
+        deadline do not run past it)."""
         budget = self.config.time_budget_s
-        return budget is not None and self.elapsed_s >= budget
+        ahead = batches_ahead * self._batch_pace_s if self._batch_pace_s else 0.0
+        return budget is not None and self.elapsed_s + ahead >= budget
+
+    def _completed(self) -> None:
+        """A batch completed: update the pace of completions (seconds since the last one)."""
+        now = time.perf_counter()
+        if self._last_completion is not None:
+            took = now - self._last_completion
+            self._batch_pace_s = took if self._batch_pace_s is None else 0.7 * self._batch_pace_s + 0.3 * took
+        self._last_completion = now
 
     def _stop_reason(self) -> str:
         if self.scheduler.all_done:
             return "every task done"
-        if self._out_of_time():
+        if self._out_of_time(batches_ahead=1):
             return "time budget spent"
         if self._trials_left() <= 0:
             return "trials cap reached"
@@ -363,7 +379,7 @@ class TuningJob:
         while True:
             self._check_interrupt()
             while (len(self.inflight) < PIPELINE_DEPTH and self._trials_left() > 0
-                   and not self.scheduler.all_done and not self._out_of_time()):  # fmt: skip
+                   and not self.scheduler.all_done and not self._out_of_time(len(self.inflight) + 1)):  # fmt: skip
                 i = self._next_task()
                 if i is None:
                     break  # only tasks whose first batch is in flight are left: collect it
@@ -378,6 +394,7 @@ class TuningJob:
             if not self.inflight:
                 return
             self._complete(self.inflight.popleft())
+            self._completed()
 
     def _finish_job(self, state: str, reason: str) -> None:
         """Record the job's end: its state, tuning time and trials (counted from its records,

@@ -24,6 +24,7 @@ import tvm
 from tvm import relax, topi
 from tvm.relax import pipeline as relax_pipeline
 
+from search_spaces.constraints import is_x86
 from tuner.fold import fold_constants
 
 logger = logging.getLogger(__name__)
@@ -55,17 +56,8 @@ def check_layout(layout: str) -> str:
 
 def vector_lanes(target: tvm.target.Target) -> int:
     """fp32 lanes of the target's vector registers (16 with AVX-512, 8 with AVX2)."""
-    from tvm.target import codegen
-
     from search_spaces.constraints import limits_for
 
-    if str(target.kind.name) == "llvm" and _is_x86(target):
-        # TVM 0.27's llvm_get_vector_width says 512 for every x86 mcpu (haswell and znver3
-        # included), so x86 asks LLVM about the features themselves.
-        for feature, lanes in (("avx512f", 16), ("avx2", 8), ("avx", 8)):
-            if codegen.target_has_features(feature, target):
-                return lanes
-        return 4
     return limits_for(target).vector_bits // 32
 
 
@@ -115,7 +107,7 @@ class LayoutPlan:
     def for_target(cls, target: tvm.target.Target) -> LayoutPlan:
         """The default plan: blocked by the vector width on x86 CPUs with AVX2 or AVX-512,
         NCHW elsewhere (CUDA, other CPUs)."""
-        if str(target.kind.name) != "llvm" or not _is_x86(target):
+        if str(target.kind.name) != "llvm" or not is_x86(target):
             return cls(NCHW)
         lanes = vector_lanes(target)
         return cls(blocked(lanes)) if lanes >= 8 else cls(NCHW)
@@ -129,16 +121,6 @@ class LayoutPlan:
         if text == "NCHWc":
             return cls(blocked(vector_lanes(target)))
         return cls(check_layout(text))
-
-
-def _is_x86(target: tvm.target.Target) -> bool:
-    triple = str(target.attrs.get("mtriple", "")) if "mtriple" in target.attrs else ""
-    if triple:
-        return triple.startswith(("x86_64", "i686", "i386"))
-    import platform
-
-    # A host target carries no triple: it is this machine.
-    return platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
 
 
 # ----------------------------------------------------------------------------- the rewrite
