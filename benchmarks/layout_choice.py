@@ -4,7 +4,8 @@ Two databases tuned at the same budget, one with ``tune --layout auto`` (every c
 in NCHW{lanes}c and NCHW, the scheduler weighing the two as alternatives) and one with
 ``tune --layout NCHWc``. Each is compiled as ``nightshift compile/bench`` would (auto: the
 plan ``tuner.layout.choose_from_database`` picks from the auto database), and both builds
-run interleaved in one ``tuner.bench`` run beside ONNX Runtime and OpenVINO f32, on one
+run interleaved in one ``tuner.bench`` run beside ONNX Runtime and OpenVINO f32
+(``INFERENCE_PRECISION_HINT=f32``, which tuner.bench sets), on one
 random input, on the device's ``num-cores`` threads. Also written: the chosen plan with
 its measured costs, how each job split its trials between the layouts, and the machine's
 load average. Ratios carry over between runs; milliseconds do not.

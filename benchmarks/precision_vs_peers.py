@@ -118,7 +118,8 @@ def main() -> None:
                     qdq = quantize_qdq(fp32_onnx, work / f"{name}_qdq.onnx", spec, args.calibration)
                     run_spec, source, peers = load_model(str(qdq)), str(qdq), ("onnxruntime", "openvino-f32")
                 elif precision == "bf16":
-                    # OpenVINO f32 is the f32 reference the table's ratios and errors are taken to.
+                    # OpenVINO f32 (INFERENCE_PRECISION_HINT=f32, which tuner.bench sets) is the f32
+                    # reference the table's ratios and errors are taken to.
                     run_spec, source, peers = spec, name, ("openvino-f32", "openvino", TorchBf16Peer())
                 else:
                     run_spec, source, peers = spec, name, ("onnxruntime", "openvino-f32", "torch")

@@ -147,7 +147,7 @@ def phase_metaschedule(args, device) -> dict:
     return out
 
 
-def phase_nightshift(args, device) -> dict:
+def phase_nightshift(args, device, save=None) -> dict:
     from tuner.db import TuningDatabase
     from tuner.job import TuneConfig, tune_tasks
     from tuner.measure.ray_measure import connect
@@ -172,6 +172,8 @@ def phase_nightshift(args, device) -> dict:
                     "db": str(path)})  # fmt: skip
                 logger.info("nightshift %s %s seed %d: %.0f s, best %.3g s", name, strategy, seed, wall,
                             _last(curve) or 0)  # fmt: skip
+                if save is not None:
+                    save(out)  # a long phase keeps what it has measured
                 db.close()
     return out
 
@@ -258,6 +260,16 @@ def phase_warmstart(args, device, result: dict) -> dict:
         key = _key(name, args.trials)
         task, _ = _task(name)
         first = result["phases"].get("nightshift", {}).get(key, {}).get("evolutionary")
+        stored = WORK / f"ns_{name}_evolutionary_0.db"
+        if not first and stored.exists():
+            # A first job whose phase was cut short: its database holds everything it measured.
+            db = TuningDatabase(str(stored))
+            job = min(j for j, _ in db.jobs())
+            curve, times = _curve(db, task, job.created_at.replace(tzinfo=None))
+            first = [{"seed": 0, "best_s": _last(curve), "trials": len(curve), "db": str(stored), "curve_best_s": curve,
+                      "curve_t_s": times, "wall_s": times[-1] if times else None}]  # fmt: skip
+            result["phases"].setdefault("nightshift", {}).setdefault(key, {})["evolutionary"] = first
+            db.close()
         if not first:
             logger.warning("warmstart %s: no evolutionary run at %d trials to start from", name, args.trials)
             continue
@@ -442,7 +454,11 @@ def main() -> None:
     if args.phase == "metaschedule":
         data = phase_metaschedule(args, device)
     elif args.phase == "nightshift":
-        data = phase_nightshift(args, device)
+        def save(partial: dict) -> None:
+            result["phases"].setdefault("nightshift", {}).update(partial)
+            _save(result, args.out)
+
+        data = phase_nightshift(args, device, save)
     elif args.phase == "warmstart":
         data = phase_warmstart(args, device, result)
     else:
