@@ -317,11 +317,13 @@ def phase_plot(result: dict, out: Path) -> None:
         warm = result["phases"].get("warmstart", {}).get(key)
         if warm:
             lines["warm-started 2nd job"] = warm["warm"]
+            lines["cold job, as many trials"] = warm["cold"]
         for label, run in lines.items():
             ys = [y * 1e3 if y is not None else np.nan for y in run["curve_best_s"]]
-            row[0].plot(range(1, len(ys) + 1), ys, label=label, drawstyle="steps-post")
+            # Markers: a job of one batch stores its records at one instant.
+            row[0].plot(range(1, len(ys) + 1), ys, label=label, drawstyle="steps-post", marker=".")
             if run.get("curve_t_s"):
-                row[1].plot(run["curve_t_s"], ys, label=label, drawstyle="steps-post")
+                row[1].plot(run["curve_t_s"], ys, label=label, drawstyle="steps-post", marker=".")
         for ax, xlabel in zip(row, ("trials", "wall time (s)"), strict=True):
             ax.set_xlabel(xlabel)
             ax.set_ylabel("best latency (ms)")
