@@ -618,6 +618,10 @@ def choose_from_database(
     if str(chain_plan) not in candidates:
         pw = plan_workloads(mod, target, chain_plan, precision=precision)
         candidates["per-conv chain"] = (pw, plan_seconds(pw, best_seconds, bw, blind))
+    if not any(conv_seconds):
+        # No conv measured in any layout: transforms alone would rank the plans, on nothing
+        # the database knows. Every plan is unmeasured, and the target's default is taken.
+        candidates = {name: (pw, math.inf) for name, (pw, _sec) in candidates.items()}
     # min keeps the first of equals: the preferred layout.
     best_pw, best_sec = min(candidates.values(), key=lambda c: c[1])
     if not math.isfinite(best_sec):

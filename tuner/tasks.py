@@ -226,6 +226,12 @@ def extract_layout_tasks(
     choice = {k: min(members) for members in groups.values() if len(members) > 1 for k in members}
     tasks = [replace(t, choice=choice.get(k, ""), choice_rank=rank[k], io_bytes=conv_io.get(k, 0))
              for k, t in merged.items()]  # fmt: skip
+    # Two plans' modules each name their functions: a later plan's task that takes a name the
+    # first plan's holds (a `mean` reading NCHW8c beside one reading NCHW) says its layout, so
+    # tables, events and reports keyed by name keep them apart.
+    taken = {t.name for t in tasks if t.choice_rank == 0}
+    tasks = [replace(t, name=f"{t.name}[{layouts[t.choice_rank]}]") if t.choice_rank and t.name in taken else t
+             for t in tasks]  # fmt: skip
     tasks.sort(key=lambda t: (-t.weight * t.flops, t.name))
     logger.info("%d tasks over layouts %s, %d convs with alternatives", len(tasks), ", ".join(layouts), len(choice))
     return tasks
