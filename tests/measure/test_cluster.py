@@ -185,7 +185,7 @@ def test_device_node_that_joins_mid_job_times_its_candidates_one_record_each(mul
     measure = MeasureConfig(timing=FAST, build_timeout_s=120, run_timeout_s=20, device_wait_s=150, node_scan_s=0.5)
     job = TuningJob([workloads.matmul_task()], cpu_device, TuningDatabase(f"sqlite:///{db_path}"),
                     TuneConfig(trials=16, batch_size=4, seed=0, measure=measure), model_name="join")  # fmt: skip
-    seen: dict[str, int] = {}
+    out: dict = {}
 
     def measured(node_id: str) -> int:
         try:
@@ -194,31 +194,28 @@ def test_device_node_that_joins_mid_job_times_its_candidates_one_record_each(mul
         except (ValueError, ray.exceptions.RayError):  # not started yet
             return 0
 
-    def join() -> None:
-        deadline = time.monotonic() + 300
-        while (job.measurer is None or job.done == 0) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        # The first device is held from now on: only the node that joins can time, so the
-        # job goes on only if the measurer picks that node up.
-        lease, me = quiet.ensure(first.node_id), quiet.holder()
-        ray.get(lease.acquire_timing.remote(me))
-        try:
-            seen["before"] = measured(first.node_id)
-            node = multinode.add_node(num_cpus=0, resources={resource: 1})
-            seen["node"] = node.node_id  # type: ignore[assignment]
-            while measured(node.node_id) < 2 and time.monotonic() < deadline:
-                time.sleep(0.2)
-        finally:
-            ray.get(lease.release_timing.remote(me))
-
-    joiner = threading.Thread(target=join)
-    joiner.start()
-    summary = job.run()
-    joiner.join(timeout=300)
+    # The job runs in a thread: a Cluster adds nodes from the main thread only.
+    runner = threading.Thread(target=lambda: out.update(summary=job.run()))
+    runner.start()
+    deadline = time.monotonic() + 300
+    while (job.measurer is None or job.done == 0) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    # The first device is held from now on: only the node that joins can time, so the job
+    # goes on only if the measurer picks that node up.
+    lease, me = quiet.ensure(first.node_id), quiet.holder()
+    ray.get(lease.acquire_timing.remote(me))
+    try:
+        before = measured(first.node_id)
+        joined = multinode.add_node(num_cpus=0, resources={resource: 1}).node_id
+        while measured(joined) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        ray.get(lease.release_timing.remote(me))
+    runner.join(timeout=300)
+    summary = out["summary"]
     assert summary.trials == 16
-    joined = str(seen["node"])
     assert measured(joined) >= 2, "the node that joined timed no candidate of the job"
-    assert measured(first.node_id) > seen["before"], "the first device stopped timing once another joined"
+    assert measured(first.node_id) > before, "the first device stopped timing once another joined"
     with sqlite3.connect(db_path) as conn:
         rows = conn.execute("SELECT point, error_class FROM records WHERE job_id = ?", (summary.job_id,)).fetchall()
     assert len(rows) == 16 and len({p for p, _ in rows}) == 16

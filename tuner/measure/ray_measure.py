@@ -8,7 +8,10 @@ The pipeline, driven by one engine thread per measurer:
 Builds run as soon as a CPU is free; up to ``timing_depth`` built candidates are queued at
 each device actor, so the next artifact's transfer overlaps the current timing and the device
 never waits for the driver. On a CPU node a timing holds the node's lease and builds hold it
-shared (see ``tuner.measure.quiet``), so a timing never shares its cores with a build.
+shared (see ``tuner.measure.quiet``), so a timing never shares its cores with a build; a build
+lets a waiting timing go first between its stages, and where the timings' node also builds
+they are sent in batches (``timing_batch``) timed under one hold, so the node switches
+between building and timing a few times per batch of candidates, not twice per candidate.
 
 Every fault ends as a ``Measurement`` with an error class, for that candidate only: a build
 that raises, runs past its timeout or crashes its process; a lost artifact; a candidate that
