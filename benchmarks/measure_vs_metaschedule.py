@@ -13,7 +13,7 @@ Usage (writes benchmarks/results/measure_vs_metaschedule.json):
 
     nice -n 10 .venv/bin/python benchmarks/measure_vs_metaschedule.py --candidates 64
 
-Before/after a change of ``tuner.measure``, runs alternating between two checkouts (the
+Before/after a change of ``tuner.measure``, runs alternating between two checkouts (ABBA; the
 benchmark's own code is this file for both; ``PYTHONPATH`` picks whose ``tuner`` runs, Ray's
 workers inherit it), with the load average around each run:
 
@@ -279,7 +279,8 @@ def _ab_row(side: str, checkout: Path, result: dict, load_before: tuple[float, .
 
 
 def alternate(args: argparse.Namespace) -> None:
-    """``--ab``: before, after, before, after... each a fresh process (and Ray cluster)."""
+    """``--ab``: before, after, after, before, ... (a load that drifts during the runs favours
+    neither side), each a fresh process and Ray cluster."""
     import subprocess
     import sys
 
@@ -290,7 +291,7 @@ def alternate(args: argparse.Namespace) -> None:
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for k in range(args.runs):
-            for side, tree in sides:
+            for side, tree in sides if k % 2 == 0 else sides[::-1]:
                 out = Path(tmp) / f"{side}{k}.json"
                 cmd = [sys.executable, __file__, "--candidates", str(args.candidates), "--seed", str(args.seed),
                        "--agreement-candidates", str(args.agreement_candidates), "--skip-build-throughput",
