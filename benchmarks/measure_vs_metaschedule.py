@@ -15,7 +15,8 @@ Usage (writes benchmarks/results/measure_vs_metaschedule.json):
 
 Before/after a change of ``tuner.measure``, runs alternating between two checkouts (ABBA; the
 benchmark's own code is this file for both; ``PYTHONPATH`` picks whose ``tuner`` runs, Ray's
-workers inherit it), with the load average around each run:
+workers inherit it; each run starts in its checkout, since Ray also puts the driver's working
+directory on its workers' path), with the load average around each run:
 
     python benchmarks/measure_vs_metaschedule.py --candidates 64 --ab /path/to/base-checkout --runs 2 \
         --out benchmarks/results/measure_vs_metaschedule_ab.json
@@ -298,7 +299,9 @@ def alternate(args: argparse.Namespace) -> None:
                        "--out", str(out)]  # fmt: skip
                 load = os.getloadavg()
                 logger.info("run %d, %s (%s), load %s", k + 1, side, tree, load)
-                subprocess.run(cmd, env=os.environ | {"PYTHONPATH": str(tree)}, check=True)
+                # Ray puts the driver's working directory first on its workers' sys.path: run
+                # in the checkout, or the workers import this checkout's tuner beside the other's.
+                subprocess.run(cmd, env=os.environ | {"PYTHONPATH": str(tree)}, cwd=tree, check=True)
                 runs.append(_ab_row(side, tree, json.loads(out.read_text()), load))
                 logger.info("%s", {key: v for key, v in runs[-1].items() if key != "interleaved_ratios"})
     summary = {}
