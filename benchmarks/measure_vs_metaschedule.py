@@ -12,6 +12,14 @@ and relu, as the zoo model fuses it), measured by both peers one after the other
 Usage (writes benchmarks/results/measure_vs_metaschedule.json):
 
     nice -n 10 .venv/bin/python benchmarks/measure_vs_metaschedule.py --candidates 64
+
+Before/after a change of ``tuner.measure``, runs alternating between two checkouts (ABBA; the
+benchmark's own code is this file for both; ``PYTHONPATH`` picks whose ``tuner`` runs, Ray's
+workers inherit it; each run starts in its checkout, since Ray also puts the driver's working
+directory on its workers' path), with the load average around each run:
+
+    python benchmarks/measure_vs_metaschedule.py --candidates 64 --ab /path/to/base-checkout --runs 2 \
+        --out benchmarks/results/measure_vs_metaschedule_ab.json
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ import tvm
 logger = logging.getLogger("benchmarks.measure")
 RESULTS = Path(__file__).parent / "results"
 CONV_ARGS = [(1, 64, 56, 56), (64, 64, 3, 3)]
+AB_KEYS = ("nightshift_per_min", "metaschedule_per_min", "ratio", "device_idle_fraction", "device_busy_s",
+           "quiet_wait_s_total", "spread_median", "interleaved_median_ratio")  # fmt: skip
 
 
 def conv_task(device):
@@ -187,6 +197,7 @@ def interleaved_agreement(device, task, mods, timing, rounds: int = 2) -> dict:
     ratios = [a / b for a, b in pairs]
     return {"candidates": len(pairs), "rounds": rounds,
             "median_ratio_ns_over_ms": statistics.median(ratios) if ratios else None,
+            "within_2pct": sum(abs(r - 1) <= 0.02 for r in ratios),
             "within_5pct": sum(abs(r - 1) <= 0.05 for r in ratios),
             "within_10pct": sum(abs(r - 1) <= 0.10 for r in ratios),
             "ratios": ratios}
@@ -250,6 +261,67 @@ def two_workers(device, task, mods, config, args) -> None:
     logger.info("two workers: %s", json.dumps({k: v for k, v in result.items() if k != "command"}))
 
 
+def _ab_row(side: str, checkout: Path, result: dict, load_before: tuple[float, ...]) -> dict:
+    ns, ms, inter = result["nightshift"], result["metaschedule"], result["timings_agreement_interleaved"]
+    return {
+        "side": side, "checkout": str(checkout), "load_avg_before": load_before,
+        "load_avg_after": result["machine"]["load_avg_after"],
+        "nightshift_per_min": ns["candidates_per_min"], "metaschedule_per_min": ms["candidates_per_min"],
+        "ratio": result["ratio_candidates_per_min"], "nightshift_wall_s": ns["wall_s"],
+        "device_idle_fraction": ns["device_idle_fraction"], "device_busy_s": ns["device_busy_s"],
+        "build_cpu_s": ns["build_cpu_s"], "quiet_wait_s_total": ns["quiet_wait_s_total"],
+        "builds_waited_total": ns["builds_waited_total"], "early_stopped": ns["early_stopped"],
+        "remeasured": ns["remeasured"], "errors": ns["errors"], "spread_median": ns["spread_median"],
+        "spread_p90": ns["spread_p90"], "repeats_total": sum(p["repeats"] for p in ns["per_candidate"]),
+        "interleaved_median_ratio": inter["median_ratio_ns_over_ms"], "interleaved_within_2pct": inter["within_2pct"],
+        "interleaved_within_5pct": inter["within_5pct"], "interleaved_candidates": inter["candidates"],
+        "interleaved_ratios": inter["ratios"],
+    }  # fmt: skip
+
+
+def alternate(args: argparse.Namespace) -> None:
+    """``--ab``: before, after, after, before, ... (a load that drifts during the runs favours
+    neither side), each a fresh process and Ray cluster."""
+    import subprocess
+    import sys
+
+    here = Path(__file__).resolve().parents[1]
+    sides = [("before", args.ab.resolve()), ("after", here)]
+    commits = {side: subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True,
+                                    text=True, check=True).stdout.strip() for side, tree in sides}  # fmt: skip
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in range(args.runs):
+            for side, tree in sides if k % 2 == 0 else sides[::-1]:
+                out = Path(tmp) / f"{side}{k}.json"
+                cmd = [sys.executable, __file__, "--candidates", str(args.candidates), "--seed", str(args.seed),
+                       "--agreement-candidates", str(args.agreement_candidates), "--skip-build-throughput",
+                       "--out", str(out)]  # fmt: skip
+                load = os.getloadavg()
+                logger.info("run %d, %s (%s), load %s", k + 1, side, tree, load)
+                # Ray puts the driver's working directory first on its workers' sys.path: run
+                # in the checkout, or the workers import this checkout's tuner beside the other's.
+                subprocess.run(cmd, env=os.environ | {"PYTHONPATH": str(tree)}, cwd=tree, check=True)
+                runs.append(_ab_row(side, tree, json.loads(out.read_text()), load))
+                logger.info("%s", {key: v for key, v in runs[-1].items() if key != "interleaved_ratios"})
+    summary = {}
+    for side, _ in sides:
+        mine = [r for r in runs if r["side"] == side]
+        summary[side] = {key: statistics.median(v) if (v := [r[key] for r in mine if r[key] is not None]) else None
+                         for key in AB_KEYS}  # fmt: skip
+    result = {
+        "benchmark": "measure_vs_metaschedule --ab",
+        "command": f"python benchmarks/measure_vs_metaschedule.py --candidates {args.candidates} --ab {args.ab} "
+                   f"--runs {args.runs} --out {args.out}",
+        "commits": commits, "runs": runs, "median_by_side": summary,
+        "after_over_before_nightshift_per_min": summary["after"]["nightshift_per_min"]
+        / summary["before"]["nightshift_per_min"],
+    }  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    logger.info("medians: %s", json.dumps(summary))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--candidates", type=int, default=64)
@@ -259,11 +331,20 @@ def main() -> None:
                         help="candidates re-timed by both runners, alternating, on the same binaries")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS / "measure_vs_metaschedule.json")
+    parser.add_argument("--skip-build-throughput", action="store_true",
+                        help="leave out the 1 vs 2 build workers comparison")
+    parser.add_argument("--ab", type=Path, default=None, metavar="BASE_CHECKOUT",
+                        help="alternate runs of this benchmark with BASE_CHECKOUT's tuner (before) and this "
+                             "checkout's (after); --out gets every run and the ratios")
+    parser.add_argument("--runs", type=int, default=2, help="runs of each side with --ab")
     parser.add_argument("--two-workers", action="store_true",
                         help="only Nightshift, on a three-process cluster (head, two workers with the device "
                              "resource): how the timings spread over the two device actors")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if args.ab is not None:
+        alternate(args)
+        return
 
     from tuner.device import parse_device
     from tuner.measure.ray_measure import MeasureConfig, connect
@@ -311,8 +392,11 @@ def main() -> None:
                   and not a["early_stopped"]][: args.agreement_candidates]  # fmt: skip
     interleaved = interleaved_agreement(device, task, agree_mods, timing)
     logger.info("interleaved agreement: %s", {k: v for k, v in interleaved.items() if k != "ratios"})
-    one = build_throughput(device, task, fast, 1, config)
-    two = build_throughput(device, task, fast, 2, config)
+    if args.skip_build_throughput:
+        one = two = {"builds_per_min": float("nan")}
+    else:
+        one = build_throughput(device, task, fast, 1, config)
+        two = build_throughput(device, task, fast, 2, config)
     result = {
         "benchmark": "measure_vs_metaschedule",
         "command": f"nice -n 10 .venv/bin/python benchmarks/measure_vs_metaschedule.py --candidates {args.candidates}",

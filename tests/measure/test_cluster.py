@@ -169,3 +169,54 @@ def test_job_goes_on_through_killed_builds_actor_and_node_one_record_each(multin
     classes = {e for _, e in rows}
     assert classes <= {None, "lost", "build_error", "run_crash", "run_error"}, classes
     assert None in classes, "no candidate was timed"
+
+
+def test_device_node_that_joins_mid_job_times_its_candidates_one_record_each(multinode, cpu_device, tmp_path):
+    """A node offering the device that joins while a job runs gets the job's timings; the
+    database holds exactly one record per candidate."""
+    from tuner.db import TuningDatabase
+    from tuner.job import TuneConfig, TuningJob
+    from tuner.measure import device_actor, quiet
+
+    resource = device_resource(cpu_device)
+    first = multinode.add_node(num_cpus=0, resources={resource: 1})
+    multinode.wait_for_nodes()
+    db_path = tmp_path / "t.db"
+    measure = MeasureConfig(timing=FAST, build_timeout_s=120, run_timeout_s=20, device_wait_s=150, node_scan_s=0.5)
+    job = TuningJob([workloads.matmul_task()], cpu_device, TuningDatabase(f"sqlite:///{db_path}"),
+                    TuneConfig(trials=16, batch_size=4, seed=0, measure=measure), model_name="join")  # fmt: skip
+    out: dict = {}
+
+    def measured(node_id: str) -> int:
+        try:
+            actor = ray.get_actor(device_actor.actor_name(resource, node_id, 0), namespace=quiet.NAMESPACE)
+            return int(ray.get(actor.info.remote(), timeout=30)["measured"])
+        except (ValueError, ray.exceptions.RayError):  # not started yet
+            return 0
+
+    # The job runs in a thread: a Cluster adds nodes from the main thread only.
+    runner = threading.Thread(target=lambda: out.update(summary=job.run()))
+    runner.start()
+    deadline = time.monotonic() + 300
+    while (job.measurer is None or job.done == 0) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    # The first device is held from now on: only the node that joins can time, so the job
+    # goes on only if the measurer picks that node up.
+    lease, me = quiet.ensure(first.node_id), quiet.holder()
+    ray.get(lease.acquire_timing.remote(me))
+    try:
+        before = measured(first.node_id)
+        joined = multinode.add_node(num_cpus=0, resources={resource: 1}).node_id
+        while measured(joined) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        ray.get(lease.release_timing.remote(me))
+    runner.join(timeout=300)
+    summary = out["summary"]
+    assert summary.trials == 16
+    assert measured(joined) >= 2, "the node that joined timed no candidate of the job"
+    assert measured(first.node_id) > before, "the first device stopped timing once another joined"
+    with sqlite3.connect(db_path) as conn:
+        rows = conn.execute("SELECT point, error_class FROM records WHERE job_id = ?", (summary.job_id,)).fetchall()
+    assert len(rows) == 16 and len({p for p, _ in rows}) == 16
+    assert {e for _, e in rows} == {None}, rows

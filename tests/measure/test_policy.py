@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tvm
@@ -80,6 +82,30 @@ def test_hopeless_candidate_stopped_early_with_probe_only(runner, task, good):
     assert slow.ok and slow.early_stopped and len(slow.run_secs) == 2
     fine = runner.measure(task.workload_key, good, "main", timing, best_sec=10.0)
     assert fine.ok and not fine.early_stopped and len(fine.run_secs) >= 5
+
+
+def test_probe_calls_count_as_repeats_when_each_is_one(runner, task, good):
+    reused = TimingConfig(repeat=5, probe=3, hopeless_factor=4.0, min_repeat_ms=0, max_spread=10.0)
+    r = runner.measure(task.workload_key, good, "main", reused, best_sec=10.0)
+    assert r.ok and not r.early_stopped and len(r.run_secs) == 5
+    # A 64^3 matmul call is far shorter than 1 s: the probe is no repeat of that kind.
+    dropped = TimingConfig(repeat=4, probe=3, hopeless_factor=4.0, min_repeat_ms=1000, max_spread=10.0)
+    r = runner.measure(task.workload_key, good, "main", dropped, best_sec=10.0)
+    assert r.ok and not r.early_stopped and len(r.run_secs) == 4
+    assert min(r.run_secs) > 1e-6
+
+
+def test_noisy_candidate_remeasured_only_while_it_may_be_the_best(runner, task, good):
+    # Every round counts as noisy; no probe, so nothing stops the candidate early.
+    noisy = TimingConfig(repeat=3, min_repeat_ms=1, max_spread=-1.0, max_remeasure=2, hopeless_factor=0.0)
+    behind = runner.measure(task.workload_key, good, "main", noisy, best_sec=1e-9)
+    assert behind.ok and not behind.early_stopped
+    assert behind.remeasured == 0 and len(behind.run_secs) == 3
+    contender = runner.measure(task.workload_key, good, "main", noisy, best_sec=10.0)
+    assert contender.remeasured == 2 and len(contender.run_secs) == 9
+    always = runner.measure(task.workload_key, good, "main", dataclasses.replace(noisy, contender_factor=0.0),
+                            best_sec=1e-9)  # fmt: skip
+    assert always.remeasured == 2
 
 
 def test_wrong_answer_is_an_error_never_a_timing(runner, task):

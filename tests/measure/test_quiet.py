@@ -46,6 +46,20 @@ def _work(node_id: str, seconds: float, die: bool = False) -> tuple[float, float
         return start, time.time()
 
 
+@ray.remote(num_cpus=0, max_retries=0)
+def _staged(node_id: str, stages: int, seconds: float) -> list[tuple[float, float]]:
+    """CPU work in stages that lets waiting timings go first between them; when each ran."""
+    ran = []
+    with quiet.cpu_work(node_id) as work:
+        for k in range(stages):
+            if k and work.timing_pending():
+                work.pause()
+            start = time.time()
+            _burn(seconds)
+            ran.append((start, time.time()))
+    return ran
+
+
 @ray.remote(num_cpus=0)
 class _Timer:
     def __init__(self, node_id: str) -> None:
@@ -112,6 +126,41 @@ def test_builds_waiting_for_a_timing_do_not_time_out(node, make_measurer, task):
     for f in futures:
         r = f.result(timeout=120).build
         assert r.ok, r.error_msg
+
+
+def test_a_timing_waits_for_the_stage_in_progress_not_the_whole_work(node):
+    timer = _Timer.remote(node)
+    ray.get(timer.time_once.remote(0.0))
+    lease = quiet.lookup(node)
+    work = _staged.remote(node, 4, 1.0)
+    _until(lambda: ray.get(lease.state.remote())["shared"] == 1)
+    t_start, t_end, grant = ray.get(timer.time_once.remote(0.3), timeout=120)
+    stages = ray.get(work, timeout=120)
+    for start, end in stages:
+        assert end <= t_start or start >= t_end, ("a stage overlapped the timing", (start, end), (t_start, t_end))
+    assert grant["shared_waited"] == 1
+    assert any(start >= t_end for start, _ in stages), "the timing waited for the whole work"
+
+
+def test_a_build_paused_for_a_timing_between_its_stages_does_not_time_out(node, make_measurer, task):
+    """A timing asked for while a build compiles runs at the build's next stage, before the
+    build ends; the pause, longer than the build timeout, does not count against it."""
+    m = make_measurer(MeasureConfig(build_timeout_s=20, build_start_timeout_s=300))
+    m.build(task, [workloads.tiled(task, 8)])  # build workers are up
+    lease = quiet.lookup(node)
+    me = quiet.holder()
+    [future] = m.submit(task, [workloads.unrolled(task, 32)], time_them=False)  # LLVM compiles for seconds
+    _until(lambda: ray.get(lease.state.remote())["shared"] == 1)
+    ray.get(lease.acquire_timing.remote(me))
+    try:
+        assert not future.done(), "the timing waited for the whole build"
+        time.sleep(22)
+        assert not future.done(), "the build went on during the timing"
+    finally:
+        ray.get(lease.release_timing.remote(me))
+    r = future.result(timeout=300).build
+    assert r.ok, r.error_msg
+    assert r.build_sec < 20
 
 
 def test_builds_pinned_to_the_cores_a_timing_leaves_free():

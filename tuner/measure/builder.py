@@ -6,7 +6,8 @@ import contextlib
 import logging
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import tvm
@@ -18,13 +19,23 @@ from tuner.measure.results import BuildResult, ErrorClass
 logger = logging.getLogger(__name__)
 
 
-def build_candidate(mod_json: str, target_config: dict) -> BuildResult:
-    """Compile a scheduled PrimFunc module (TVM JSON) and export it as a .so's bytes.
+@dataclass(frozen=True)
+class BuildPause:
+    """An item of a build's stream: the build handed its node to a timing (``paused``) or got
+    it back; ``ran_s``: how long it has run so far, the time its timeout counts."""
 
-    Runs wherever the compiler is; the bytes travel to a measuring node that needs only the
-    TVM runtime (CUDA kernels are compiled to device code here, see ``tuner.measure.cuda``).
-    Errors become a ``BuildResult`` with ``BUILD_ERROR``.
+    paused: bool
+    ran_s: float
+
+
+def build_stages(mod_json: str, target_config: dict) -> Generator[None, None, BuildResult]:
+    """Compile a scheduled PrimFunc module (TVM JSON) and export it as a .so's bytes, in stages.
+
+    Yields between the stages (compilation, then export: object code and link), where the
+    caller may hand its cores to a timing; returns the ``BuildResult``, whose ``build_sec``
+    counts the stages only. Errors become a ``BuildResult`` with ``BUILD_ERROR``.
     """
+    ran = 0.0
     start = time.perf_counter()
     target = tvm.target.Target(target_config)
     cuda = str(target.kind.name) == "cuda"
@@ -35,6 +46,10 @@ def build_candidate(mod_json: str, target_config: dict) -> BuildResult:
         # The CUDA compile callback reads the arch from the target in scope.
         with target if cuda else contextlib.nullcontext():
             lib = tvm.compile(mod, target=target)
+        ran += time.perf_counter() - start
+        yield
+        start = time.perf_counter()
+        # LLVM emits the object code here, about as long as the compilation.
         with tempfile.TemporaryDirectory(prefix="nightshift-build-") as tmp:
             path = Path(tmp) / "candidate.so"
             lib.export_library(str(path))
@@ -42,24 +57,54 @@ def build_candidate(mod_json: str, target_config: dict) -> BuildResult:
         if cuda and "cuda" in kernel_formats(data):
             raise CudaToolchainError("CUDA kernels were kept as source, which no GPU worker can run")
     except Exception as err:  # TVM raises many error types for unbuildable schedules
-        return BuildResult(None, time.perf_counter() - start, ErrorClass.BUILD_ERROR, _short(err))
-    return BuildResult(data, time.perf_counter() - start, size=len(data))
+        return BuildResult(None, ran + time.perf_counter() - start, ErrorClass.BUILD_ERROR, _short(err))
+    return BuildResult(data, ran + time.perf_counter() - start, size=len(data))
 
 
-def build_task(mod_json: str, target_config: dict) -> Iterator[float | bytes | BuildResult | None]:
-    """The Ray task body, a streaming generator: start time, metadata, then the bytes.
+def build_candidate(mod_json: str, target_config: dict) -> BuildResult:
+    """Compile a scheduled PrimFunc module (TVM JSON) and export it as a .so's bytes.
+
+    Runs wherever the compiler is; the bytes travel to a measuring node that needs only the
+    TVM runtime (CUDA kernels are compiled to device code here, see ``tuner.measure.cuda``).
+    Errors become a ``BuildResult`` with ``BUILD_ERROR``.
+    """
+    stages = build_stages(mod_json, target_config)
+    while True:
+        try:
+            next(stages)
+        except StopIteration as stop:
+            return stop.value
+
+
+def build_task(mod_json: str, target_config: dict) -> Iterator[float | BuildPause | BuildResult | bytes | None]:
+    """The Ray task body, a streaming generator: start time, pauses, metadata, then the bytes.
 
     The start is reported once the process is up, TVM imported and its node's shared lease
     held (see ``tuner.measure.quiet``: no timing runs on the node while it builds), so the
-    driver's build timeout counts compilation only. The driver reads only the small
-    metadata; the bytes go from the object store straight to the device actor.
+    driver's build timeout counts compilation only. Between stages the build lets a timing
+    that waits for the node go first, and says so (``BuildPause``): the driver stops its
+    timeout meanwhile. The driver reads only the small metadata; the bytes go from the object
+    store straight to the device actor.
     """
     import ray
 
     node_id = ray.get_runtime_context().get_node_id()
-    with cpu_work(node_id):
+    with cpu_work(node_id) as work:
         yield time.time()
-        result = build_candidate(mod_json, target_config)
+        started = time.perf_counter()
+        paused = 0.0
+        stages = build_stages(mod_json, target_config)
+        while True:
+            try:
+                next(stages)
+            except StopIteration as stop:
+                result: BuildResult = stop.value
+                break
+            if work.timing_pending():
+                ran = time.perf_counter() - started - paused
+                yield BuildPause(True, ran)
+                paused += work.pause()
+                yield BuildPause(False, ran)
     yield BuildResult(None, result.build_sec, result.error_class, result.error_msg, node_id, result.size)
     yield result.artifact
 

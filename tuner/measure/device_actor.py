@@ -27,8 +27,10 @@ from tuner.measure.runner import CandidateRunner, Reference, TimingConfig
 logger = logging.getLogger(__name__)
 
 # While more calls wait, a timing keeps the node's lease for them up to this long, so that a
-# queue of built candidates is timed back to back rather than each after a round of builds.
-_LINGER_MAX_S = 2.0
+# queue of built candidates (a measurer sends a batch of them at once, see
+# ``MeasureConfig.timing_batch``) is timed back to back rather than each after a round of
+# builds; builds wait meanwhile (paused, their timeout stopped).
+_LINGER_MAX_S = 5.0
 # A call that runs this many times its run timeout (plus a margin) was abandoned by a driver
 # that died: the actor ends its own process so that Ray restarts it for the other jobs.
 _ABANDONED_FACTOR = 3.0
@@ -111,15 +113,20 @@ class DeviceActor(CandidateRunner):
         self._timing_threads: set[int] = set()
         self._turns = _Turns()
         self._current: tuple[float, float] | None = None
+        self._measured = 0
+        self._best: dict[str, float] = {}  # task -> best median timed here
         threading.Thread(target=self._watch, name="nightshift-abandoned", daemon=True).start()
 
     def info(self) -> dict[str, Any]:
-        """Where the actor runs and the device as its node sees it (fingerprint included)."""
+        """Where the actor runs, the device as its node sees it (fingerprint included) and how
+        many candidates it has measured since it started."""
         d = self.device
         return super().info() | {
-            "fingerprint": d.fingerprint,
+            "fingerprint": d.fingerprint, "measured": self._measured,
             # Threads that ran checks and timings: one, so TVM keeps one thread pool.
             "timing_threads": len(self._timing_threads),
+            # Builds on this node wait for its timings (no spare cores to pin them to).
+            "builds_wait": self.lease is not None and self._timing_cores is None,
             "device": {"kind": d.kind, "index": d.index, "target_config": d.target_config,
                        "description": d.description},
         }  # fmt: skip
@@ -139,11 +146,18 @@ class DeviceActor(CandidateRunner):
         with self._turns:
             grant = self._hold()
             self._current = (time.monotonic(), run_timeout_s)
+            # A measurer sends a batch with the best it knew when it sent it; the actor knows
+            # the best of the candidates it timed since (on this device, for any job).
+            known = [b for b in (best_sec, self._best.get(task_key)) if b]
             try:
                 yield time.time()
-                run = self._timer.submit(self._measure, task_key, artifact, entry, timing, reference, best_sec).result()
+                run = self._timer.submit(self._measure, task_key, artifact, entry, timing, reference,
+                                         min(known, default=None)).result()  # fmt: skip
+                if run.ok and not run.early_stopped and run.median is not None:
+                    self._best[task_key] = min(run.median, self._best.get(task_key, run.median))
             finally:
                 self._current = None
+                self._measured += 1
                 self._let_go()
         yield dataclasses.replace(run, device_fingerprint=self.device.fingerprint,
                                   quiet_wait_s=grant.get("waited_s", 0.0), builds_waited=grant.get("shared_waited", 0))

@@ -6,7 +6,9 @@ node hold a *shared* lease while they do (a build while it compiles, a driver wh
 searches); the device actor takes the *exclusive* lease for a timing. Once a timing asks, no
 new shared lease is granted; the timing starts when the shared ones running are returned. So
 a timing never shares its cores with a build, and a build never stops half-way: its timeout
-counts only the time it ran.
+counts only the time it ran. A long piece of work returns its lease between its stages when a
+timing waits (``CpuWork.pause``), so a timing waits for the stage in progress, not the whole
+build.
 
 When the device actor times on fewer cores than the node offers, it registers its cores and
 builds are pinned to the others (``os.sched_setaffinity``) without waiting for any lease.
@@ -97,6 +99,10 @@ class NodeQuiet:
                 return {"cores": None, "waited_s": waited}
             await asyncio.sleep(_POLL_S)
 
+    def timing_pending(self) -> bool:
+        """Whether a timing holds the node or waits for it (shared holders should pause)."""
+        return self._timing is not None or bool(self._waiting)
+
     def release_shared(self, who: tuple[int, float]) -> None:
         """Return one shared lease of ``who``."""
         n = self._shared.get(who, 0) - 1
@@ -177,41 +183,96 @@ def lookup(node_id: str) -> Any | None:
     return handle
 
 
+class CpuWork:
+    """The hold ``cpu_work`` yields: a shared lease of the node, a pinning to the cores no
+    timing uses, or nothing (no timing on the node). Used by one thread."""
+
+    def __init__(self, lease: Any = None, who: tuple[int, float] | None = None,
+                 grant: dict[str, Any] | None = None) -> None:  # fmt: skip
+        self._lease, self._who = lease, who
+        self._affinity: set[int] | None = None
+        self.waited_s = 0.0
+        if grant is not None:
+            self._take(grant)
+
+    def _take(self, grant: dict[str, Any]) -> None:
+        if grant["cores"]:  # pinned where no timing runs: no lease to hold or return
+            if self._affinity is None:
+                self._affinity = os.sched_getaffinity(0)
+            os.sched_setaffinity(0, grant["cores"])
+            self._lease = None
+        self.waited_s += float(grant["waited_s"])
+
+    def timing_pending(self) -> bool:
+        """Whether a timing waits for (or holds) the node: call ``pause`` at the next stage."""
+        if self._lease is None:
+            return False
+        import ray
+        from ray.exceptions import RayError
+
+        try:
+            return bool(ray.get(self._lease.timing_pending.remote()))
+        except RayError:
+            return False
+
+    def pause(self) -> float:
+        """Return the lease, let the waiting timings run, hold it again; the seconds it took."""
+        if self._lease is None:
+            return 0.0
+        import ray
+        from ray.exceptions import RayError
+
+        start = time.monotonic()
+        try:
+            # Calls of one caller run in order: the release lands before the new request.
+            self._lease.release_shared.remote(self._who)
+            self._take(ray.get(self._lease.acquire_shared.remote(self._who)))
+        except RayError as err:  # the lease actor restarts: work as if the node were idle
+            logger.warning("node lease unavailable (%s); working without it", err)
+            self._lease = None
+        return time.monotonic() - start
+
+    def close(self) -> None:
+        """Return the lease or the pinning."""
+        if self._affinity is not None:
+            os.sched_setaffinity(0, self._affinity)
+            self._affinity = None
+        if self._lease is not None:
+            from ray.exceptions import RayError
+
+            with contextlib.suppress(RayError):
+                self._lease.release_shared.remote(self._who)
+            self._lease = None
+
+
 @contextlib.contextmanager
-def cpu_work(node_id: str | None) -> Iterator[float]:
+def cpu_work(node_id: str | None) -> Iterator[CpuWork]:
     """Hold a shared lease of node ``node_id`` while the block burns CPU there.
 
-    Yields the seconds waited for the lease. Where the node times on part of its cores only,
-    the process is pinned to the others for the block instead. Where nothing times on the
-    node (no lease actor), it runs at once.
+    Yields the hold (``waited_s``: the seconds waited for the lease; ``pause`` between stages
+    of long work). Where the node times on part of its cores only, the process is pinned to
+    the others for the block instead. Where nothing times on the node (no lease actor), it
+    runs at once.
     """
     import ray
     from ray.exceptions import RayError
 
     lease = lookup(node_id) if node_id else None
     if lease is None:
-        yield 0.0
+        yield CpuWork()
         return
     me = holder()
     try:
         grant = ray.get(lease.acquire_shared.remote(me))
     except RayError as err:  # the lease actor restarts: work as if the node were idle
         logger.warning("node lease unavailable (%s); working without it", err)
-        yield 0.0
+        yield CpuWork()
         return
-    if grant["cores"]:
-        before = os.sched_getaffinity(0)
-        os.sched_setaffinity(0, grant["cores"])
-        try:
-            yield 0.0
-        finally:
-            os.sched_setaffinity(0, before)
-        return
+    work = CpuWork(lease, me, grant)
     try:
-        yield float(grant["waited_s"])
+        yield work
     finally:
-        with contextlib.suppress(RayError):
-            lease.release_shared.remote(me)
+        work.close()
 
 
 class TimingLease:

@@ -8,7 +8,10 @@ The pipeline, driven by one engine thread per measurer:
 Builds run as soon as a CPU is free; up to ``timing_depth`` built candidates are queued at
 each device actor, so the next artifact's transfer overlaps the current timing and the device
 never waits for the driver. On a CPU node a timing holds the node's lease and builds hold it
-shared (see ``tuner.measure.quiet``), so a timing never shares its cores with a build.
+shared (see ``tuner.measure.quiet``), so a timing never shares its cores with a build; a build
+lets a waiting timing go first between its stages, and where the timings' node also builds
+they are sent in batches (``timing_batch``) timed under one hold, so the node switches
+between building and timing a few times per batch of candidates, not twice per candidate.
 
 Every fault ends as a ``Measurement`` with an error class, for that candidate only: a build
 that raises, runs past its timeout or crashes its process; a lost artifact; a candidate that
@@ -44,7 +47,8 @@ from ray.exceptions import (
 
 from tuner.device import Device
 from tuner.errors import NightshiftError, UserInputError
-from tuner.measure.builder import build_task
+from tuner.measure import device_actor
+from tuner.measure.builder import BuildPause, build_task
 from tuner.measure.cuda import gpu_archs, reference_module
 from tuner.measure.results import BuildResult, ErrorClass, Measurement, RunResult
 from tuner.measure.runner import ArgSpec, Reference, TimingConfig
@@ -68,6 +72,12 @@ class MeasureConfig:
         timing: how a candidate is timed.
         max_builds_in_flight: concurrent builds; default: every CPU of the cluster.
         timing_depth: candidates queued at each device actor at once (2 overlaps transfers).
+        timing_batch: on a device whose timings make its node's builds wait (a CPU node that
+            builds too, with no core to spare), built candidates are sent in batches of this
+            many, timed back to back under one hold of the node: fewer switches between builds
+            and timings, each of which leaves cores idle while the running build stages end.
+            A batch goes early when no build is left in flight or its oldest candidate has
+            waited ``timing_batch_wait_s``. 1: no batching.
         quiet_builds: keep builds and this node's search off a CPU device's node while it times
             (a per-node lease, see ``tuner.measure.quiet``); default: for CPU devices.
         device_wait_s: how long timings wait for a device actor that restarts or whose node
@@ -75,6 +85,9 @@ class MeasureConfig:
         build_retries: Ray retries of a build whose worker or node died.
         build_start_timeout_s: how long a build may wait for a CPU and a worker process (a
             cold worker imports TVM for seconds) before ``build_timeout_s`` starts counting.
+        node_scan_s: how often, while it has work, the measurer looks for nodes that joined the
+            cluster with the device's resource; their device actors take timings once they
+            answer with the fingerprint the measurer times on.
     """
 
     build_timeout_s: float = 60.0
@@ -82,10 +95,13 @@ class MeasureConfig:
     timing: TimingConfig = field(default_factory=TimingConfig)
     max_builds_in_flight: int | None = None
     timing_depth: int = 2
+    timing_batch: int = 8
+    timing_batch_wait_s: float = 5.0
     quiet_builds: bool | None = None
     device_wait_s: float = 60.0
     build_retries: int = 1
     build_start_timeout_s: float = 300.0
+    node_scan_s: float = 5.0
 
 
 @dataclass
@@ -174,7 +190,8 @@ class _Cand:
     artifact: Any = None
     deadline: float = 0.0
     attempts: int = 0
-    stage: int = 0  # build stream items received: start time, artifact, metadata
+    stage: int = 0  # build stream items received: start time, (pauses,) metadata, artifact
+    ready_at: float = 0.0  # when it joined the candidates to time
 
 
 @dataclass
@@ -208,6 +225,7 @@ class _Dev:
     ping_after: float = 0.0
     refs: set[str] = field(default_factory=set)  # tasks whose reference output the actor holds
     dead: bool = False  # its node is gone: calls queued for it would wait forever
+    batch: bool = False  # its timings make builds wait: send them in batches (timing_batch)
     # The candidate whose call ran when the actor died, with the verdict it gets if the node
     # is still there once the actor is back ("crash" or "timeout") and the message.
     suspect: tuple[_Cand, str, str] | None = None
@@ -220,6 +238,8 @@ class RayMeasurer:
     it (``tuner.measure.device_actor``); a measurer times on every actor whose device has the
     fingerprint it was asked for (or, if none has, the most common one), so identical nodes
     share a job's timings, and two measurers (two jobs) on one device take turns at its actor.
+    Nodes that join later are found while the measurer works (``MeasureConfig.node_scan_s``)
+    and time too once their actor answers with that fingerprint; a node that leaves is dropped.
     ``device`` is the device as the timing nodes see it: builds target it and records are
     keyed by its fingerprint. ``submit`` is thread-safe and returns one future per candidate.
 
@@ -229,8 +249,6 @@ class RayMeasurer:
     """
 
     def __init__(self, device: Device, config: MeasureConfig | None = None) -> None:
-        from tuner.measure import device_actor
-
         self.config = config or MeasureConfig()
         self.resource = device_resource(device)
         nodes = _device_nodes(self.resource)
@@ -243,15 +261,18 @@ class RayMeasurer:
             num_cpus=1, num_returns="streaming", max_retries=self.config.build_retries, retry_exceptions=False
         )
         quiet = self.config.quiet_builds if self.config.quiet_builds is not None else device.kind == "cpu"
-        devs = []
-        for node_id, units in nodes:
-            for unit in range(units):
-                name = device_actor.actor_name(self.resource, node_id, unit)
-                actor = device_actor.ensure(self.resource, node_id, unit, device.kind, device.target_config,
-                                            quiet=quiet)  # fmt: skip
-                devs.append(_Dev(node_id, name, actor))
+        self._actor_args = (device.kind, device.target_config, quiet)
+        devs = [self._start_actor(node_id, unit) for node_id, units in nodes for unit in range(units)]
         infos = self._infos(devs)
         self._devs, self.device = _choose(device, devs, infos)
+        builds = _build_nodes()
+        for d, info in zip(devs, infos, strict=True):
+            d.batch = bool(info and info.get("builds_wait")) and d.node_id in builds
+        # Actors answered and used or set aside (another fingerprint); those that did not
+        # answer are asked again by the next scan.
+        self._known = {d.name for d, info in zip(devs, infos, strict=True) if info is not None}
+        self._joining: dict[Any, _Dev] = {}  # info() call -> actor of a node that joined
+        self._scanned = time.monotonic()
         self._measure = "measure_stream"
         self._ids = iter(range(1 << 62))
         self._cv = threading.Condition()
@@ -269,6 +290,12 @@ class RayMeasurer:
         self.stats = MeasureStats()
         self._thread = threading.Thread(target=self._loop, name="nightshift-measure", daemon=True)
         self._thread.start()
+
+    def _start_actor(self, node_id: str, unit: int) -> _Dev:
+        kind, target_config, quiet = self._actor_args
+        name = device_actor.actor_name(self.resource, node_id, unit)
+        actor = device_actor.ensure(self.resource, node_id, unit, kind, target_config, quiet=quiet)
+        return _Dev(node_id, name, actor)
 
     def _infos(self, devs: list[_Dev]) -> list[dict[str, Any] | None]:
         refs = [d.actor.info.remote() for d in devs]
@@ -387,6 +414,7 @@ class RayMeasurer:
                     or any(d.calls or d.ping or d.suspect for d in self._devs))  # fmt: skip
 
     def _step(self) -> None:
+        self._scan_nodes()
         self._launch_builds()
         self._dispatch_timings()
         waitables = list(self._building)
@@ -394,6 +422,7 @@ class RayMeasurer:
             waitables += [call.stream for call in d.calls]
             if d.ping is not None:
                 waitables.append(d.ping)
+        waitables += list(self._joining)
         now = time.monotonic()
         if not waitables:
             time.sleep(0.05)  # waiting for the next ping to a device actor
@@ -408,6 +437,9 @@ class RayMeasurer:
             if ref in self._building:
                 self._on_build_item(ref, self._building.pop(ref))
                 continue
+            if ref in self._joining:
+                self._on_join(ref, self._joining.pop(ref))
+                continue
             for d in self._devs:
                 if d.ping is not None and ref == d.ping:
                     self._on_ping(d)
@@ -418,6 +450,46 @@ class RayMeasurer:
                     break
         self._check_deadlines()
         self._check_nodes()
+
+    def _scan_nodes(self) -> None:
+        """Start (or find) the device actors of nodes that joined with the device's resource
+        and ask them who they are; ``_on_join`` adds those with the chosen fingerprint."""
+        now = time.monotonic()
+        if now - self._scanned < self.config.node_scan_s:
+            return
+        self._scanned = now
+        try:
+            nodes = _device_nodes(self.resource)
+        except RayError:
+            return
+        asked = {d.name for d in self._joining.values()}
+        for node_id, units in nodes:
+            for unit in range(units):
+                name = device_actor.actor_name(self.resource, node_id, unit)
+                if name in self._known or name in asked:
+                    continue
+                try:
+                    d = self._start_actor(node_id, unit)
+                    self._joining[d.actor.info.remote()] = d
+                except RayError as err:  # the node left again: the next scan will not list it
+                    logger.warning("device actor on joining node %s did not start: %s", node_id[:12], _short(err))
+
+    def _on_join(self, ref: Any, d: _Dev) -> None:
+        try:
+            info = ray.get(ref)
+        except RayError as err:  # gone again or failing: asked again at the next scan if listed
+            logger.warning("device actor %s did not answer: %s", d.name, _short(err, 300))
+            return
+        self._known.add(d.name)
+        d.fingerprint = info["fingerprint"]
+        if d.fingerprint != self.device.fingerprint:
+            logger.info("device node %s joined with fingerprint %s, not %s: not used", d.node_id[:12],
+                        d.fingerprint, self.device.fingerprint)  # fmt: skip
+            return
+        d.batch = bool(info.get("builds_wait")) and d.node_id in _build_nodes()
+        self._devs.append(d)
+        logger.info("device node %s joined: timing on %d device actor(s)", d.node_id[:12],
+                    sum(not x.dead for x in self._devs))  # fmt: skip
 
     def _check_nodes(self) -> None:
         """Fail the calls of devices whose node died: a restarting actor that cannot come back
@@ -478,6 +550,12 @@ class RayMeasurer:
             c.deadline = time.monotonic() + self.config.build_timeout_s
             self._building[stream] = c
             return
+        if c.stage == 1 and isinstance(item, BuildPause):
+            # Paused for a timing of its node: the timeout counts only the time it runs.
+            left = self.config.build_start_timeout_s if item.paused else self.config.build_timeout_s - item.ran_s
+            c.deadline = time.monotonic() + left
+            self._building[stream] = c
+            return
         if c.stage == 1 and isinstance(item, BuildResult) and item.ok:  # built; the bytes come next
             c.stage = 2
             c.build = item
@@ -505,6 +583,7 @@ class RayMeasurer:
             self._finish(c, RunResult(error_class=meta.error_class, error_msg=meta.error_msg) if not meta.ok
                          else RunResult())  # fmt: skip
             return
+        c.ready_at = time.monotonic()
         self._to_time.append(c)
 
     def _dispatch_timings(self) -> None:
@@ -528,13 +607,15 @@ class RayMeasurer:
                 d.suspect = None
                 self._finish(c, RunResult(error_class=ErrorClass.LOST,
                                           error_msg=f"device actor did not come back after: {msg}"))
-        while up:
-            d = min(up, key=lambda d: len(d.calls))
-            if len(d.calls) >= self.config.timing_depth:
+        ready = [c for c in self._to_time if self._ref_ready(c.task_key)]
+        due = bool(ready) and self._batch_due(ready)
+        for c in ready:
+            # A device that makes builds wait starts a batch only when it is due; one in a
+            # batch takes more while it holds the node (its actor keeps the hold for them).
+            takers = [d for d in up if len(d.calls) < self._depth(d) and (due or d.calls or not d.batch)]
+            if not takers:
                 return
-            c = next((c for c in self._to_time if self._ref_ready(c.task_key)), None)
-            if c is None:
-                return
+            d = min(takers, key=lambda d: len(d.calls))
             self._to_time.remove(c)
             state = self._refs[c.task_key]
             if state.error is not None:
@@ -548,6 +629,15 @@ class RayMeasurer:
             ).remote(c.task_key, c.artifact, c.entry, self.config.timing, reference, self._best.get(c.task_key),
                      self._budget(d, c))  # fmt: skip
             d.calls.append(_Call(stream, c))
+
+    def _depth(self, d: _Dev) -> int:
+        return max(self.config.timing_batch, self.config.timing_depth) if d.batch else self.config.timing_depth
+
+    def _batch_due(self, ready: list[_Cand]) -> bool:
+        """Whether the ready candidates make a batch: enough, no more coming, or waited long."""
+        if len(ready) >= self.config.timing_batch or not (self._to_build or self._building):
+            return True
+        return time.monotonic() - min(c.ready_at for c in ready) >= self.config.timing_batch_wait_s
 
     def _on_call_item(self, d: _Dev, call: _Call) -> None:
         c = call.cand
@@ -721,6 +811,14 @@ def _device_nodes(resource: str) -> list[tuple[str, int]]:
         for n in ray.nodes()
         if n.get("Alive") and n.get("Resources", {}).get(resource, 0) >= 1
     )
+
+
+def _build_nodes() -> set[str]:
+    """Live nodes that offer CPUs, where builds run."""
+    try:
+        return {n["NodeID"] for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0}
+    except RayError:
+        return set()
 
 
 def _choose(device: Device, devs: list[_Dev], infos: list[dict[str, Any] | None]) -> tuple[list[_Dev], Device]:

@@ -45,7 +45,10 @@ class TimingConfig:
     Timing a candidate takes about ``max_timing_s`` at most: a slow candidate (the first of a
     task has no best to be compared with) gets fewer repeats, at least one, and no extra rounds
     that would not fit, so it is recorded with its real time instead of running into the run
-    timeout (0 disables).
+    timeout (0 disables). Probe calls that each last ``min_repeat_ms`` are repeats of the
+    same kind (one call each) and count among the ``repeat``. Extra rounds are taken only
+    for a candidate whose fastest repeat is within ``contender_factor`` of the task's best
+    (0: for every candidate): a slower one cannot become the best, and its median ranks it.
     """
 
     repeat: int = 5
@@ -57,6 +60,7 @@ class TimingConfig:
     probe: int = 3
     cooldown_ms: int = 0
     max_timing_s: float = 10.0
+    contender_factor: float = 1.25
 
 
 @dataclass(frozen=True)
@@ -213,25 +217,38 @@ class CandidateRunner:
         if check_s * repeat > budget:  # the checked call (copies included) bounds one call's time
             repeat = max(1, int(budget // check_s))
             logger.debug("slow candidate (%.3g s a call): %d repeats instead of %d", check_s, repeat, timing.repeat)
+        flush = timing.flush_cache and self.dev.dlpack_device_type() == tvm.cpu(0).dlpack_device_type()
+        secs: list[float] = []
         if best_sec and timing.hopeless_factor > 0 and timing.probe > 0:
             probe = lib.time_evaluator(entry, self.dev, number=1, repeat=timing.probe)
             secs = [float(s) for s in probe(*arrays).results]
             if min(secs) > timing.hopeless_factor * best_sec:
                 return RunResult(run_secs=secs, early_stopped=True)
-        flush = timing.flush_cache and self.dev.dlpack_device_type() == tvm.cpu(0).dlpack_device_type()
-        evaluator = lib.time_evaluator(
-            entry, self.dev, number=1, repeat=repeat,
-            min_repeat_ms=0 if flush else timing.min_repeat_ms,
-            cooldown_interval_ms=timing.cooldown_ms,
-            f_preproc="cache_flush_cpu_non_first_arg" if flush else "",
-        )  # fmt: skip
-        round_start = time.perf_counter()
-        secs = [float(s) for s in evaluator(*arrays).results]
-        round_s = time.perf_counter() - round_start  # one round, without the probe before it
+            if flush or min(secs) * 1e3 < timing.min_repeat_ms:
+                secs = []  # not a repeat: a repeat flushes the caches first, or lasts min_repeat_ms
+            secs = secs[:repeat]
+
+        def evaluator(n: int):
+            return lib.time_evaluator(
+                entry, self.dev, number=1, repeat=n,
+                min_repeat_ms=0 if flush else timing.min_repeat_ms,
+                cooldown_interval_ms=timing.cooldown_ms,
+                f_preproc="cache_flush_cpu_non_first_arg" if flush else "",
+            )  # fmt: skip
+
+        if len(secs) < repeat:
+            n = repeat - len(secs)
+            round_start = time.perf_counter()
+            secs += [float(s) for s in evaluator(n)(*arrays).results]
+            round_s = (time.perf_counter() - round_start) * repeat / n  # one full round, without the probe
+        else:
+            round_s = sum(secs)
         rounds = 0
-        while (relative_spread(secs) > timing.max_spread and rounds < timing.max_remeasure
+        contender = not best_sec or timing.contender_factor <= 0 or min(secs) <= timing.contender_factor * best_sec
+        again = evaluator(repeat)
+        while (contender and relative_spread(secs) > timing.max_spread and rounds < timing.max_remeasure
                and time.perf_counter() - start + round_s <= budget):
-            secs += [float(s) for s in evaluator(*arrays).results]
+            secs += [float(s) for s in again(*arrays).results]
             rounds += 1
         logger.debug("median %.3g s over %d repeats, %d re-measurements", statistics.median(secs), len(secs), rounds)
         return RunResult(run_secs=secs, remeasured=rounds)
