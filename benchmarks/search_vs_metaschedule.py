@@ -18,7 +18,7 @@ BERT-base's 768x768 dense on 128 tokens (+ bias), all NCHW / row-major as writte
   on an empty database; the best each finds among its *own* records, against the first job's
   best at ``--trials``.
 - ``plot``: the curves (best latency against trials and against wall time, per task) as a
-  PNG beside the JSON (needs matplotlib: ``pip install matplotlib``).
+  PNG beside the JSON (needs matplotlib, in the ``bench`` extra).
 
 Results are keyed ``<task>/<trials>``, so runs at several budgets sit side by side. Usage
 (writes ``--out``, default benchmarks/results/search_vs_metaschedule.json; each phase adds to it):
