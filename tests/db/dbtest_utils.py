@@ -66,3 +66,29 @@ def load_fixture(name: str, db_url: str, tmp_path: Path) -> str:
         raw.close()
         engine.dispose()
     return db_url
+
+
+def run_at_once(target, args_of, procs: int, timeout_s: float) -> list:
+    """Start ``procs`` spawned processes of ``target(*args_of(i), barrier, errors)`` that meet
+    at a barrier, and fail the test if one hangs, reports an error or exits non-zero."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(procs)
+    errors = ctx.Queue()
+    started = [ctx.Process(target=target, args=(*args_of(i), barrier, errors)) for i in range(procs)]
+    for p in started:
+        p.start()
+    for p in started:
+        p.join(timeout_s)
+    hung = [p.pid for p in started if p.is_alive()]
+    for p in started:
+        if p.is_alive():
+            p.kill()
+    failures = []
+    while not errors.empty():
+        failures.append(errors.get())
+    assert not hung, f"processes {hung} still running after {timeout_s} s (deadlock?)"
+    assert not failures, "\n".join(failures)
+    assert [p.exitcode for p in started] == [0] * procs
+    return started

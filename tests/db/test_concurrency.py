@@ -1,6 +1,5 @@
 """Several processes writing to one database at once: nothing lost, nothing doubled, no deadlock."""
 
-import multiprocessing as mp
 import traceback
 
 import sqlalchemy as sa
@@ -52,24 +51,9 @@ def _writer(url: str, index: int, barrier, errors) -> None:
 
 
 def test_concurrent_writers(db_url):
-    ctx = mp.get_context("spawn")
-    barrier = ctx.Barrier(PROCS)
-    errors = ctx.Queue()
-    procs = [ctx.Process(target=_writer, args=(db_url, i, barrier, errors)) for i in range(PROCS)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(JOIN_TIMEOUT_S)
-    hung = [p.pid for p in procs if p.is_alive()]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    failures = []
-    while not errors.empty():
-        failures.append(errors.get())
-    assert not hung, f"writers {hung} still running after {JOIN_TIMEOUT_S} s (deadlock?)"
-    assert not failures, "\n".join(failures)
-    assert [p.exitcode for p in procs] == [0] * PROCS
+    from dbtest_utils import run_at_once
+
+    run_at_once(_writer, lambda i: (db_url, i), PROCS, JOIN_TIMEOUT_S)
 
     engine = sa.create_engine(db_url)
     with engine.connect() as conn:

@@ -7,14 +7,13 @@ with that commit's code) are databases it left. Both backends.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import traceback
 
 import optuna
 import pytest
 import sqlalchemy as sa
 from alembic import command
-from dbtest_utils import load_fixture
+from dbtest_utils import load_fixture, run_at_once
 from test_interop import _fill
 
 from tuner import cli
@@ -199,24 +198,7 @@ def test_processes_open_a_database_at_once(db_url, tmp_path, fixture):
     """Each process moves the revision (or creates the schema) and Optuna's tables at once:
     one of each wins, the others find them made."""
     url = _url(load_fixture(fixture, db_url, tmp_path)) if fixture else db_url
-    ctx = mp.get_context("spawn")
-    barrier = ctx.Barrier(PROCS)
-    errors = ctx.Queue()
-    procs = [ctx.Process(target=_opener, args=(url, i, barrier, errors)) for i in range(PROCS)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(JOIN_TIMEOUT_S)
-    hung = [p.pid for p in procs if p.is_alive()]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    failures = []
-    while not errors.empty():
-        failures.append(errors.get())
-    assert not hung, f"processes {hung} still running after {JOIN_TIMEOUT_S} s (deadlock?)"
-    assert not failures, "\n".join(failures)
-    assert [p.exitcode for p in procs] == [0] * PROCS
+    run_at_once(_opener, lambda i: (url, i), PROCS, JOIN_TIMEOUT_S)
     assert _versions(url) == ([HEAD], [_optuna_head()])
     summaries = optuna.get_all_study_summaries(optuna_storage(url))
     assert sorted((s.study_name, s.n_trials) for s in summaries) == [(f"proc{i}", 2) for i in range(PROCS)]
