@@ -144,7 +144,8 @@ def write_artifact(
         "inputs": [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype} for i in spec.inputs],
         "outputs": [{"shape": list(o.shape), "dtype": str(o.dtype)} for o in outputs],
         "operators": counts,
-        "tasks": [{"name": t.name, "workload_key": t.workload_key, "weight": t.weight, "flops": t.flops}
+        "tasks": [{"name": t.name, "workload_key": t.workload_key, "weight": t.weight, "flops": t.flops,
+                   "choice": t.choice}
                   for t in tasks],
         "latency_ms": latency_s * 1e3,
         "untuned_latency_ms": None if untuned_latency_s is None else untuned_latency_s * 1e3,

@@ -310,7 +310,7 @@ class TuningJob:
                    resumed=self.resumed, time_budget_s=config.time_budget_s, trials_cap=config.trials,
                    trials_before=self.done, elapsed_before_s=self.elapsed_before, tasks=[
                        {"index": i, "name": t.name, "workload_key": t.workload_key, "weight": t.weight,
-                        "flops": t.flops, "reuse": self.reuse[i], "reuse_rule": rules[i],
+                        "flops": t.flops, "choice": t.choice, "reuse": self.reuse[i], "reuse_rule": rules[i],
                         "trials": self.scheduler.trials[i], "best_sec": self.scheduler.best_sec[i],
                         "done": self.scheduler.done_reason(i)}
                        for i, t in enumerate(self.tasks)])  # fmt: skip
@@ -419,7 +419,8 @@ class TuningJob:
         # The process id lets a rerun on the same host see at once that a killed run is dead.
         settings = {"device": self.device.name, "pid": os.getpid()} | _jsonable(asdict(config))
         # The report weighs each task's best by how often the model calls it.
-        settings["tasks"] = [{"workload_key": t.workload_key, "weight": t.weight} for t in self.tasks]
+        settings["tasks"] = [{"workload_key": t.workload_key, "weight": t.weight, "choice": t.choice}
+                             for t in self.tasks]
         total = config.trials or 0
         if row is not None and row.state != "done":
             if row.model != self.model_name:
@@ -544,11 +545,10 @@ class TuningJob:
         assert self.measurer is not None
         config = self.config
         task = self.tasks[i]
-        size = min(self.scheduler.first_batch_size(i, config.batch_size), self._trials_left())
-        if self.scheduler.trials[i] == 0 and config.trials is not None:
-            # First visit: a budget too small for a full batch per task is spread so
-            # that every task gets measured schedules before any gets a second batch.
-            size = min(size, max(2, config.trials // len(self.tasks)))
+        left = self._trials_left()
+        capped = left if config.trials is not None else None
+        busy = {b.task for b in self.inflight}
+        size = min(self.scheduler.first_batch_size(i, config.batch_size, capped, busy), left)
         seconds: dict[str, float] = {}
         start = time.perf_counter()
         # Work on the driver holds its node's lease, so no timing on this node runs beside it.

@@ -48,6 +48,8 @@ class TaskProgress:
     weight: int
     flops: float
     reuse: str = "new"
+    #: Layout-variant group (``Task.choice``): the model runs one task of a group.
+    choice: str = ""
     trials: int = 0
     errors: int = 0
     #: Best latency when the job started (stored records), else its first measured best.
@@ -100,7 +102,8 @@ class JobProgress:
             self.elapsed_before_s = self.elapsed_s = ev.get("elapsed_before_s", 0.0)
             self.started_t = ev["t"]
             self.tasks = [TaskProgress(t["name"], t["workload_key"], t["weight"], t["flops"], t.get("reuse", "new"),
-                                       t.get("trials", 0), 0, t.get("best_sec"), t.get("best_sec"), t.get("done"))
+                                       t.get("choice", ""), t.get("trials", 0), 0, t.get("best_sec"),
+                                       t.get("best_sec"), t.get("done"))
                           for t in ev["tasks"]]  # fmt: skip
         elif kind == "batch_submitted":
             self.propose_s += float((ev.get("propose_s") or {}).get("total", 0.0))
@@ -128,11 +131,19 @@ class JobProgress:
     @property
     def estimate_sec(self) -> tuple[float | None, float | None]:
         """Estimated end-to-end latency ``sum(weight * best)`` at the start and now, over the
-        tasks that have a best schedule (a task's start is its first best when it had none)."""
+        tasks that have a best schedule (a task's start is its first best when it had none).
+        Layout variants of one operator count once, the fastest of them (the layout
+        transforms a variant implies are left out)."""
         known = [t for t in self.tasks if t.best_sec is not None and t.start_sec is not None]
         if not known:
             return None, None
-        return sum(t.weight * t.start_sec for t in known), sum(t.weight * t.best_sec for t in known)  # type: ignore[operator]
+        start: dict[str, float] = {}
+        now: dict[str, float] = {}
+        for i, t in enumerate(known):
+            group = t.choice or f"#{i}"
+            start[group] = min(start.get(group, float("inf")), t.weight * t.start_sec)  # type: ignore[operator]
+            now[group] = min(now.get(group, float("inf")), t.weight * t.best_sec)  # type: ignore[operator]
+        return sum(start.values()), sum(now.values())
 
     @property
     def trials_per_min(self) -> float | None:

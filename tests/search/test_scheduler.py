@@ -167,6 +167,26 @@ def test_tiny_tasks_get_small_first_batches(mod):
     assert sched.first_batch_size(2, 32) == 32
 
 
+def test_a_small_trial_cap_is_spread_over_every_first_batch(mod):
+    """A cap below the first round's demand shrinks each first batch in proportion, so tiny
+    tasks and layout probes keep their smaller share and every task is measured once."""
+    tasks = tasks_of(mod, *[(f"fused_conv2d{k}_add_relu", 1, 2e8) for k in range(4)], ("max_pool2d", 1, 8e5),
+                     ("reshape", 1, 0.0))  # fmt: skip
+    sched = TaskScheduler(tasks, tiny_first_batch=4)
+    assert [sched.first_batch_size(i, 16, 1000) for i in range(6)] == [16, 16, 16, 16, 4, 4]
+    demand = 4 * 16 + 2 * 4
+    assert [sched.first_batch_size(i, 16, 40) for i in range(6)] == [16 * 40 // demand] * 4 + [2, 2]
+    # Task 0's batch is out and taken from what is left: the others share the rest.
+    assert sched.first_batch_size(1, 16, 40 - 8, in_flight={0}) == 16 * 32 // (demand - 16)
+    sizes, left = [], 40
+    for i in range(6):
+        sizes.append(sched.first_batch_size(i, 16, left))
+        sched.update(i, sizes[-1], 1e-3)
+        left -= sizes[-1]
+    assert left >= 0 and min(sizes) >= 2, sizes
+    assert sched.first_batch_size(0, 16, 0) == 16  # measured: full batches from now on
+
+
 def test_first_round_in_order_skipping_excluded(mod):
     tasks = tasks_of(mod, ("fused_conv2d_add", 1, 1e9), ("fused_conv2d1_add", 1, 1e9), ("fused_dense", 1, 1e9))
     sched = TaskScheduler(tasks)

@@ -46,6 +46,18 @@ def test_progress_adds_up():
     assert p.time_left_s == 3600 - 780
 
 
+def test_layout_variants_of_one_conv_count_once_in_the_estimate():
+    """Under ``--layout auto`` a conv is tuned in two layouts; the model runs one of them."""
+    tasks = [{"name": f"conv_{lay}", "workload_key": f"k{n}", "weight": 3, "flops": 1e9, "choice": "c0",
+              "trials": 0, "best_sec": None} for n, lay in enumerate(("nchw8c", "nchw"))]  # fmt: skip
+    tasks.append({"name": "dense", "workload_key": "k9", "weight": 1, "flops": 1e8, "trials": 0, "best_sec": None})
+    p = JobProgress()
+    p.apply(event("job_start", job_id=1, name="j", model="m", device="cpu", resumed=False, tasks=tasks))
+    for task, best, done in ((0, 2e-3, 4), (1, 5e-3, 8), (2, 1e-3, 12), (0, 1.5e-3, 16)):
+        p.apply(event("batch_done", task=task, trials=4, errors={}, best_sec=best, trials_done=done, elapsed_s=done))
+    assert p.estimate_sec == (3 * 2e-3 + 1e-3, 3 * 1.5e-3 + 1e-3)
+
+
 def test_json_log_and_line_view(tmp_path):
     log = JsonLog(tmp_path / "ev.jsonl")
     buf = io.StringIO()

@@ -217,3 +217,20 @@ def test_opens_in_headless_chromium_without_errors_with_curves(report, tmp_path)
     # The best-so-far curves' red (#d62728) is on screen.
     r, g, b = img[..., 0], img[..., 1], img[..., 2]
     assert np.sum((r > 180) & (g < 80) & (b < 80)) > 50
+
+
+def test_estimate_counts_layout_variants_of_one_conv_once():
+    """Σ weight × best takes, of a conv tuned in two layouts, the faster variant only."""
+    from collections import Counter
+
+    from tuner.report.data import JobData, TaskData, TimeSpent
+
+    tasks = [TaskData("k0", "conv_nchw8c", 1e9, 3, "c0", best_now=2e-3, best_before=None),
+             TaskData("k1", "conv_nchw", 1e9, 3, "c0", best_now=5e-3, best_before=4e-3),
+             TaskData("k2", "dense", 1e8, 1, best_now=1e-3, best_before=1e-3)]  # fmt: skip
+    # The job's identity plays no part in the estimate.
+    data = JobData(None, tasks, Counter(), TimeSpent(1.0, 0.0, 0.0, False), "test")  # type: ignore[arg-type]
+    assert data.estimated_latency("now") == pytest.approx(3 * 2e-3 + 1e-3)
+    assert data.estimated_latency("before") == pytest.approx(3 * 4e-3 + 1e-3)
+    tasks[1].best_before = None
+    assert data.estimated_latency("before") is None

@@ -144,6 +144,8 @@ class TaskData:
     name: str
     flops: float
     weight: float | None = None
+    #: Layout-variant group (``Task.choice``): the model runs one task of a group.
+    choice: str = ""
     records: list[Measurement] = field(default_factory=list)
     #: Best mean of this device's records written before the job started (any job), if any.
     best_before: float | None = None
@@ -204,14 +206,21 @@ class JobData:
         return sum(len(t.records) for t in self.tasks)
 
     def estimated_latency(self, use: str = "now") -> float | None:
-        """Σ weight × best over tasks (``use``: ``now``, ``before``), None if a task lacks one."""
-        total = 0.0
-        for t in self.tasks:
+        """Σ weight × best over tasks (``use``: ``now``, ``before``), None if a task lacks one.
+
+        Layout variants of one operator count once, the fastest that has a best (the layout
+        transforms a variant implies are left out); None if none of a group has one."""
+        groups: dict[str, float | None] = {}
+        for i, t in enumerate(self.tasks):
             best = t.best_now if use == "now" else t.best_before
-            if best is None or t.weight is None:
-                return None
-            total += t.weight * best
-        return total
+            cost = None if best is None or t.weight is None else t.weight * best
+            group = t.choice or f"#{i}"
+            if group not in groups or groups[group] is None:
+                groups[group] = cost
+            elif cost is not None:
+                groups[group] = min(cost, groups[group])  # type: ignore[type-var]
+        costs = list(groups.values())
+        return None if any(c is None for c in costs) else sum(costs)  # type: ignore[arg-type]
 
 
 def job_data(db: TuningDatabase, job: JobInfo, *, artifact: dict[str, Any] | None = None) -> JobData:
@@ -220,9 +229,9 @@ def job_data(db: TuningDatabase, job: JobInfo, *, artifact: dict[str, Any] | Non
     Task weights (how often a task runs per inference) come from the job's configuration
     (``tasks``), else from the artifact's metadata, else are unknown (the report says so).
     """
-    weights, source = _weights(job.config.get("tasks"), "the job's configuration")
+    weights, choices, source = _weights(job.config.get("tasks"), "the job's configuration")
     if not weights and artifact is not None:
-        weights, source = _weights(artifact.get("tasks"), "the artifact's metadata")
+        weights, choices, source = _weights(artifact.get("tasks"), "the artifact's metadata")
     if not weights:
         source = ""
     tasks: dict[str, TaskData] = {}
@@ -240,7 +249,7 @@ def job_data(db: TuningDatabase, job: JobInfo, *, artifact: dict[str, Any] | Non
             .order_by(RecordRow.created_at, RecordRow.id)
         ).all()  # fmt: skip
         for key, name, flops, created, mean, error, b_sec, w_sec, run_secs in rows:
-            t = tasks.setdefault(key, TaskData(key, name, float(flops or 0.0), weights.get(key)))
+            t = tasks.setdefault(key, TaskData(key, name, float(flops or 0.0), weights.get(key), choices.get(key, "")))
             at = ((_utc(created) or job.created_at) - job.created_at).total_seconds()
             last_at = max(last_at, at)
             try:
@@ -258,7 +267,7 @@ def job_data(db: TuningDatabase, job: JobInfo, *, artifact: dict[str, Any] | Non
             if key not in tasks:
                 w = s.execute(select(WorkloadRow.name, WorkloadRow.flops).where(WorkloadRow.key == key)).first()
                 if w is not None:
-                    tasks[key] = TaskData(key, w.name, float(w.flops or 0.0), weight)
+                    tasks[key] = TaskData(key, w.name, float(w.flops or 0.0), weight, choices.get(key, ""))
         if device_id is not None and tasks:
             _bests(s, tasks, device_id, job)
     wall = job.elapsed_sec or max(last_at, job.wall_sec)
@@ -267,14 +276,18 @@ def job_data(db: TuningDatabase, job: JobInfo, *, artifact: dict[str, Any] | Non
     return JobData(job, ordered, errors, spent, source)
 
 
-def _weights(tasks: Any, source: str) -> tuple[dict[str, float], str]:
+def _weights(tasks: Any, source: str) -> tuple[dict[str, float], dict[str, str], str]:
+    """Weights and layout-variant groups by workload key, from a job's or artifact's tasks."""
     if not isinstance(tasks, list):
-        return {}, source
-    out = {}
+        return {}, {}, source
+    out: dict[str, float] = {}
+    choices: dict[str, str] = {}
     for t in tasks:
         if isinstance(t, dict) and "workload_key" in t and isinstance(t.get("weight"), int | float):
             out[str(t["workload_key"])] = float(t["weight"])
-    return out, source
+            if t.get("choice"):
+                choices[str(t["workload_key"])] = str(t["choice"])
+    return out, choices, source
 
 
 def _bests(s, tasks: dict[str, TaskData], device_id: int, job: JobInfo) -> None:

@@ -195,13 +195,28 @@ class TaskScheduler:
             return self._rng.choice(live)  # no information to prefer one
         return min(live, key=lambda i: (grads[i], i))
 
-    def first_batch_size(self, index: int, batch: int) -> int:
+    def first_batch_size(self, index: int, batch: int, trials_left: int | None = None,
+                         in_flight: Collection[int] = ()) -> int:  # fmt: skip
         """How many candidates task ``index`` gets in a batch of nominal size ``batch``.
 
         A task whose share of the model's FLOPs is negligible (pooling, reshapes,
         elementwise ops) gets a small first batch: enough for a working schedule, not
         enough to take trials from the operators that matter. Later batches are ``batch``.
+        With ``trials_left`` (a trial cap) too small for the first batches of every task
+        not yet measured, each such batch shrinks in proportion (to no fewer than 2), so
+        every task gets measured schedules before any gets a second batch; ``in_flight``:
+        tasks whose batch is out (already taken from ``trials_left``).
         """
+        size = self._first_batch_size(index, batch)
+        if trials_left is None or self._history[index]:
+            return size
+        demand = sum(self._first_batch_size(j, batch) for j in range(len(self.tasks))
+                     if j == index or not (self._history[j] or j in self._done or j in in_flight))  # fmt: skip
+        if trials_left >= demand:
+            return size
+        return min(size, max(2, size * trials_left // demand))
+
+    def _first_batch_size(self, index: int, batch: int) -> int:
         if self._history[index]:
             return batch
         if self._tiny[index]:
