@@ -62,6 +62,26 @@ def _conv(c_in: int, c_out: int, hw: int, k: int, stride: int = 1):
     return te.create_prim_func([data, weight, bias, out]), torch_op
 
 
+def _conv_nchwc(c_in: int, c_out: int, hw: int, k: int, stride: int = 1):
+    """The same conv as ``tune --layout auto`` extracts it on this CPU: blocked ``NCHW{b}c``
+    data and ``OIHW{b}i{b}o`` weights, ``b`` the fp32 lanes of the vector registers."""
+    from tuner.device import parse_device
+    from tuner.layout import vector_lanes
+
+    target = parse_device("cpu").target
+    b = vector_lanes(target)
+    data = te.placeholder((1, c_in // b, hw, hw, b), name="data")
+    kernel = te.placeholder((c_out // b, c_in // b, k, k, b, b), name="kernel")
+    bias = te.placeholder((1, c_out // b, 1, 1, b), name="bias")
+    with target:  # conv2d_NCHWc asks for a current target
+        conv = topi.nn.conv2d_NCHWc(data, kernel, stride, k // 2, 1, layout=f"NCHW{b}c", out_layout=f"NCHW{b}c")
+    out = topi.nn.relu(topi.add(conv, bias))
+    # PyTorch runs the conv as written (NCHW); oneDNN picks its own blocked layout inside.
+    torch_op = {"kind": "conv", "args": [(1, c_in, hw, hw), (c_out, c_in, k, k), (1, c_out, 1, 1)],
+                "stride": stride, "padding": k // 2}  # fmt: skip
+    return te.create_prim_func([data, kernel, bias, out]), torch_op
+
+
 def _dense(m: int, k: int, n: int):
     x = te.placeholder((m, k), name="x")
     w = te.placeholder((k, n), name="w")  # as Relax lays out a constant nn.Linear weight
@@ -75,7 +95,12 @@ WORKLOADS = {
     "conv3x3_128_28": lambda: _conv(128, 128, 28, 3),
     "conv1x1_1024_256_14": lambda: _conv(1024, 256, 14, 1),
     "bert_dense_768": lambda: _dense(128, 768, 768),
+    # The convs in the layout Nightshift's job tunes them in (``--layout auto``, the default).
+    "conv3x3_64_56_nchwc": lambda: _conv_nchwc(64, 64, 56, 3),
+    "conv3x3_128_28_nchwc": lambda: _conv_nchwc(128, 128, 28, 3),
+    "conv1x1_1024_256_14_nchwc": lambda: _conv_nchwc(1024, 256, 14, 1),
 }
+DEFAULT_TASKS = ["conv3x3_64_56", "conv3x3_128_28", "conv1x1_1024_256_14", "bert_dense_768"]
 
 
 def _task(name: str):
@@ -429,19 +454,44 @@ def _torch_op(spec: dict, threads: int):
     return timed
 
 
+def phase_table(result: dict) -> str:
+    """Markdown: per task and budget, each re-timed best against MetaSchedule's and PyTorch's,
+    and each tool's wall time for the trials against MetaSchedule's."""
+    rows = ["| task / trials | tool | re-timed ms | / MetaSchedule | / PyTorch | wall s | wall / MS |",
+            "|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    phases = result["phases"]
+    for key, cmp in sorted(phases.get("compare", {}).items()):
+        med = cmp["median_s"]
+        ms, torch_s = med.get("metaschedule"), med.get("pytorch")
+        walls = {"metaschedule": phases.get("metaschedule", {}).get(key, {}).get("wall_s")}
+        for strategy, runs in phases.get("nightshift", {}).get(key, {}).items():
+            for run in runs:
+                walls[f"{strategy}/seed{run['seed']}"] = run["wall_s"]
+        for tool, sec in med.items():
+            wall = walls.get(tool)
+            ratio = f"{sec / ms:.2f}" if ms else "-"
+            wall_ratio = f"{wall / walls['metaschedule']:.2f}" if wall and walls["metaschedule"] else "-"
+            rows.append(f"| {key} | {tool} | {sec * 1e3:.3f} | {ratio} | {sec / torch_s:.2f} | "
+                        f"{'-' if wall is None else f'{wall:.0f}'} | {wall_ratio} |")  # fmt: skip
+    return "\n".join(rows)
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--phase", choices=("metaschedule", "nightshift", "warmstart", "compare", "plot"), required=True)
-    p.add_argument("--tasks", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    p.add_argument("--phase", choices=("metaschedule", "nightshift", "warmstart", "compare", "plot", "table"),
+                   required=True)  # fmt: skip
+    p.add_argument("--tasks", nargs="+", default=DEFAULT_TASKS, choices=list(WORKLOADS))
     p.add_argument("--trials", type=int, default=64)
     p.add_argument("--strategies", nargs="+", default=["evolutionary", "random", "optuna-tpe"])
     p.add_argument("--seeds", type=int, default=1)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--warm-trials", type=int, default=8)
-    # MetaSchedule's LocalBuilder default; on a loaded machine every build can exceed it
-    # (2026-11-24, load 20-150 on 2 cores: 64 of 64 builds killed at 30 s).
+    # MetaSchedule's LocalBuilder default. Each builder process of each search round first
+    # imports tvm.s_tir.tensor_intrin, 33-36 s of CPU on a 2-core AMD EPYC (2026-11-24), and
+    # that import counts against the timeout: at 30 s every build of every round was killed,
+    # on a quiet machine too. 120 lets MetaSchedule build; its wall time includes the import.
     p.add_argument("--ms-build-timeout", type=float, default=30.0)
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args()
@@ -452,6 +502,9 @@ def main() -> None:
     result = _load(args.out)
     if args.phase == "plot":
         phase_plot(result, args.out)
+        return
+    if args.phase == "table":
+        print(phase_table(result))
         return
     if args.phase == "metaschedule":
         data = phase_metaschedule(args, device)

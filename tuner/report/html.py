@@ -148,7 +148,8 @@ def _estimate_curve(data: JobData) -> str:
 
 
 def _task_table(data: JobData) -> str:
-    total = sum((t.weight or 1.0) * (t.best_now or 0.0) for t in data.tasks)
+    # Layout variants of one conv are alternatives: the estimate counts the faster one only.
+    total = data.estimated_latency("now") or sum((t.weight or 1.0) * (t.best_now or 0.0) for t in data.tasks)
     weights = (f"weights from {escape(data.weights_from)}" if data.weights_from else
                "task weights unknown (the job did not store them; pass --artifact): each counted once")
     out = ["<h2>Tasks</h2>", f'<p class="note">Best: this device\'s best record in the database (what the '
