@@ -156,12 +156,8 @@ def phase_metaschedule(args, device) -> dict:
                              builder=ms.builder.LocalBuilder(timeout_sec=args.ms_build_timeout))  # fmt: skip
         wall = time.monotonic() - t0
         records = db.get_all_tuning_records()
-        curve, best = [], None
-        for rec in records:
-            sec = float(np.mean([float(s) for s in rec.run_secs])) if rec.run_secs else None
-            if sec is not None and sec < 1e9:
-                best = sec if best is None else min(best, sec)
-            curve.append(best)
+        curve = ms_curve(work / "database_tuning_record.json")
+        best = curve[-1] if curve else None
         top = db.get_top_k(db.commit_workload(task.mod), 1)
         out[_key(name, args.trials)] = {
             "wall_s": wall, "trials": len(records), "best_s": best, "curve_best_s": curve,
@@ -170,6 +166,19 @@ def phase_metaschedule(args, device) -> dict:
             "best_trace": json.dumps(top[0].as_json()) if top else None}  # fmt: skip
         logger.info("metaschedule %s: %d trials in %.0f s, best %.3g s", name, len(records), wall, best or 0)
     return out
+
+
+def ms_curve(records_file: Path) -> list[float | None]:
+    """Best latency so far after each trial, in trial order: the order MetaSchedule appended
+    its records to the file (``get_all_tuning_records`` returns them sorted by latency)."""
+    curve, best = [], None
+    for line in records_file.read_text().splitlines():
+        run_secs = json.loads(line)[1][1]
+        sec = float(np.mean([float(s) for s in run_secs])) if run_secs else None
+        if sec is not None and sec < 1e9:  # failed builds and runs are stored as 1e10
+            best = sec if best is None else min(best, sec)
+        curve.append(best)
+    return curve
 
 
 def phase_nightshift(args, device, save=None) -> dict:

@@ -430,9 +430,11 @@ class RayMeasurer:
         deadlines = [c.deadline for c in self._building.values()]
         deadlines += [call.deadline for d in self._devs for call in d.calls]
         timeout = min([0.5, *(max(t - now, 0.0) for t in deadlines)])
-        ready, _ = ray.wait(waitables, num_returns=1, timeout=timeout)
+        # fetch_local=False: waiting on a build's stream must not pull its artifact's bytes
+        # to this node; they go from the build node's store to the device actor only.
+        ready, _ = ray.wait(waitables, num_returns=1, timeout=timeout, fetch_local=False)
         if ready:
-            ready, _ = ray.wait(waitables, num_returns=len(waitables), timeout=0)
+            ready, _ = ray.wait(waitables, num_returns=len(waitables), timeout=0, fetch_local=False)
         for ref in ready:
             if ref in self._building:
                 self._on_build_item(ref, self._building.pop(ref))
