@@ -254,6 +254,19 @@ def test_a_clearly_losing_layout_stops_getting_trials(mod):
     assert sched.trials[0] + sched.trials[3] >= 0.75 * 640, sched.trials
 
 
+def test_many_convs_in_a_losing_layout_get_their_probe_only(mod):
+    """ResNet-50 has 20 convs: Ansor's forward term (latency / trials) promised every young
+    NCHW variant more than its 3x margin, and a 2048-trial job gave 40% of its trials to the
+    layout it then did not compile. Trailing layouts now get their probe, nothing more."""
+    tasks = layout_variants(mod, 20)
+    curves = [c for _ in range(20) for c in (power_law(0.01, 0.5), power_law(0.03, 0.5))]
+    sched = TaskScheduler(tasks, patience=10**6, seed=3)  # epsilon-greedy on, as in a job
+    run(sched, curves, budget=2048)
+    losing = sched.trials[1::2]
+    assert sum(losing) <= 0.1 * 2048, losing
+    assert max(losing) <= 8 + 16, losing
+
+
 def test_alternatives_enter_the_objective_by_their_best(mod):
     tasks = [*layout_variants(mod, 1), Task("fused_matmul_add", mod, 2, 1e8, "dense")]
     sched = TaskScheduler(tasks, epsilon=0.0)
