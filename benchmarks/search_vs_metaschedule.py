@@ -57,9 +57,13 @@ def _conv(c_in: int, c_out: int, hw: int, k: int, stride: int = 1):
     bias = te.placeholder((1, c_out, 1, 1), name="bias")
     conv = topi.nn.conv2d_nchw(data, weight, stride, k // 2, 1)
     out = topi.nn.relu(topi.add(conv, bias))
-    torch_op = {"kind": "conv", "args": [(1, c_in, hw, hw), (c_out, c_in, k, k), (1, c_out, 1, 1)],
-                "stride": stride, "padding": k // 2}  # fmt: skip
-    return te.create_prim_func([data, weight, bias, out]), torch_op
+    return te.create_prim_func([data, weight, bias, out]), _torch_conv(c_in, c_out, hw, k, stride)
+
+
+def _torch_conv(c_in: int, c_out: int, hw: int, k: int, stride: int) -> dict:
+    """PyTorch's conv + bias + relu, NCHW as written (oneDNN picks its own layout inside)."""
+    return {"kind": "conv", "args": [(1, c_in, hw, hw), (c_out, c_in, k, k), (1, c_out, 1, 1)],
+            "stride": stride, "padding": k // 2}  # fmt: skip
 
 
 def _conv_nchwc(c_in: int, c_out: int, hw: int, k: int, stride: int = 1):
@@ -76,10 +80,7 @@ def _conv_nchwc(c_in: int, c_out: int, hw: int, k: int, stride: int = 1):
     with target:  # conv2d_NCHWc asks for a current target
         conv = topi.nn.conv2d_NCHWc(data, kernel, stride, k // 2, 1, layout=f"NCHW{b}c", out_layout=f"NCHW{b}c")
     out = topi.nn.relu(topi.add(conv, bias))
-    # PyTorch runs the conv as written (NCHW); oneDNN picks its own blocked layout inside.
-    torch_op = {"kind": "conv", "args": [(1, c_in, hw, hw), (c_out, c_in, k, k), (1, c_out, 1, 1)],
-                "stride": stride, "padding": k // 2}  # fmt: skip
-    return te.create_prim_func([data, kernel, bias, out]), torch_op
+    return te.create_prim_func([data, kernel, bias, out]), _torch_conv(c_in, c_out, hw, k, stride)
 
 
 def _dense(m: int, k: int, n: int):
@@ -155,16 +156,15 @@ def phase_metaschedule(args, device) -> dict:
                              num_trials_per_iter=32, seed=args.seed,
                              builder=ms.builder.LocalBuilder(timeout_sec=args.ms_build_timeout))  # fmt: skip
         wall = time.monotonic() - t0
-        records = db.get_all_tuning_records()
         curve = ms_curve(work / "database_tuning_record.json")
         best = curve[-1] if curve else None
         top = db.get_top_k(db.commit_workload(task.mod), 1)
         out[_key(name, args.trials)] = {
-            "wall_s": wall, "trials": len(records), "best_s": best, "curve_best_s": curve,
+            "wall_s": wall, "trials": len(curve), "best_s": best, "curve_best_s": curve,
             # When each record reached MetaSchedule's database file (polled every 0.5 s).
-            "curve_t_s": counter.times(len(records), wall),
+            "curve_t_s": counter.times(len(curve), wall),
             "best_trace": json.dumps(top[0].as_json()) if top else None}  # fmt: skip
-        logger.info("metaschedule %s: %d trials in %.0f s, best %.3g s", name, len(records), wall, best or 0)
+        logger.info("metaschedule %s: %d trials in %.0f s, best %.3g s", name, len(curve), wall, best or 0)
     return out
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -32,6 +32,18 @@ from rich.text import Text
 
 Event = dict[str, Any]
 EventSink = Callable[[Event], None]
+
+
+def per_operator(costs: Iterable[tuple[str, float | None]]) -> list[float | None]:
+    """Each operator's cost from its tasks' ``(choice, cost)``: a task without a ``choice``
+    is its own operator; layout variants of one (one ``choice``) count once, the lowest
+    known cost among them (None when none is known)."""
+    groups: dict[str, float | None] = {}
+    for i, (choice, cost) in enumerate(costs):
+        key = choice or f"#{i}"
+        old = groups.get(key)
+        groups[key] = cost if old is None else old if cost is None else min(old, cost)
+    return list(groups.values())
 
 
 def event(kind: str, **fields: Any) -> Event:
@@ -137,13 +149,9 @@ class JobProgress:
         known = [t for t in self.tasks if t.best_sec is not None and t.start_sec is not None]
         if not known:
             return None, None
-        start: dict[str, float] = {}
-        now: dict[str, float] = {}
-        for i, t in enumerate(known):
-            group = t.choice or f"#{i}"
-            start[group] = min(start.get(group, float("inf")), t.weight * t.start_sec)  # type: ignore[operator]
-            now[group] = min(now.get(group, float("inf")), t.weight * t.best_sec)  # type: ignore[operator]
-        return sum(start.values()), sum(now.values())
+        start = per_operator((t.choice, t.weight * t.start_sec) for t in known)  # type: ignore[operator]
+        now = per_operator((t.choice, t.weight * t.best_sec) for t in known)  # type: ignore[operator]
+        return sum(start), sum(now)  # type: ignore[arg-type]
 
     @property
     def trials_per_min(self) -> float | None:

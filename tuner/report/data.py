@@ -19,6 +19,7 @@ from sqlalchemy import and_, func, or_, select
 from tuner.db import TuningDatabase
 from tuner.db.schema import DeviceRow, JobRow, RecordRow, WorkloadRow
 from tuner.errors import UserInputError
+from tuner.progress import per_operator
 
 logger = logging.getLogger(__name__)
 
@@ -210,16 +211,11 @@ class JobData:
 
         Layout variants of one operator count once, the fastest that has a best (the layout
         transforms a variant implies are left out); None if none of a group has one."""
-        groups: dict[str, float | None] = {}
-        for i, t in enumerate(self.tasks):
-            best = t.best_now if use == "now" else t.best_before
-            cost = None if best is None or t.weight is None else t.weight * best
-            group = t.choice or f"#{i}"
-            if group not in groups or groups[group] is None:
-                groups[group] = cost
-            elif cost is not None:
-                groups[group] = min(cost, groups[group])  # type: ignore[type-var]
-        costs = list(groups.values())
+        costs = per_operator(
+            (t.choice, None if best is None or t.weight is None else t.weight * best)
+            for t in self.tasks
+            for best in [t.best_now if use == "now" else t.best_before]
+        )
         return None if any(c is None for c in costs) else sum(costs)  # type: ignore[arg-type]
 
 
