@@ -3,16 +3,21 @@
 Two steps, on two machines:
 
     # here (TVM's compiler, nvcc; no GPU): build a bundle of kernels for sm_90
-    python benchmarks/cuda_kernels.py export --out build/cuda_bundle [--small]
+    python benchmarks/cuda_kernels.py export --out build/cuda_bundle [--small] [--points 64]
     # on the GPU (TVM runtime + PyTorch, no compiler): check, time, compare, write JSON
     python benchmarks/cuda_kernels.py run --bundle build/cuda_bundle
 
 Each task (three ResNet-50 convs, one BERT-base dense) ships its reference (the GPU-scheduled
-module the measurer checks candidates against) and a few candidate schedules. ``run`` loads
-them exactly as a Ray GPU worker's device actor does (``CandidateRunner``: runtime-only import,
-TVM's CUDA runtime loaded by hand, outputs checked against the reference on the GPU, CUDA-event
-timings through ``time_evaluator``) and times PyTorch (cuDNN / cuBLAS) on the same inputs.
-The bundle must fit the device machine's 64 MiB carry limit: ``export`` checks it.
+module the measurer checks candidates against), three hand schedules and ``--points`` random
+points of Nightshift's CUDA sketch space (the GPU machine cannot join this machine's Ray
+cluster, so no cost model steers them: this is the space's reach under random search).
+``run`` loads them exactly as a Ray GPU worker's device actor does (``CandidateRunner``:
+runtime-only import, TVM's CUDA runtime loaded by hand, outputs checked against the reference
+on the GPU, CUDA-event timings through ``time_evaluator``) and times PyTorch (cuDNN / cuBLAS)
+on the same inputs, fp32 with TF32 off (what TVM computes) and with PyTorch's defaults beside.
+It also runs a kernel that writes out of bounds in a child process: the runner must see the
+CUDA context as lost and end that process (what restarts a device actor), while this process
+goes on. The bundle must fit the device machine's 64 MiB carry limit: ``export`` checks it.
 """
 
 from __future__ import annotations
@@ -53,15 +58,52 @@ def _module(kind: str, shape: tuple[int, ...]):
     return tvm.IRModule({"main": te.create_prim_func([x, wt, topi.nn.dense(x, wt)])})
 
 
-def export(out: Path, small: bool) -> int:
+def _sketch_points(mod, target, points: int, seed: int = 0) -> dict[str, tuple]:
+    """``points`` distinct random points of the task's CUDA sketch space, scheduled."""
+    import numpy as np
+
+    import search_spaces
+    from search_spaces.preload import preload_tensor_intrinsics
+
+    preload_tensor_intrinsics()
+    space = search_spaces.create(mod, search_spaces.target_with_limits(target), kind="sketch", seed=seed)
+    rng = np.random.default_rng(seed)
+    picked: dict[str, tuple] = {}
+    for _ in range(points * 4):
+        if len(picked) == points:
+            break
+        point = space.sample(rng)
+        if f"s{len(picked)}" not in picked and point.to_json() not in {p for p, _ in picked.values()}:
+            picked[f"s{len(picked)}"] = (point.to_json(), space.apply(point).mod)
+    return picked
+
+
+def _out_of_bounds():
+    """A dense-shaped kernel whose threads write 2 GiB past the output: a real illegal memory
+    access, which leaves the CUDA context unusable."""
+    import tvm
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def main(x: T.Buffer((16, 64), "float32"), w: T.Buffer((64, 64), "float32"),
+             out: T.Buffer((16, 64), "float32")):  # fmt: skip
+        T.func_attr({"tirx.noalias": True})
+        flat = T.decl_buffer((1 << 30,), "float32", data=out.data)
+        for b in T.thread_binding(16, thread="blockIdx.x"):
+            for t in T.thread_binding(64, thread="threadIdx.x"):
+                flat[(1 << 29) + b * 64 + t] = x[b, t] + w[0, t]
+
+    return tvm.IRModule({"main": main})
+
+
+def export(out: Path, small: bool, points: int = 0) -> int:
     """Build every task's reference and candidates for sm_90 into ``out`` with a manifest."""
     import tvm
 
     sys.path.insert(0, str(ROOT / "tests" / "measure"))
     from test_cuda_build import gpu_candidate  # the hand schedule the CI build test uses
 
-    from tuner.measure.builder import build_candidate
-    from tuner.measure.cuda import kernel_formats, reference_module
+    from tuner.measure.cuda import reference_module
     from tuner.measure.ray_measure import _arg_specs
 
     target = {"kind": "cuda", "arch": "sm_90"}
@@ -72,23 +114,40 @@ def export(out: Path, small: bool) -> int:
         mods = {"reference": reference_module(mod, tvm.target.Target(target))}
         for threads in (64, 128, 256):
             mods[f"t{threads}"] = gpu_candidate(mod, threads=threads, unroll=64)
-        files = {}
-        for label, m in mods.items():
-            start = time.perf_counter()
-            res = build_candidate(tvm.ir.save_json(m), target)
-            if not res.ok or kernel_formats(res.artifact) not in (["cubin"], ["fatbin"]):
-                print(f"{name}/{label}: {res.error_msg}", file=sys.stderr)
-                continue
-            path = out / f"{name}.{label}.so"
-            path.write_bytes(res.artifact)
-            files[label] = path.name
-            print(f"{name}/{label}: {len(res.artifact)} bytes in {time.perf_counter() - start:.1f} s")
+        start = time.perf_counter()
+        sampled = _sketch_points(mod, tvm.target.Target(target), points) if points else {}
+        print(f"{name}: {len(sampled)} sketch points in {time.perf_counter() - start:.1f} s")
+        mods |= {label: m for label, (_, m) in sampled.items()}
+        files = _build_all(out, name, mods, target)
         manifest.append({"name": name, "kind": kind, "shape": shape, "files": files,
+                         "points": {label: p for label, (p, _) in sampled.items()},
                          "args": [[list(a.shape), a.dtype] for a in _arg_specs(mod)]})
-    (out / "manifest.json").write_text(json.dumps({"target": target, "tasks": manifest}, indent=1))
+    crash = _build_all(out, "crash", {"out_of_bounds": _out_of_bounds()}, target)
+    (out / "manifest.json").write_text(json.dumps({"target": target, "tasks": manifest, "crash": crash}, indent=1))
     size = sum(p.stat().st_size for p in out.iterdir())
     print(f"bundle {out}: {size / 2**20:.2f} MiB (carry limit {CARRY_LIMIT >> 20} MiB)")
     return 0 if size < CARRY_LIMIT else 1
+
+
+def _build_all(out: Path, name: str, mods: dict, target: dict) -> dict[str, str]:
+    """Build each module to device code, write ``name.label.so``; the files by label."""
+    import tvm
+
+    from tuner.measure.builder import build_candidate
+    from tuner.measure.cuda import kernel_formats
+
+    files = {}
+    for label, m in mods.items():
+        start = time.perf_counter()
+        res = build_candidate(tvm.ir.save_json(m), target)
+        if not res.ok or kernel_formats(res.artifact) not in (["cubin"], ["fatbin"]):
+            print(f"{name}/{label}: {res.error_msg}", file=sys.stderr)
+            continue
+        path = out / f"{name}.{label}.so"
+        path.write_bytes(res.artifact)
+        files[label] = path.name
+        print(f"{name}/{label}: {len(res.artifact)} bytes in {time.perf_counter() - start:.1f} s")
+    return files
 
 
 def run(bundle: Path, json_out: Path) -> int:
@@ -117,14 +176,21 @@ def run(bundle: Path, json_out: Path) -> int:
             row["tvm"][label] = {"median_s": r.median, "error": r.error_msg}
         fn = _torch_op(task, [torch.from_numpy(a).cuda() for a in runner._inputs[task["name"]][:2]])
         want = runner._reference[task["name"]][-1]
-        row["torch_matches_reference"] = bool(np.allclose(fn().cpu().numpy(), want, rtol=1e-3, atol=1e-3))
-        row["torch_s"] = _torch_time(fn)
-        best = min((v["median_s"] for v in row["tvm"].values() if v["median_s"]), default=None)
-        row["best_tvm_over_torch"] = best / row["torch_s"] if best else None
+        for tf32 in (False, True):  # fp32 as TVM computes it; then PyTorch's default on Hopper
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+            key = "torch_tf32" if tf32 else "torch"
+            row[f"{key}_matches_reference"] = bool(np.allclose(fn().cpu().numpy(), want, rtol=1e-3, atol=1e-3))
+            row[f"{key}_s"] = _torch_time(fn)
+        timed = {k: v["median_s"] for k, v in row["tvm"].items() if v["median_s"] and k != "reference"}
+        best = min(timed, key=timed.get, default=None)
+        row["best"] = best and {"label": best, "median_s": timed[best], "point": task.get("points", {}).get(best),
+                                "over_torch": timed[best] / row["torch_s"],
+                                "over_torch_tf32": timed[best] / row["torch_tf32_s"]}  # fmt: skip
+        row["errors"] = sum(1 for v in row["tvm"].values() if v["error"])
         rows.append(row)
-        print(json.dumps(row))
+        print(json.dumps({k: v for k, v in row.items() if k != "tvm"}))
     result = {"gpu": gpu_identity(0), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
-              "tasks": rows}
+              "crash": _crash_probe(bundle, meta.get("crash", {})), "tasks": rows}
     json_out.parent.mkdir(parents=True, exist_ok=True)
     json_out.write_text(json.dumps(result, indent=1))
     return 0
@@ -140,24 +206,53 @@ def _torch_op(task: dict, inputs: list):
     return lambda: inputs[0] @ inputs[1].T
 
 
-def _torch_time(fn, repeat: int = 50) -> float:
-    """Median of ``repeat`` CUDA-event timings of ``fn`` after a warm-up."""
+def _torch_time(fn, repeat: int = 20, min_ms: float = 50.0) -> float:
+    """Median over ``repeat`` CUDA-event timings of ``fn``, each over as many back-to-back
+    calls as fill ``min_ms`` (as TVM's ``time_evaluator`` does with ``min_repeat_ms``): one
+    call per event pair would time PyTorch's launch overhead, not its kernels."""
     import statistics
 
     import torch
 
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeat):
+    def timed(n: int) -> float:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(n):
+            fn()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
+        return start.elapsed_time(end) / 1e3 / n
+
+    number = 1
+    while timed(number) * number * 1e3 < min_ms:
+        number *= 2
+    return statistics.median(timed(number) for _ in range(repeat))
+
+
+def _crash_probe(bundle: Path, files: dict[str, str]) -> dict:
+    """Run the out-of-bounds kernel in a child process as a device actor would, and check
+    that the child ends with the actor's restart code while this process's context lives on."""
+    import subprocess
+
+    if "out_of_bounds" not in files:
+        return {"skipped": "no crash kernel in the bundle"}
+    child = subprocess.run([sys.executable, __file__, "crash-child", str(bundle / files["out_of_bounds"])],
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    return {"child_exit_code": child.returncode, "expected_exit_code": 70,
+            "log_tail": (child.stdout + child.stderr)[-600:]}
+
+
+def _crash_child(artifact: Path) -> int:
+    os.environ["TVM_USE_RUNTIME_LIB"] = "1"
+    from tuner.measure.runner import ArgSpec, CandidateRunner, TimingConfig
+
+    runner = CandidateRunner("cuda", 0)
+    args = [ArgSpec((16, 64), "float32"), ArgSpec((64, 64), "float32"), ArgSpec((16, 64), "float32")]
+    # Its own reference (timing needs one); the reference run is where the fault surfaces.
+    ref = runner.set_reference("oob", artifact.read_bytes(), "main", args)
+    r = runner.measure("oob", artifact.read_bytes(), "main", TimingConfig(repeat=3))
+    print(f"runner returned instead of exiting: reference {ref.error_msg!r}, run {r.error_msg!r}")
+    return 1
 
 
 def main() -> int:
@@ -166,11 +261,15 @@ def main() -> int:
     ex = sub.add_parser("export")
     ex.add_argument("--out", type=Path, default=ROOT / "build" / "cuda_bundle")
     ex.add_argument("--small", action="store_true", help="two tiny tasks (a check that it works)")
+    ex.add_argument("--points", type=int, default=0, help="random sketch-space points per task (0)")
     rn = sub.add_parser("run")
     rn.add_argument("--bundle", type=Path, default=ROOT / "build" / "cuda_bundle")
     rn.add_argument("--json", type=Path, default=RESULTS / "cuda_kernels.json")
+    sub.add_parser("crash-child").add_argument("artifact", type=Path)
     args = parser.parse_args()
-    return export(args.out, args.small) if args.cmd == "export" else run(args.bundle, args.json)
+    if args.cmd == "crash-child":
+        return _crash_child(args.artifact)
+    return export(args.out, args.small, args.points) if args.cmd == "export" else run(args.bundle, args.json)
 
 
 if __name__ == "__main__":

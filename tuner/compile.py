@@ -1,14 +1,17 @@
 """Compiling a model with the best schedules of the tuning database, and running it.
 
 Every fused operator gets, in order: its best record on this device; else the best record of
-another device of the same architecture (flagged); else a fallback schedule made from TVM's
-own design space with fixed, conservative decisions (parallel outer loops, a vectorizable
-inner tile); only if even that fails, TVM's default lowering (a naive loop nest, which made
-ResNet-50 take seconds per image here).
+another device of the same architecture (flagged); else, on CPUs, a fallback schedule made
+from TVM's own design space with fixed, conservative decisions (parallel outer loops, a
+vectorizable inner tile); only if even that fails, TVM's default lowering (a naive loop nest,
+which made ResNet-50 take seconds per image here). On GPUs an untuned operator gets the CUDA
+pipeline's own default schedules (dlight): the CPU fallback's decisions would put a whole
+loop in ``blockIdx`` and one thread in each block.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -21,6 +24,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.database import TuningRecord, Workload
 from tvm.s_tir.schedule import Trace
 
+from search_spaces.constraints import target_with_limits
 from search_spaces.preload import preload_tensor_intrinsics
 from tuner.db import TuningDatabase
 from tuner.db.database import FallbackPolicy
@@ -32,6 +36,7 @@ from tuner.layout import LayoutPlan, prepare
 logger = logging.getLogger(__name__)
 
 FALLBACK_DESCRIPTION = "fallback schedule: parallel outer loops, vectorized inner tile"
+GPU_DEFAULT_DESCRIPTION = "TVM's default GPU schedule (dlight)"
 
 # The widest vector tile the fallback asks for: 16 fp32 lanes fill an AVX-512 register;
 # narrower ISAs split it, which LLVM does well.
@@ -73,7 +78,8 @@ def compile_model(
         device: the device to build for; its records are looked up in ``db``.
         db: the tuning database, or None for TVM's default build (the untuned reference).
         policy: whether records of another device of the same architecture may stand in.
-        fallback: give untuned operators the fallback schedule (else TVM's default lowering).
+        fallback: give untuned operators the fallback schedule (else TVM's default lowering;
+            on GPUs they always get the CUDA pipeline's default schedules).
         plan: each conv's data layout, as the tasks were extracted with (default
             :meth:`LayoutPlan.for_target`, as :func:`tuner.tasks.extract_tasks`'s).
         precision: the model's precision (:func:`tuner.precision.apply_precision`), as the
@@ -84,16 +90,26 @@ def compile_model(
     start = time.perf_counter()
     plan = LayoutPlan.for_target(device.target) if plan is None else plan
     mod = prepare(apply_precision(spec.bound(), precision), device.target, plan)
+    # A cross-build CUDA target (--target-arch, no GPU here) lacks the per-block limits that
+    # MetaSchedule's GPU rules and verification need.
+    target = target_with_limits(device.target)
+    gpu = str(target.kind.name) == "cuda"
+    if gpu:
+        from tuner.measure.cuda import prepare_cuda_build
+
+        prepare_cuda_build()  # else TVM keeps the kernels' source, which no TVM runtime can load
     if db is None:
-        with device.target, tvm.transform.PassContext(opt_level=3):
-            ex = tvm.compile(mod, target=device.target)
+        with target, tvm.transform.PassContext(opt_level=3):
+            ex = tvm.compile(mod, target=target)
         return Compiled(ex, {}, {}, time.perf_counter() - start)
-    target = device.target
     adapter = MetaScheduleDatabase(
         db, db.device_id(device), policy=policy, read_only=True, precision=precision,
-        fallback=(lambda w: fallback_record(w, target)) if fallback else None,
+        fallback=(lambda w: fallback_record(w, target)) if fallback and not gpu else None,
+        untuned=GPU_DEFAULT_DESCRIPTION if gpu else "TVM's default lowering (no schedule)",
     )  # fmt: skip
-    ex = ms.relax_integration.compile_relax(adapter, mod, target, params=None)
+    # The CUDA compile callback reads the arch from the target in scope.
+    with target if gpu else contextlib.nullcontext():
+        ex = ms.relax_integration.compile_relax(adapter, mod, target, params=None)
     decisions = dict(adapter.decisions)
     return Compiled(ex, adapter.hits, adapter.misses, time.perf_counter() - start, decisions)
 

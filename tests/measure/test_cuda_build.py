@@ -156,3 +156,22 @@ def test_cuda_worker_image_matches_the_wheels_cuda_runtime():
     cmd = text[text.index("CMD"):]
     assert "tuner.measure.worker" in cmd and "--no-cpu-device" in cmd and "--num-cpus 0" in cmd
     assert "TVM_USE_RUNTIME_LIB=1" in text
+
+
+def test_untuned_gpu_operators_get_tvms_gpu_schedules(tmp_path):
+    """A cross-built model (``--target-arch sm_90``, no GPU here) with no records compiles to
+    device code: every operator gets the CUDA pipeline's default schedule and says so, not the
+    CPU fallback (one thread per block), and the target gets its per-block limits."""
+    from tuner.compile import GPU_DEFAULT_DESCRIPTION, compile_model
+    from tuner.db import TuningDatabase
+    from tuner.device import parse_device
+    from tuner.frontends.zoo import tiny
+
+    device = parse_device("cuda:0", target_arch="sm_90")
+    db = TuningDatabase(f"sqlite:///{tmp_path / 'empty.db'}", create=True)
+    compiled = compile_model(tiny(), device, db)
+    kinds = {(d.kind, d.detail) for d in compiled.decisions.values()}
+    assert kinds == {("tvm-default", GPU_DEFAULT_DESCRIPTION)}, kinds
+    path = tmp_path / "tiny.so"
+    compiled.executable.export_library(str(path))
+    assert kernel_formats(path.read_bytes()) in (["cubin"], ["fatbin"])

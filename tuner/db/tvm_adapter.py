@@ -67,6 +67,8 @@ class MetaScheduleDatabase(PyDatabase):
         read_only: do not store workloads TVM commits (compiling must not write).
         precision: the model's precision, part of every workload key
             (:func:`tuner.tasks.workload_key`).
+        untuned: what a workload with neither record nor fallback gets, as the compile
+            table says it (on GPUs, the pipeline's dlight rules schedule it).
     """
 
     def __init__(
@@ -78,6 +80,7 @@ class MetaScheduleDatabase(PyDatabase):
         fallback: Fallback | None = None,
         read_only: bool = False,
         precision: str = "fp32",
+        untuned: str = "TVM's default lowering (no schedule)",
     ) -> None:
         super().__init__()
         self.db = db
@@ -86,6 +89,7 @@ class MetaScheduleDatabase(PyDatabase):
         self.fallback = fallback
         self.read_only = read_only
         self.precision = precision
+        self.untuned = untuned
         self.decisions: dict[str, Decision] = {}  # workload key -> what was used
         self._replays: dict[int, bool] = {}
 
@@ -141,7 +145,7 @@ class MetaScheduleDatabase(PyDatabase):
             return [TuningRecord.from_json(json.loads(b.row.record_json), workload) for b in found]
         made = self.fallback(workload) if self.fallback is not None else None
         if made is None:
-            self.decisions[key] = Decision(name, "tvm-default", "TVM's default lowering (no schedule)")
+            self.decisions[key] = Decision(name, "tvm-default", self.untuned)
             return []
         record, what = made
         self.decisions[key] = Decision(name, "fallback", what)
