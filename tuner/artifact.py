@@ -100,8 +100,8 @@ def write_artifact(
     spec: Any,
     device: Any,
     *,
-    latency_s: float,
-    verification: Verification,
+    latency_s: float | None,
+    verification: Verification | None,
     untuned_latency_s: float | None = None,
     job: dict[str, Any] | None = None,
     source: str | None = None,
@@ -115,8 +115,8 @@ def write_artifact(
         compiled: the tuned build; its ``decisions`` give the tuned/fallback counts.
         spec: the model (:class:`tuner.frontends.ModelSpec`): name and data inputs.
         device: the :class:`tuner.device.Device` it was built for.
-        latency_s: the tuned build's measured latency.
-        verification: how its output was checked.
+        latency_s: the tuned build's measured latency (None: not timed, as by ``nightshift compile``).
+        verification: how its output was checked (None: not checked).
         untuned_latency_s: TVM's default build's latency, if measured.
         job: the tuning job (``{"id": ..., "name": ...}``).
         source: what ``--model`` said (zoo name, ONNX path, factory).
@@ -147,9 +147,9 @@ def write_artifact(
         "tasks": [{"name": t.name, "workload_key": t.workload_key, "weight": t.weight, "flops": t.flops,
                    "choice": t.choice}
                   for t in tasks],
-        "latency_ms": latency_s * 1e3,
+        "latency_ms": None if latency_s is None else latency_s * 1e3,
         "untuned_latency_ms": None if untuned_latency_s is None else untuned_latency_s * 1e3,
-        "verification": verification.to_json(),
+        "verification": None if verification is None else verification.to_json(),
         "job": job,
         "tvm_version": tvm.__version__,
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),

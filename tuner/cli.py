@@ -454,18 +454,23 @@ def cmd_compile(args: argparse.Namespace) -> int:
         console.print(f"[yellow]warning:[/] {len(db.rejected)} record(s) rejected by the trace allow-list: "
                       + "; ".join(f"record {i}: {r}" for i, r in sorted(db.rejected.items())[:5]),
                       soft_wrap=True, highlight=False)  # fmt: skip
-    from tuner.compile import verify_model, verify_wanted
+    from tuner.artifact import Verification, write_artifact
+    from tuner.compile import VERIFY_TOLERANCE, max_difference, verify_wanted
 
+    checked = None
     if verify_wanted(args.verify, spec, device):
         with console.status("checking the output against the untuned build"):
-            worst = verify_model(spec, device, compiled, plan=_plan(args, device, db, spec))
-        if worst is not None:
+            worst = max_difference(spec, device, compiled, plan=_plan(args, device, db, spec))
+        checked = Verification("untuned TVM build", worst, VERIFY_TOLERANCE)
+        if not checked.ok:
             console.print(f"[red]error:[/] the compiled model's output differs from the untuned build's "
                           f"(max relative difference {worst:.2e}); {args.output} not written")
             return 1
-        out.print("output checked against the untuned build")
-    compiled.executable.export_library(str(args.output))
-    out.print(f"wrote {args.output} in {compiled.compile_s:.1f} s")
+        out.print(f"output checked against the untuned build (max relative difference {worst:.1e})")
+    # The same artifact as `tune -o` writes: `nightshift run` needs its metadata.
+    meta = write_artifact(args.output, compiled, spec, device, latency_s=None, verification=checked, source=args.model)
+    out.print(f"wrote {args.output} (metadata {meta}) in {compiled.compile_s:.1f} s; run it with: "
+              f"nightshift run {args.output} --input x.npy")
     return 0
 
 

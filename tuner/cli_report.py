@@ -23,7 +23,8 @@ def add_report_commands(
 ) -> None:
     """Add ``run``, ``report`` and ``jobs`` to the ``nightshift`` subparsers."""
     p = sub.add_parser("run", help="run a tuned artifact (tune -o) on inputs from .npy files, with TVM's runtime only")
-    p.add_argument("artifact", type=Path, help="the .so that tune -o wrote (with its .json), or the artifact folder")
+    p.add_argument("artifact", type=Path,
+                   help="the .so that tune -o or nightshift compile -o wrote (with its .json), or the artifact folder")
     p.add_argument("--input", type=Path, action="append", required=True, metavar="FILE",
                    help="a .npy per input, in order (repeat the option), or one .npz keyed by input name")
     p.add_argument("--output", type=Path, default=None, help="write the output (.npy; .npz for several)")

@@ -251,6 +251,14 @@ def verify_model(spec: ModelSpec, device: Device, compiled: Compiled, *, plan: L
     """Run ``compiled`` and the untuned build (or ``reference``) on the same random input;
     None when their outputs agree within :data:`VERIFY_TOLERANCE`, else the worst relative
     difference (inf for a NaN or a different output structure)."""
+    worst = max_difference(spec, device, compiled, plan=plan, reference=reference)
+    return None if np.isfinite(worst) and worst <= VERIFY_TOLERANCE else float(worst)
+
+
+def max_difference(spec: ModelSpec, device: Device, compiled: Compiled, *, plan: LayoutPlan | None = None,
+                   reference: Compiled | None = None) -> float:  # fmt: skip
+    """The worst relative difference between the outputs of ``compiled`` and of the untuned
+    build (or ``reference``) on the same random input; inf for a different output structure."""
     if reference is None:
         reference = compile_model(spec, device, None, plan=plan)
     inputs = spec.random_inputs(seed=0)
@@ -262,7 +270,7 @@ def verify_model(spec: ModelSpec, device: Device, compiled: Compiled, *, plan: L
     for a, b in zip(want, got, strict=True):
         scale = max(float(np.max(np.abs(a))), 1e-6)
         worst = max(worst, float(np.max(np.abs(a.astype(np.float64) - b))) / scale)
-    return None if np.isfinite(worst) and worst <= VERIFY_TOLERANCE else float(worst)
+    return worst
 
 
 def _outputs(compiled: Compiled, device: Device, inputs: list[np.ndarray]) -> list[np.ndarray]:

@@ -1,5 +1,7 @@
 """The compiler reads the database: records from a real small tuning run, fallbacks, the CLI."""
 
+import json
+
 import numpy as np
 import pytest
 import tvm
@@ -119,3 +121,10 @@ def test_cli_compile_reports_tuned_and_fallback(tuned_tiny, tmp_path, capsys, mo
     assert f"\n{len(summary.best_sec)} operators tuned on this device, 0 from another device" in text
     assert "with TVM's default lowering" in text and FALLBACK_DESCRIPTION in text
     assert out.stat().st_size > 0
+    # The same artifact as `tune -o` writes: its metadata says what was checked, and it runs.
+    meta = json.loads(out.with_suffix(".json").read_text())
+    assert meta["verification"]["reference"] == "untuned TVM build" and meta["verification"]["ok"]
+    assert meta["latency_ms"] is None and meta["operators"]["tuned"] == len(summary.best_sec)
+    np.save(tmp_path / "x.npy", _spec.random_inputs()[0])
+    assert cli.main(["run", str(out), "--input", str(tmp_path / "x.npy"), "--output", str(tmp_path / "y.npy")]) == 0
+    assert np.load(tmp_path / "y.npy").shape == (1, 10)
