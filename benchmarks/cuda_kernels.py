@@ -58,24 +58,41 @@ def _module(kind: str, shape: tuple[int, ...]):
     return tvm.IRModule({"main": te.create_prim_func([x, wt, topi.nn.dense(x, wt)])})
 
 
-def _sketch_points(mod, target, points: int, seed: int = 0) -> dict[str, tuple]:
-    """``points`` distinct random points of the task's CUDA sketch space, scheduled."""
+def _sketch_points(mod, target, points: int, seed: int = 0, parents: list[str] = ()) -> dict[str, tuple]:
+    """``points`` distinct points of the task's CUDA sketch space, scheduled: random ones, or
+    with ``parents`` (point JSON, best first) mutations of those, one knob each, as the
+    evolutionary strategy's next generation would be (the GPU is too far for its cost model)."""
     import numpy as np
 
     import search_spaces
+    from search_spaces.base import Point
     from search_spaces.preload import preload_tensor_intrinsics
 
     preload_tensor_intrinsics()
     space = search_spaces.create(mod, search_spaces.target_with_limits(target), kind="sketch", seed=seed)
     rng = np.random.default_rng(seed)
+    seen = set(parents)
     picked: dict[str, tuple] = {}
-    for _ in range(points * 4):
+    prefix = "m" if parents else "s"
+    for k in range(points * 4):
         if len(picked) == points:
             break
-        point = space.sample(rng)
-        if f"s{len(picked)}" not in picked and point.to_json() not in {p for p, _ in picked.values()}:
-            picked[f"s{len(picked)}"] = (point.to_json(), space.apply(point).mod)
+        point = (space.mutate(Point.from_json(parents[k % len(parents)]), rng) if parents
+                 else space.sample(rng))  # fmt: skip
+        if point.to_json() not in seen:
+            seen.add(point.to_json())
+            picked[f"{prefix}{len(picked)}"] = (point.to_json(), space.apply(point).mod)
     return picked
+
+
+def _best_points(result_json: Path, top: int) -> dict[str, list[str]]:
+    """Per task of an earlier ``run``'s JSON, the ``top`` fastest sketch points, best first."""
+    meta = json.loads(result_json.read_text())
+    out = {}
+    for task in meta["tasks"]:
+        timed = sorted((v["median_s"], k) for k, v in task["tvm"].items() if v["median_s"] and k in task["points"])
+        out[task["task"]] = [task["points"][k] for _, k in timed[:top]]
+    return out
 
 
 def _out_of_bounds():
@@ -96,7 +113,7 @@ def _out_of_bounds():
     return tvm.IRModule({"main": main})
 
 
-def export(out: Path, small: bool, points: int = 0) -> int:
+def export(out: Path, small: bool, points: int = 0, parents_from: Path | None = None, top: int = 8) -> int:
     """Build every task's reference and candidates for sm_90 into ``out`` with a manifest."""
     import tvm
 
@@ -115,7 +132,8 @@ def export(out: Path, small: bool, points: int = 0) -> int:
         for threads in (64, 128, 256):
             mods[f"t{threads}"] = gpu_candidate(mod, threads=threads, unroll=64)
         start = time.perf_counter()
-        sampled = _sketch_points(mod, tvm.target.Target(target), points) if points else {}
+        parents = _best_points(parents_from, top).get(name, []) if parents_from else []
+        sampled = _sketch_points(mod, tvm.target.Target(target), points, parents=parents) if points else {}
         print(f"{name}: {len(sampled)} sketch points in {time.perf_counter() - start:.1f} s")
         mods |= {label: m for label, (_, m) in sampled.items()}
         files = _build_all(out, name, mods, target)
@@ -166,7 +184,7 @@ def run(bundle: Path, json_out: Path) -> int:
     for task in meta["tasks"]:
         args = [ArgSpec(tuple(s), d) for s, d in task["args"]]
         ref = runner.set_reference(task["name"], (bundle / task["files"]["reference"]).read_bytes(), "main", args)
-        row: dict = {"task": task["name"], "shape": task["shape"], "tvm": {}}
+        row: dict = {"task": task["name"], "shape": task["shape"], "tvm": {}, "points": task.get("points", {})}
         if not ref.ok:
             row["error"] = ref.error_msg
             rows.append(row)
@@ -188,7 +206,7 @@ def run(bundle: Path, json_out: Path) -> int:
                                 "over_torch_tf32": timed[best] / row["torch_tf32_s"]}  # fmt: skip
         row["errors"] = sum(1 for v in row["tvm"].values() if v["error"])
         rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k != "tvm"}))
+        print(json.dumps({k: v for k, v in row.items() if k not in ("tvm", "points")}))
     result = {"gpu": gpu_identity(0), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
               "crash": _crash_probe(bundle, meta.get("crash", {})), "tasks": rows}
     json_out.parent.mkdir(parents=True, exist_ok=True)
@@ -262,6 +280,9 @@ def main() -> int:
     ex.add_argument("--out", type=Path, default=ROOT / "build" / "cuda_bundle")
     ex.add_argument("--small", action="store_true", help="two tiny tasks (a check that it works)")
     ex.add_argument("--points", type=int, default=0, help="random sketch-space points per task (0)")
+    ex.add_argument("--parents-from", type=Path, default=None,
+                    help="an earlier run's JSON: the points are mutations of its --top best per task")
+    ex.add_argument("--top", type=int, default=8)
     rn = sub.add_parser("run")
     rn.add_argument("--bundle", type=Path, default=ROOT / "build" / "cuda_bundle")
     rn.add_argument("--json", type=Path, default=RESULTS / "cuda_kernels.json")
@@ -269,7 +290,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.cmd == "crash-child":
         return _crash_child(args.artifact)
-    return export(args.out, args.small, args.points) if args.cmd == "export" else run(args.bundle, args.json)
+    if args.cmd == "export":
+        return export(args.out, args.small, args.points, args.parents_from, args.top)
+    return run(args.bundle, args.json)
 
 
 if __name__ == "__main__":
