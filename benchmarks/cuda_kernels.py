@@ -95,30 +95,13 @@ def _best_points(result_json: Path, top: int) -> dict[str, list[str]]:
     return out
 
 
-def _out_of_bounds():
-    """A dense-shaped kernel whose threads write 2 GiB past the output: a real illegal memory
-    access, which leaves the CUDA context unusable."""
-    import tvm
-    from tvm.script import tirx as T
-
-    @T.prim_func(s_tir=True)
-    def main(x: T.Buffer((16, 64), "float32"), w: T.Buffer((64, 64), "float32"),
-             out: T.Buffer((16, 64), "float32")):  # fmt: skip
-        T.func_attr({"tirx.noalias": True})
-        flat = T.decl_buffer((1 << 30,), "float32", data=out.data)
-        for b in T.thread_binding(16, thread="blockIdx.x"):
-            for t in T.thread_binding(64, thread="threadIdx.x"):
-                flat[(1 << 29) + b * 64 + t] = x[b, t] + w[0, t]
-
-    return tvm.IRModule({"main": main})
-
-
 def export(out: Path, small: bool, points: int = 0, parents_from: Path | None = None, top: int = 8) -> int:
     """Build every task's reference and candidates for sm_90 into ``out`` with a manifest."""
     import tvm
 
     sys.path.insert(0, str(ROOT / "tests" / "measure"))
-    from test_cuda_build import gpu_candidate  # the hand schedule the CI build test uses
+    # The hand schedule and the context-killing kernel of the CI build test.
+    from test_cuda_build import gpu_candidate, out_of_bounds
 
     from tuner.measure.cuda import reference_module
     from tuner.measure.ray_measure import _arg_specs
@@ -140,7 +123,7 @@ def export(out: Path, small: bool, points: int = 0, parents_from: Path | None = 
         manifest.append({"name": name, "kind": kind, "shape": shape, "files": files,
                          "points": {label: p for label, (p, _) in sampled.items()},
                          "args": [[list(a.shape), a.dtype] for a in _arg_specs(mod)]})
-    crash = _build_all(out, "crash", {"out_of_bounds": _out_of_bounds()}, target)
+    crash = _build_all(out, "crash", {"out_of_bounds": out_of_bounds()}, target)
     (out / "manifest.json").write_text(json.dumps({"target": target, "tasks": manifest, "crash": crash}, indent=1))
     size = sum(p.stat().st_size for p in out.iterdir())
     print(f"bundle {out}: {size / 2**20:.2f} MiB (carry limit {CARRY_LIMIT >> 20} MiB)")

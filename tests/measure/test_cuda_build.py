@@ -11,6 +11,7 @@ import pytest
 import tvm
 from tvm import te, topi
 from tvm.s_tir import Schedule
+from tvm.script import tirx as T
 
 from tuner.measure.builder import build_candidate
 from tuner.measure.cuda import context_fatal, driver_present, kernel_formats, reference_module
@@ -55,6 +56,22 @@ def gpu_candidate(mod: tvm.IRModule, threads: int = 64, unroll: int = 16) -> tvm
         if 2 in kinds:
             sch.annotate(loops[kinds.index(2)], "pragma_auto_unroll_max_step", unroll)
     return sch.mod
+
+
+def out_of_bounds() -> tvm.IRModule:
+    """The dense's signature, but each thread writes 2 GiB past its output: a real illegal
+    memory access, which leaves the CUDA context unusable."""
+
+    @T.prim_func(s_tir=True)
+    def main(x: T.Buffer((16, 64), "float32"), w: T.Buffer((64, 64), "float32"),
+             out: T.Buffer((16, 64), "float32")):
+        T.func_attr({"tirx.noalias": True})
+        flat = T.decl_buffer((1 << 30,), "float32", data=out.data)
+        for b in T.thread_binding(16, thread="blockIdx.x"):
+            for t in T.thread_binding(64, thread="threadIdx.x"):
+                flat[(1 << 29) + b * 64 + t] = x[b, t] + w[0, t]
+
+    return tvm.IRModule({"main": main})
 
 
 @pytest.mark.parametrize("make", [_conv, _dense], ids=["conv", "dense"])

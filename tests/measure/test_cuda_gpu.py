@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import pytest
-import tvm
-from tvm.script import tirx as T
 
 from tuner.measure.cuda import gpu_identity
 from tuner.measure.results import ErrorClass
@@ -29,22 +27,6 @@ def _task(mod):
     return Task("gpu", mod, 1, 1.0, workload_key(mod))
 
 
-def _out_of_bounds() -> tvm.IRModule:
-    """The dense's signature, but each thread writes 2 GiB past its output: a real illegal
-    memory access, which leaves the CUDA context unusable."""
-
-    @T.prim_func(s_tir=True)
-    def main(x: T.Buffer((16, 64), "float32"), w: T.Buffer((64, 64), "float32"),
-             out: T.Buffer((16, 64), "float32")):
-        T.func_attr({"tirx.noalias": True})
-        flat = T.decl_buffer((1 << 30,), "float32", data=out.data)
-        for b in T.thread_binding(16, thread="blockIdx.x"):
-            for t in T.thread_binding(64, thread="threadIdx.x"):
-                flat[(1 << 29) + b * 64 + t] = x[b, t] + w[0, t]
-
-    return tvm.IRModule({"main": main})
-
-
 def test_candidates_time_on_the_gpu_against_the_gpu_reference(ray_cluster, gpu_device):
     from test_cuda_build import _conv, _dense, gpu_candidate
 
@@ -62,14 +44,14 @@ def test_candidates_time_on_the_gpu_against_the_gpu_reference(ray_cluster, gpu_d
 
 
 def test_illegal_address_restarts_the_actor_and_is_recorded_once(ray_cluster, gpu_device):
-    from test_cuda_build import _dense, gpu_candidate
+    from test_cuda_build import _dense, gpu_candidate, out_of_bounds
 
     from tuner.measure.ray_measure import MeasureConfig, RayMeasurer
 
     task = _task(_dense())
     good = gpu_candidate(task.mod)
     with RayMeasurer(gpu_device, MeasureConfig(device_wait_s=120)) as m:
-        results = m.measure(task, [good, _out_of_bounds(), good, good])
+        results = m.measure(task, [good, out_of_bounds(), good, good])
     classes = [r.error_class for r in results]
     assert classes == [None, ErrorClass.RUN_CRASH, None, None], [(r.error_class, r.error_msg) for r in results]
 
