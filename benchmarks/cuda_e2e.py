@@ -41,7 +41,7 @@ TORCHVISION = {"resnet50": "resnet50", "resnet18": "resnet18", "mobilenet_v2": "
 def export(model: str, db: str, out: Path, arch: str, part_mib: int) -> int:
     """Compile ``model`` for CUDA ``arch`` from ``db``; write the artifact in parts, the input
     and the CPU build's output."""
-    from tuner.artifact import Verification, write_artifact
+    from tuner.artifact import write_artifact
     from tuner.compile import compile_model, run_model
     from tuner.db import TuningDatabase
     from tuner.device import parse_device
@@ -55,9 +55,8 @@ def export(model: str, db: str, out: Path, arch: str, part_mib: int) -> int:
     compiled = compile_model(spec, gpu, database)
     print(f"{model} for {arch}: compiled in {time.perf_counter() - start:.0f} s")
     library = out / f"{model}_{arch}.so"
-    # Checked and timed on the GPU by `run`; this machine has none.
-    write_artifact(library, compiled, spec, gpu, latency_s=float("nan"),
-                   verification=Verification("the CPU build's output, checked on the GPU", float("nan")))
+    # Not checked or timed here (no GPU): `run` does both there.
+    write_artifact(library, compiled, spec, gpu, latency_s=None, verification=None, source=model)
     x = spec.random_inputs()
     np.save(out / "input.npy", x[0])
     cpu = parse_device("cpu")
@@ -70,16 +69,10 @@ def export(model: str, db: str, out: Path, arch: str, part_mib: int) -> int:
     parts = [f"{library.name}.part{i}" for i in range(0, (len(data) + size - 1) // size)]
     for i, name in enumerate(parts):
         (out / name).write_bytes(data[i * size:(i + 1) * size])
-    manifest = {"model": model, "arch": arch, "library": library.name, "parts": parts, "bytes": len(data),
-                "decisions": {k: v for k, v in _kinds(compiled).items()}}  # fmt: skip
+    manifest = {"model": model, "arch": arch, "library": library.name, "parts": parts, "bytes": len(data)}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     print(f"{library.name}: {len(data) / 2**20:.1f} MiB in {len(parts)} parts")
     return 0
-
-
-def _kinds(compiled) -> dict[str, int]:
-    kinds = [d.kind for d in compiled.decisions.values()]
-    return {k: kinds.count(k) for k in sorted(set(kinds))}
 
 
 def run(folder: Path, parts_from: list[Path], json_out: Path, repeat: int) -> int:
@@ -105,7 +98,7 @@ def run(folder: Path, parts_from: list[Path], json_out: Path, repeat: int) -> in
     error = scaled_error([expected], [got])
     samples = art.time([x], repeat)
     row = {"tvm": {"median_s": statistics.median(samples), "scaled_error_vs_cpu_build": error,
-                   "decisions": meta["decisions"]}}  # fmt: skip
+                   "operators": art.metadata["operators"]}}  # fmt: skip
     print(json.dumps(row))
 
     net = getattr(torchvision.models, TORCHVISION[meta["model"]])().cuda().eval()

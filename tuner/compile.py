@@ -28,7 +28,7 @@ from search_spaces.constraints import target_with_limits
 from search_spaces.preload import preload_tensor_intrinsics
 from tuner.db import TuningDatabase
 from tuner.db.database import FallbackPolicy
-from tuner.db.tvm_adapter import Decision, MetaScheduleDatabase
+from tuner.db.tvm_adapter import DEFAULT_LOWERING, Decision, MetaScheduleDatabase
 from tuner.device import Device
 from tuner.frontends import ModelSpec
 from tuner.layout import LayoutPlan, prepare
@@ -105,7 +105,7 @@ def compile_model(
     adapter = MetaScheduleDatabase(
         db, db.device_id(device), policy=policy, read_only=True, precision=precision,
         fallback=(lambda w: fallback_record(w, target)) if fallback and not gpu else None,
-        untuned=GPU_DEFAULT_DESCRIPTION if gpu else "TVM's default lowering (no schedule)",
+        untuned=GPU_DEFAULT_DESCRIPTION if gpu else DEFAULT_LOWERING,
     )  # fmt: skip
     # The CUDA compile callback reads the arch from the target in scope.
     with target if gpu else contextlib.nullcontext():

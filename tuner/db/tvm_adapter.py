@@ -34,6 +34,8 @@ _KIND = {"device": "tuned", "same-arch": "same-arch", "foreign": "foreign"}
 
 # A schedule for a workload no record covers: its record (run_secs None) and what it is.
 Fallback = Callable[[Workload], tuple[TuningRecord, str] | None]
+# What the compile table says of a workload with neither record nor fallback on a CPU.
+DEFAULT_LOWERING = "TVM's default lowering (no schedule)"
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ class MetaScheduleDatabase(PyDatabase):
         fallback: Fallback | None = None,
         read_only: bool = False,
         precision: str = "fp32",
-        untuned: str = "TVM's default lowering (no schedule)",
+        untuned: str = DEFAULT_LOWERING,
     ) -> None:
         super().__init__()
         self.db = db
