@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import tvm
-from tvm import relax, topi
+from tvm import relax, te, topi
 from tvm.relax import pipeline as relax_pipeline
 
 from search_spaces.constraints import is_x86
@@ -72,8 +72,10 @@ class LayoutPlan:
             convs means the rest take ``default``.
 
     A blocked layout is a request: a conv whose channels the block does not divide takes the
-    largest divisor below it (ResNet's first conv reads 3 channels: ``NCHW3c`` in), and
-    grouped convs (TOPI's ``conv2d_NCHWc`` has no groups) stay NCHW. A plan holds one
+    largest divisor below it (ResNet's first conv reads 3 channels: ``NCHW3c`` in), a
+    depthwise conv takes the block with ``OIHW1i{b}o`` weights (:func:`depthwise_conv2d_nchwc`;
+    NHWC leaves it NCHW), and other grouped convs (TOPI's ``conv2d_NCHWc`` has no groups)
+    stay NCHW. A plan holds one
     block size: TVM 0.27's ``ConvertLayout`` cannot convert between two blocked layouts
     (``NCHW4c`` to ``NCHW8c`` fails with "Invalid layout axis"), while the same block always
     gives a consumer the block its producer wrote (same channel count, same divisor).
@@ -149,27 +151,73 @@ def conv_layouts(call: relax.Call, layout: str) -> list[str] | None:
     if attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
         return None
     # Even an NCHW conv is stated: without a wish, ConvertLayout runs a conv in its input's
-    # layout. Grouped (depthwise) convs stay NCHW: conv2d_NCHWc has no groups, and TOPI's
-    # grouped NHWC conv is unchecked here.
-    if layout == NCHW or int(attrs.groups) != 1:
+    # layout. Grouped convs other than depthwise stay NCHW: conv2d_NCHWc has no groups, and
+    # TOPI's grouped NHWC conv is unchecked here; a depthwise conv takes NCHW as its NHWC.
+    depthwise = is_depthwise(call)
+    if layout == NCHW or (int(attrs.groups) != 1 and not depthwise) or (depthwise and layout == NHWC):
         return [NCHW, "OIHW", NCHW]
     if layout == NHWC:
         return [NHWC, "OHWI", NHWC]
     block = block_of(layout)
     assert block is not None
     out_ch, in_ch = (int(d) for d in call.args[1].ty.shape.values[:2])
+    if depthwise:
+        # Each output channel reads its own input channel: one block for both, and the
+        # weights' (C, 1, KH, KW) become (C/b, 1, KH, KW, 1, b).
+        b = _largest_divisor(out_ch, block)
+        return [blocked(b), f"OIHW1i{b}o", blocked(b)]
     ib, ob = _largest_divisor(in_ch, block), _largest_divisor(out_ch, block)
     return [blocked(ib), f"OIHW{ib}i{ob}o", blocked(ob)]
 
 
+def is_depthwise(call: relax.Call) -> bool:
+    """True for a conv with one input and one output channel per group (MobileNet's)."""
+    groups = int(call.attrs.groups)
+    out_ch, in_per_group = (int(d) for d in call.args[1].ty.shape.values[:2])
+    return groups > 1 and in_per_group == 1 and out_ch == groups
+
+
+def depthwise_conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides: Sequence[int], padding: Sequence[int],
+                           dilation: Sequence[int], out_dtype: str) -> te.Tensor:
+    """A depthwise conv in ``NCHW{b}c`` with ``OIHW1i{b}o`` weights (channel multiplier 1).
+
+    TOPI 0.27 declares ``depthwise_conv2d_NCHWc`` but registers no compute for it (its x86
+    implementation went with ``topi.x86``). ``padding`` is (top, left, bottom, right).
+    """
+    n, chunks, h, w, block = (int(d) for d in data.shape)
+    kh, kw = (int(d) for d in kernel.shape[2:4])
+    (sh, sw), (dh, dw) = strides, dilation
+    top, left, bottom, right = padding
+    if any(padding):
+        data = topi.nn.pad(data, [0, 0, top, left, 0], [0, 0, bottom, right, 0], name="PaddedInput")
+    oh = (h + top + bottom - (kh - 1) * dh - 1) // sh + 1
+    ow = (w + left + right - (kw - 1) * dw - 1) // sw + 1
+    rh = te.reduce_axis((0, kh), name="kh")
+    rw = te.reduce_axis((0, kw), name="kw")
+    return te.compute(
+        (n, chunks, oh, ow, block),
+        lambda b, c, i, j, k: te.sum(
+            data[b, c, i * sh + rh * dh, j * sw + rw * dw, k].astype(out_dtype)
+            * kernel[c, 0, rh, rw, 0, k].astype(out_dtype), axis=[rh, rw]),
+        name="depthwise_conv2d_NCHWc",
+    )
+
+
 def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
-    """TOPI's ``conv2d_NCHWc`` for a blocked conv (the generic legalization leaves it as is);
-    TVM's own legalization otherwise."""
+    """TOPI's ``conv2d_NCHWc`` for a blocked conv (the generic legalization leaves it as is),
+    :func:`depthwise_conv2d_nchwc` for a blocked depthwise one; TVM's own legalization
+    otherwise."""
     attrs = call.attrs
     if block_of(str(attrs.data_layout)) is None:
         return relax.transform.legalize_ops.nn._nn_conv2d(bb, call)
     # An unset out_dtype (None or "") means the data's dtype.
     out_dtype = str(attrs.out_dtype) if attrs.out_dtype not in (None, "", "void") else str(call.args[0].ty.dtype)
+    if int(attrs.groups) != 1:
+        return bb.call_te(
+            depthwise_conv2d_nchwc, call.args[0], call.args[1], [int(s) for s in attrs.strides],
+            [int(p) for p in attrs.padding], [int(d) for d in attrs.dilation], out_dtype,
+            primfunc_name_hint="depthwise_conv2d_NCHWc",
+        )
     return bb.call_te(
         topi.nn.conv2d_NCHWc, call.args[0], call.args[1],
         [int(s) for s in attrs.strides], [int(p) for p in attrs.padding], [int(d) for d in attrs.dilation],
@@ -374,7 +422,7 @@ def task_layout(mod: tvm.IRModule) -> str:
     from tvm.s_tir import Schedule
 
     sch = Schedule(mod)
-    names = (("conv2d_NCHWc", None), ("conv2d_nchw", NCHW), ("conv2d_nhwc", NHWC),
+    names = (("conv2d_NCHWc", None), ("depthwise_conv2d_NCHWc", None), ("conv2d_nchw", NCHW), ("conv2d_nhwc", NHWC),
              ("group_conv2d_nchw", NCHW), ("group_conv2d_nhwc", NHWC))  # fmt: skip
     for name, layout in names:
         try:

@@ -2,7 +2,7 @@
 
 A template is a schedule function over a few named knobs, for the tasks it recognizes.
 Templates ship here (``x86-conv2d-nchw``, ``x86-conv2d-nchwc``, ``x86-dense``, ``x86-dense-bf16``,
-``x86-depthwise-conv2d-nchw``) or come from other packages, either by calling
+``x86-depthwise-conv2d-nchw``, ``x86-depthwise-conv2d-nchwc``) or come from other packages, either by calling
 :func:`register_template` or through the ``nightshift.templates`` entry-point group, whose
 entries load to a :class:`Template` (or a zero-argument callable returning one)::
 

@@ -104,6 +104,19 @@ def depthwise(stride: int = 1) -> tvm.IRModule:
     return tvm.IRModule({"main": te.create_prim_func([data, weight, bias, out])})
 
 
+def depthwise_nchwc(stride: int = 1, block: int = 8) -> tvm.IRModule:
+    """The same depthwise conv in the blocked layout, as ``tuner.layout`` legalizes it for an
+    NCHW{block}c plan (block ``depthwise_conv2d_NCHWc``), + bias + relu."""
+    from tuner.layout import depthwise_conv2d_nchwc
+
+    data = te.placeholder((1, 32 // block, 14, 14, block), name="data")
+    weight = te.placeholder((32 // block, 1, 3, 3, 1, block), name="weight")
+    bias = te.placeholder((1, 32 // block, 1, 1, block), name="bias")
+    conv = depthwise_conv2d_nchwc(data, weight, (stride, stride), (1, 1, 1, 1), (1, 1), "float32")
+    out = topi.nn.relu(topi.add(conv, bias))
+    return tvm.IRModule({"main": te.create_prim_func([data, weight, bias, out])})
+
+
 def dense_bf16(m: int = 32, k: int = 64, n: int = 48) -> tvm.IRModule:
     """A bf16 dense layer as ``tuner.precision.bf16`` writes it (block ``matmul_bf16``,
     weight packed [k/2, n, 2], float32 accumulation) + bias + relu."""
@@ -127,7 +140,8 @@ TASKS: dict[str, Callable[[], tvm.IRModule]] = {
     "matmul": matmul, "conv": conv_bias_relu, "relu": relu, "conv_nchwc": conv_nchwc,
     "conv_nchwc_first": conv_nchwc_first, "conv_nchwc_bare": conv_nchwc_bare, "dense": dense,
     "batch_matmul": batch_matmul, "depthwise": depthwise, "depthwise_s2": lambda: depthwise(2),
-    "dense_bf16": dense_bf16,
+    "dense_bf16": dense_bf16, "depthwise_nchwc": depthwise_nchwc, "depthwise_nchwc_s2": lambda: depthwise_nchwc(2),
+    "depthwise_nchwc16": lambda: depthwise_nchwc(block=16),
 }
 
 # Target configs by name; CUDA ones cross-build (no GPU is needed).
@@ -137,8 +151,8 @@ TARGETS: dict[str, dict] = {
 }
 # The (task, target) pairs the suite covers; CUDA keeps to the two heavy patterns.
 TASK_TARGETS = [("matmul", "llvm"), ("conv", "llvm"), ("relu", "llvm"), ("conv_nchwc", "llvm"),
-                ("dense", "llvm"), ("depthwise", "llvm"), ("dense_bf16", "llvm"), ("matmul", "cuda-sm90"),
-                ("conv", "cuda-sm90")]
+                ("dense", "llvm"), ("depthwise", "llvm"), ("depthwise_nchwc", "llvm"), ("dense_bf16", "llvm"),
+                ("matmul", "cuda-sm90"), ("conv", "cuda-sm90")]
 
 
 @functools.cache

@@ -21,7 +21,10 @@ from tuner.tasks import extract_tasks
                                                  ("x86-conv2d-nchwc", "conv_nchwc_bare"),
                                                  ("x86-dense", "dense"), ("x86-dense", "batch_matmul"),
                                                  ("x86-depthwise-conv2d-nchw", "depthwise"),
-                                                 ("x86-depthwise-conv2d-nchw", "depthwise_s2")])
+                                                 ("x86-depthwise-conv2d-nchw", "depthwise_s2"),
+                                                 ("x86-depthwise-conv2d-nchwc", "depthwise_nchwc"),
+                                                 ("x86-depthwise-conv2d-nchwc", "depthwise_nchwc_s2"),
+                                                 ("x86-depthwise-conv2d-nchwc", "depthwise_nchwc16")])
 def test_sampled_points_match_the_reference(kind, task_name):
     sp = space(kind, task_name, "llvm")
     ref = reference(task(task_name), target("llvm"))

@@ -29,6 +29,9 @@ def test_applicable_kinds_match_the_pattern():
         assert search_spaces.applicable_kinds(task(name), target("cuda-sm90")) == ["sketch"]
     for name in ("depthwise", "depthwise_s2"):
         assert search_spaces.applicable_kinds(task(name), target("llvm")) == ["sketch", "x86-depthwise-conv2d-nchw"]
+    for name in ("depthwise_nchwc", "depthwise_nchwc_s2", "depthwise_nchwc16"):
+        assert search_spaces.applicable_kinds(task(name), target("llvm")) == ["sketch", "x86-depthwise-conv2d-nchwc"]
+        assert search_spaces.applicable_kinds(task(name), target("cuda-sm90")) == ["sketch"]
     with pytest.raises(ValueError, match="does not apply"):
         search_spaces.create(task("relu"), target("llvm"), kind="x86-conv2d-nchw")
     with pytest.raises(ValueError, match="unknown search space kind"):

@@ -10,6 +10,7 @@ from sqlalchemy import text
 from tvm import relax
 from tvm.relax.frontend import nn
 
+import search_spaces
 from tuner.cli import choose_layout
 from tuner.db import TuningDatabase
 from tuner.frontends import ModelSpec, load_model
@@ -94,25 +95,38 @@ def test_onnx_style_sums_become_adds_and_convert(cpu_device):
     assert _scaled_error(_run(mod, cpu_device.target, inputs), got) < 1e-5
 
 
-@pytest.mark.parametrize("layout", ["NHWC", "NCHW8c"])
-def test_depthwise_convs_stay_nchw(cpu_device, layout):
-    """MobileNet's pattern: conv, depthwise conv, conv; the depthwise one keeps NCHW."""
+@pytest.mark.parametrize(("layout", "depthwise_layout"), [("NHWC", "NCHW"), ("NCHW8c", "NCHW8c"),
+                                                        ("NCHW16c", "NCHW16c")])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_depthwise_convs_take_the_blocked_layout(cpu_device, layout, depthwise_layout, stride):
+    """MobileNet's pattern: conv, depthwise conv, conv. The depthwise one joins a blocked
+    plan (no transform on either side) and stays NCHW under NHWC; a grouped conv that is not
+    depthwise stays NCHW under every plan."""
     rng = np.random.default_rng(2)
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((1, 8, 6, 6), "float32"))
-    shapes = [(16, 8, 1, 1), (16, 1, 3, 3), (8, 16, 1, 1)]
+    shapes = [(16, 8, 1, 1), (16, 1, 3, 3), (16, 4, 3, 3), (8, 16, 1, 1)]
     weights = [relax.const(rng.standard_normal(s).astype("float32")) for s in shapes]
     with bb.function("main", [x]):
         with bb.dataflow():
             y = bb.emit(relax.op.nn.conv2d(x, weights[0]))
-            y = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(y, weights[1], padding=1, groups=16)))
-            out = bb.emit_output(relax.op.nn.conv2d(y, weights[2]))
+            y = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(y, weights[1], strides=stride, padding=1, groups=16)))
+            y = bb.emit(relax.op.nn.conv2d(y, weights[2], padding=1, groups=4))
+            out = bb.emit_output(relax.op.nn.conv2d(y, weights[3]))
         bb.emit_func_output(out)
     mod = bb.get()
     plan = LayoutPlan(layout)
-    assert len(conv_task_keys(mod, cpu_device.target, plan)) == len(conv_calls(mod)) == 3
-    layouts = sorted(t.layout for t in extract_tasks(mod, cpu_device.target, plan) if t.layout)
-    assert layouts == sorted([layout, "NCHW", layout])
+    assert len(conv_task_keys(mod, cpu_device.target, plan)) == len(conv_calls(mod)) == 4
+    tasks = extract_tasks(mod, cpu_device.target, plan)
+    layouts = sorted(t.layout for t in tasks if t.layout)
+    # A blocked task is named by its output block: the last conv writes 8 channels.
+    assert layouts == sorted([layout, depthwise_layout, "NCHW", layout.replace("16c", "8c")])
+    transforms = [t for t in tasks if "layout_transform" in t.name]
+    # Blocked: into and out of the grouped conv and the model's own input and output only.
+    assert len(transforms) <= 4
+    if depthwise_layout != "NCHW":
+        dw = next(t for t in tasks if "depthwise_conv2d_NCHWc" in t.mod.script())
+        assert "x86-depthwise-conv2d-nchwc" in search_spaces.applicable_kinds(dw.mod, cpu_device.target)
     inputs = [rng.uniform(-1, 1, (1, 8, 6, 6)).astype("float32")]
     got = _run(prepare(mod, cpu_device.target, plan), cpu_device.target, inputs)
     assert _scaled_error(_run(mod, cpu_device.target, inputs), got) < 1e-5
