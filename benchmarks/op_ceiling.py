@@ -8,10 +8,12 @@ relu, or linear + bias + gelu) runs on as many threads, and numpy's sgemm gives 
 machine's practical peak. Every round times one point of each kind, PyTorch and the sgemm,
 so machine noise hits them alike. Writes benchmarks/results/op_ceiling.json.
 
-Workloads: ResNet-50 convs in the NCHW16c layout the layout pass gives the conv template
-(3x3 64->64 56x56, 3x3 128->128 28x28, 1x1 1024->256 14x14; ``conv_s2`` a 3x3 stride-2,
-``conv1`` the 7x7 stride-2 first conv over 3 channels) and BERT-base's heaviest dense task
-(``nightshift tasks --model bert-base``: 128x768 @ 768x3072 + bias + gelu).
+Workloads: ResNet-50 convs in the NCHW{b}c layout the layout pass gives the conv template,
+``b`` the target's vector lanes unless ``--block`` says otherwise (3x3 64->64 56x56, 3x3
+128->128 28x28, 3x3 256->256 14x14, 1x1 1024->256 14x14, 1x1 64->256 56x56; ``conv_s2`` a
+3x3 stride-2, ``conv1`` the 7x7 stride-2 first conv over 3 channels), MobileNet-V2's
+depthwise 3x3 convs + relu6 (``dw_*``) and BERT-base's heaviest dense task (``nightshift
+tasks --model bert-base``: 128x768 @ 768x3072 + bias + gelu).
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE nice -n 10 .venv/bin/python benchmarks/op_ceiling.py --points 32
 """
@@ -78,6 +80,32 @@ def conv_nchwc(name: str, c: int, hw: int, o: int, k: int, stride: int, pad: int
     return Workload(name, mod, flops, torch_call)
 
 
+def depthwise_nchwc(name: str, c: int, hw: int, stride: int, block: int) -> Workload:
+    """MobileNet-V2's depthwise 3x3 conv + bias + relu6 in NCHW{block}c, as the layout pass
+    hands it to the template (``tuner.layout.depthwise_conv2d_nchwc``)."""
+    from tuner.layout import depthwise_conv2d_nchwc
+
+    data = te.placeholder((1, c // block, hw, hw, block), name="data")
+    kernel = te.placeholder((c // block, 1, 3, 3, 1, block), name="kernel")
+    bias = te.placeholder((1, c // block, 1, 1, block), name="bias")
+    conv = depthwise_conv2d_nchwc(data, kernel, (stride, stride), (1, 1, 1, 1), (1, 1), "float32")
+    out = topi.clip(topi.add(conv, bias), 0.0, 6.0)
+    mod = tvm.IRModule({"main": te.create_prim_func([data, kernel, bias, out])})
+    out_hw = (hw - 1) // stride + 1
+    flops = 2.0 * c * 9 * out_hw * out_hw
+
+    def torch_call(inputs: list[np.ndarray]) -> Callable[[], object]:
+        import torch
+
+        x = torch.from_numpy(np.ascontiguousarray(inputs[0].transpose(0, 1, 4, 2, 3).reshape(1, c, hw, hw)))
+        w = torch.from_numpy(np.ascontiguousarray(inputs[1].transpose(0, 5, 1, 4, 2, 3).reshape(c, 1, 3, 3)))
+        b = torch.from_numpy(np.ascontiguousarray(inputs[2].reshape(c)))
+        f = torch.nn.functional
+        return lambda: f.hardtanh(f.conv2d(x, w, b, stride=stride, padding=1, groups=c), 0.0, 6.0)
+
+    return Workload(name, mod, flops, torch_call)
+
+
 def bert_dense(target: tvm.target.Target) -> Workload:
     """BERT-base's heaviest task: its first FFN matmul + bias + gelu, as extracted."""
     from tuner.frontends import load_model
@@ -98,13 +126,19 @@ def bert_dense(target: tvm.target.Target) -> Workload:
     return Workload(f"bert_{task.name}", task.mod, float(task.flops), torch_call)
 
 
-WORKLOADS: dict[str, Callable[[tvm.target.Target], Workload]] = {
-    "conv3x3_64": lambda t: conv_nchwc("conv3x3_64_56", 64, 56, 64, 3, 1, 1),
-    "conv3x3_128": lambda t: conv_nchwc("conv3x3_128_28", 128, 28, 128, 3, 1, 1),
-    "conv1x1_1024": lambda t: conv_nchwc("conv1x1_1024_256_14", 1024, 14, 256, 1, 1, 0),
-    "conv_s2": lambda t: conv_nchwc("conv3x3_128_s2_56", 128, 56, 128, 3, 2, 1),
-    "conv1": lambda t: conv_nchwc("conv7x7_3_64_s2_224", 3, 224, 64, 7, 2, 3, ic_block=3),
-    "bert_dense": bert_dense,
+# Each takes the target and the channel block (the layout pass's NCHW{b}c: the vector lanes).
+WORKLOADS: dict[str, Callable[[tvm.target.Target, int], Workload]] = {
+    "conv3x3_64": lambda t, b: conv_nchwc(f"conv3x3_64_56_{b}c", 64, 56, 64, 3, 1, 1, b, b),
+    "conv3x3_128": lambda t, b: conv_nchwc(f"conv3x3_128_28_{b}c", 128, 28, 128, 3, 1, 1, b, b),
+    "conv1x1_1024": lambda t, b: conv_nchwc(f"conv1x1_1024_256_14_{b}c", 1024, 14, 256, 1, 1, 0, b, b),
+    "conv1x1_64_256": lambda t, b: conv_nchwc(f"conv1x1_64_256_56_{b}c", 64, 56, 256, 1, 1, 0, b, b),
+    "conv3x3_256": lambda t, b: conv_nchwc(f"conv3x3_256_14_{b}c", 256, 14, 256, 3, 1, 1, b, b),
+    "conv_s2": lambda t, b: conv_nchwc(f"conv3x3_128_s2_56_{b}c", 128, 56, 128, 3, 2, 1, b, b),
+    "conv1": lambda t, b: conv_nchwc(f"conv7x7_3_64_s2_224_{b}c", 3, 224, 64, 7, 2, 3, ic_block=3, oc_block=b),
+    "dw_144_56": lambda t, b: depthwise_nchwc(f"dw3x3_144_56_{b}c", 144, 56, 1, b),
+    "dw_96_112_s2": lambda t, b: depthwise_nchwc(f"dw3x3_96_s2_112_{b}c", 96, 112, 2, b),
+    "dw_576_14": lambda t, b: depthwise_nchwc(f"dw3x3_576_14_{b}c", 576, 14, 1, b),
+    "bert_dense": lambda t, b: bert_dense(t),
 }
 
 
@@ -130,6 +164,8 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="*", default=["conv3x3_64", "conv3x3_128", "conv1x1_1024", "bert_dense"],
                         choices=sorted(WORKLOADS))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--block", type=int, default=None,
+                        help="channel block of the conv layouts (default: the target's fp32 vector lanes)")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -140,14 +176,17 @@ def main() -> None:
     target = device.target
     threads = int(device.target_config.get("num-cores", 1))
     torch.set_num_threads(threads)
+    from tuner.layout import vector_lanes
+
+    block = args.block or vector_lanes(target)
     gemm = np.random.default_rng(0).random((1024, 1024), dtype=np.float32)
     report: dict = {
         "benchmark": "op_ceiling", "device": device.description, "target": device.target_config,
-        "threads": threads, "points": args.points, "seed": args.seed, "tvm": tvm.__version__,
+        "threads": threads, "block": block, "points": args.points, "seed": args.seed, "tvm": tvm.__version__,
         "torch": torch.__version__, "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"), "workloads": [],
     }
     for key in args.workloads:
-        wl = WORKLOADS[key](target)
+        wl = WORKLOADS[key](target, block)
         ref = reference(wl.mod, target)
         torch_fn = wl.torch_call(ref.inputs)
         # PyTorch computes the same function: check it before timing it.

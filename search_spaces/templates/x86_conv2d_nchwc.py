@@ -2,11 +2,13 @@
 
 The classic register-tiled direct convolution of TVM's old ``topi.x86`` ``conv2d_NCHWc``
 schedules: the output channel block (``oc_block``, fixed by the layout) is the vector, a
-tile of ``tile_oh x reg_n`` output pixels are its accumulators, held in registers (local
-scope, vectorized along ``oc_block``, unrolled along the pixels) for the whole reduction.
-Every input element is broadcast once and multiplied into one weight vector per tile
-pixel, so each FMA needs one broadcast and no shuffles. The epilogue (bias, residual add,
-relu...) is applied to the tile while it is still in registers.
+tile of ``tile_oh x reg_n`` output pixels of ``tile_oc`` channel blocks are its
+accumulators, held in registers (local scope, vectorized along ``oc_block``, unrolled along
+the pixels and blocks) for the whole reduction. Every input element is broadcast once and
+multiplied into ``tile_oc`` weight vectors (oneDNN's ``nb_oc_blocking``): with AVX2's
+8-lane blocks one broadcast per FMA leaves the load ports, not the FMA units, the limit.
+The epilogue (bias, residual add, relu...) is applied to the tile while it is still in
+registers.
 
 The task is what ``topi.nn.conv2d_NCHWc`` gives: a block ``conv2d_NCHWc`` with spatial
 iters (n, oc_chunk, oh, ow, oc_block) and reduce iters (ic, kh, kw), ``ic`` the fused
@@ -33,9 +35,8 @@ logger = logging.getLogger(__name__)
 NAME = "x86-conv2d-nchwc"
 _CONV_PREFIX = "conv2d_NCHWc"
 _PAD = "data_pad"
-# Vector registers the accumulators may take (of 32 zmm on AVX-512, 16 ymm on AVX2, where
-# the constraint counts two per 16-lane block): the rest hold the broadcast input and the
-# weight vectors.
+# Vector registers the accumulators may take on AVX-512 (of 32 zmm; two per 16-lane block on
+# AVX2, see _acc_budget): the rest hold the broadcast input and the weight vectors.
 _ACC_REGISTERS = 24
 # Fewest accumulators: an FMA's result is ready ~4 cycles later and two issue per cycle, so
 # fewer independent accumulators leave the FMA units idle.
@@ -78,13 +79,16 @@ def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tupl
     ic_block = _ic_block(sch, conv)
     if ic_block is None:
         return None
-    max_pixels = _ACC_REGISTERS // _regs_per_pixel(oc_block, limits)
+    max_pixels = _acc_budget(limits) // _regs_per_pixel(oc_block, limits)
     if max_pixels < 1:
         return None
+    oc_chunks = int(sch.get(sch.get_loops(conv)[1]).extent)
     return (
         # Output pixels of the register tile: reg_n along the row, tile_oh rows.
         Knob("reg_n", "choice", tuple(d for d in divisors(ow) if d <= max_pixels)),
         Knob("tile_oh", "choice", tuple(d for d in divisors(oh) if d <= 4)),
+        # Output channel blocks of the register tile: each broadcast feeds tile_oc FMAs.
+        Knob("tile_oc", "choice", tuple(d for d in divisors(oc_chunks) if d <= 4)),
         # Input channels unrolled per step of the reduction (within one channel block).
         Knob("tile_ic", "choice", divisors(ic_block)),
         Knob("order", "choice", _ORDERS),
@@ -117,14 +121,23 @@ def _regs_per_pixel(oc_block: int, limits: Limits) -> int:
     return math.ceil(oc_block / (limits.vector_bits // 32))
 
 
+def _acc_budget(limits: Limits) -> int:
+    """Accumulator registers: at most 24 of AVX-512's 32, and 14 of AVX2's 16, which leaves
+    the broadcast input and one weight vector (further weight vectors can be FMA memory
+    operands; more accumulators would spill to the stack)."""
+    return min(_ACC_REGISTERS, (32 if limits.vector_bits >= 512 else 16) - 2)
+
+
 def _constraint(values: dict[str, Any], limits: Limits) -> str | None:
     pixels = values["reg_n"] * values["tile_oh"]
-    regs = pixels * _regs_per_pixel(values["oc_block"], limits)
-    if regs > _ACC_REGISTERS:
-        return f"register tile needs {regs} vector registers, more than {_ACC_REGISTERS}"
+    per_pixel = _regs_per_pixel(values["oc_block"], limits) * values.get("tile_oc", 1)
+    regs = pixels * per_pixel
+    budget = _acc_budget(limits)
+    if regs > budget:
+        return f"register tile needs {regs} vector registers, more than {budget}"
     if regs < _MIN_ACC_REGISTERS:
         return f"register tile of {regs} vector registers, fewer than {_MIN_ACC_REGISTERS}"
-    body = pixels * values["tile_ic"] * values["unroll_kw"]
+    body = regs * values["tile_ic"] * values["unroll_kw"]
     if body > _MAX_UNROLLED_FMAS:
         return f"unrolled reduction body of ~{body} vector FMAs, more than {_MAX_UNROLLED_FMAS}"
     return None
@@ -147,6 +160,7 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
 
     conv, store = accumulate_locally(sch, conv_name, tail)
     n, oc_chunk, oh, ow, oc_block, ic, kh, kw = sch.get_loops(conv)
+    oc_o, oc_t = sch.split(oc_chunk, [None, values["tile_oc"]])
     oh_o, oh_i = sch.split(oh, [None, values["tile_oh"]])
     ow_o, ow_i = sch.split(ow, [None, values["reg_n"]])
     ic_o, ic_i = sch.split(ic, [None, values["tile_ic"]])
@@ -157,19 +171,23 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
         reduction = [ic_o, kh, ic_i, kw]
     else:
         reduction = [kh, kw, ic_o, ic_i]
-    sch.reorder(n, oc_chunk, oh_o, ow_o, *reduction, oh_i, ow_i, oc_block)
+    # Pixels outside the channel blocks: one broadcast, then its tile_oc FMAs.
+    sch.reorder(n, oc_o, oh_o, ow_o, *reduction, oh_i, ow_i, oc_t, oc_block)
     sch.reverse_compute_at(store, ow_o)
-    outer = [n, oc_chunk, oh_o, ow_o][:values["parallel_depth"]]
-    sch.parallel(sch.fuse(*outer))
+    outer_loops = [n, oc_o, oh_o, ow_o]
+    sch.parallel(sch.fuse(*outer_loops[:values["parallel_depth"]]))
     sch.unroll(ic_i)
     if values["unroll_kw"] > 1:
         sch.unroll(kw)
     sch.unroll(oh_i)
     sch.unroll(ow_i)
+    sch.unroll(oc_t)
     sch.vectorize(oc_block)
-    epi = sch.get_loops(store)
-    sch.vectorize(epi[-1])
-    sch.unroll(epi[-2])
+    # The store's own loops follow the fused parallel loop and the unfused outer ones.
+    tile = sch.get_loops(store)[1 + len(outer_loops) - values["parallel_depth"]:]
+    sch.vectorize(tile[-1])
+    for loop in tile[:-1]:
+        sch.unroll(loop)
     # Parallel and vectorize need the reduction block whole; split its init off last.
     init = sch.decompose_reduction(conv, reduction[0])
     init_loops = sch.get_loops(init)

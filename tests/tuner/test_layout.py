@@ -99,9 +99,9 @@ def test_onnx_style_sums_become_adds_and_convert(cpu_device):
                                                         ("NCHW16c", "NCHW16c")])
 @pytest.mark.parametrize("stride", [1, 2])
 def test_depthwise_convs_take_the_blocked_layout(cpu_device, layout, depthwise_layout, stride):
-    """MobileNet's pattern: conv, depthwise conv, conv. The depthwise one joins a blocked
-    plan (no transform on either side) and stays NCHW under NHWC; a grouped conv that is not
-    depthwise stays NCHW under every plan."""
+    """MobileNet's pattern: conv, depthwise conv + ReLU6, conv. The depthwise one joins a
+    blocked plan (no transform on either side, ReLU6 fused into it) and stays NCHW under
+    NHWC; a grouped conv that is not depthwise stays NCHW under every plan."""
     rng = np.random.default_rng(2)
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((1, 8, 6, 6), "float32"))
@@ -110,7 +110,8 @@ def test_depthwise_convs_take_the_blocked_layout(cpu_device, layout, depthwise_l
     with bb.function("main", [x]):
         with bb.dataflow():
             y = bb.emit(relax.op.nn.conv2d(x, weights[0]))
-            y = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(y, weights[1], strides=stride, padding=1, groups=16)))
+            # ReLU6 as the frontends write it: Relax infers no layout for clip.
+            y = bb.emit(relax.op.clip(relax.op.nn.conv2d(y, weights[1], strides=stride, padding=1, groups=16), 0, 6))
             y = bb.emit(relax.op.nn.conv2d(y, weights[2], padding=1, groups=4))
             out = bb.emit_output(relax.op.nn.conv2d(y, weights[3]))
         bb.emit_func_output(out)
@@ -126,6 +127,7 @@ def test_depthwise_convs_take_the_blocked_layout(cpu_device, layout, depthwise_l
     assert len(transforms) <= 4
     if depthwise_layout != "NCHW":
         dw = next(t for t in tasks if "depthwise_conv2d_NCHWc" in t.mod.script())
+        assert dw.name.endswith("_maximum_minimum"), dw.name
         assert "x86-depthwise-conv2d-nchwc" in search_spaces.applicable_kinds(dw.mod, cpu_device.target)
     inputs = [rng.uniform(-1, 1, (1, 8, 6, 6)).astype("float32")]
     got = _run(prepare(mod, cpu_device.target, plan), cpu_device.target, inputs)
