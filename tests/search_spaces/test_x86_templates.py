@@ -36,7 +36,8 @@ def test_register_budget_holds_for_every_point(kind, task_name, fewest, vector_b
     """Every point inside the constraint keeps ``fewest``..24 accumulator registers on
     AVX-512, and fewer of AVX2's 16 (where a 16-lane channel block takes two registers), so
     nothing spills; and the bound bites."""
-    most = 24 if vector_bits == 512 else {"x86-conv2d-nchwc": 14, "x86-depthwise-conv2d-nchwc": 12}.get(kind, 24)
+    most = 24 if vector_bits == 512 else {"x86-conv2d-nchwc": 14, "x86-depthwise-conv2d-nchwc": 12,
+                                          "x86-dense": 14}.get(kind, 24)
     limits = Limits(vector_bits=vector_bits, num_cores=2)
     sp = TemplateSpace(task(task_name), target("llvm"), kind, limits=limits)
     knobs = sp.knobs(0)
