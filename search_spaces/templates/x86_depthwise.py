@@ -54,13 +54,40 @@ def _conv_block(sch: Schedule) -> Any | None:
     return found[0]
 
 
-def _tail(sch: Schedule, conv: Any) -> list[str] | None:
-    """The epilogue blocks after the conv, or None when one is not elementwise over it."""
+def _tail(sch: Schedule, conv: Any, spatial: int = 4) -> list[str] | None:
+    """The epilogue blocks after the conv (``spatial`` output dims: 4 NCHW, 5 NCHW[x]c), or
+    None when a block before it is not padding or one after it is not elementwise over it."""
     names = [sch.get(b).name_hint for b in root_blocks(sch)]
     conv_name = sch.get(conv).name_hint
     if any(n not in _PADS for n in names[:names.index(conv_name)]):
         return None
-    return elementwise_tail(sch, conv, 4)
+    return elementwise_tail(sch, conv, spatial)
+
+
+def _prologue(sch: Schedule, conv: Any, spatial: int, values: dict[str, Any]) -> tuple[Any, Any, list[str]]:
+    """Inline the epilogue into its last block and (``pad_inline``) the padding into the
+    conv; returns the conv (accumulating in registers), the block that stores the tile, and
+    the padding blocks left."""
+    tail = _tail(sch, conv, spatial)
+    if tail is None:
+        raise ValueError("an epilogue block is not elementwise over the conv's output")
+    conv_name = sch.get(conv).name_hint
+    for name in tail[:-1]:
+        sch.compute_inline(sch.get_sblock(name))
+    pads = [sch.get(b).name_hint for b in root_blocks(sch) if sch.get(b).name_hint in _PADS]
+    if pads and values["pad_inline"]:
+        sch.compute_inline(sch.get_sblock(pads[0]))
+        pads = []
+    conv, store = accumulate_locally(sch, conv_name, tail)
+    return conv, store, pads
+
+
+def _parallel_pad(sch: Schedule, pads: list[str], outer: int) -> None:
+    """A padding pass of its own: its ``outer`` loops in parallel, the innermost vectorized."""
+    if pads:
+        pad_loops = sch.get_loops(sch.get_sblock(pads[0]))
+        sch.parallel(sch.fuse(*pad_loops[:outer]))
+        sch.vectorize(pad_loops[-1])
 
 
 def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tuple[Knob, ...] | None:
@@ -98,16 +125,7 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     conv = _conv_block(sch)
     if conv is None:
         raise ValueError("no depthwise conv2d block")
-    tail = _tail(sch, conv)
-    if tail is None:
-        raise ValueError("an epilogue block is not elementwise over the conv's output")
-    conv_name = sch.get(conv).name_hint
-    for name in tail[:-1]:
-        sch.compute_inline(sch.get_sblock(name))
-    pads = [sch.get(b).name_hint for b in root_blocks(sch) if sch.get(b).name_hint in _PADS]
-    if pads and values["pad_inline"]:
-        sch.compute_inline(sch.get_sblock(pads[0]))
-    conv, store = accumulate_locally(sch, conv_name, tail)
+    conv, store, pads = _prologue(sch, conv, 4, values)
     n, c, h, w, *reduction = sch.get_loops(conv)
     c_o, c_i = sch.split(c, [None, values["tile_c"]])
     h_o, h_i = sch.split(h, [None, values["tile_h"]])
@@ -130,11 +148,8 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     init_loops = sch.get_loops(init)
     sch.unroll(init_loops[-2])
     sch.vectorize(init_loops[-1])
-    if pads and not values["pad_inline"]:
-        pad_loops = sch.get_loops(sch.get_sblock(pads[0]))
-        sch.parallel(sch.fuse(*pad_loops[:2]))
-        sch.vectorize(pad_loops[-1])
-    logger.debug("scheduled %s with %s", conv_name, values)
+    _parallel_pad(sch, pads, 2)
+    logger.debug("scheduled %s with %s", sch.get(conv).name_hint, values)
 
 
 X86_DEPTHWISE_CONV2D_NCHW = register_template(Template(
@@ -161,13 +176,6 @@ def _blocked_conv_block(sch: Schedule) -> Any | None:
     return found[0]
 
 
-def _blocked_tail(sch: Schedule, conv: Any) -> list[str] | None:
-    names = [sch.get(b).name_hint for b in root_blocks(sch)]
-    if any(n not in _PADS for n in names[:names.index(sch.get(conv).name_hint)]):
-        return None
-    return elementwise_tail(sch, conv, 5)
-
-
 def _acc_registers(limits: Limits) -> int:
     """Accumulator registers: 32 zmm on AVX-512, 16 ymm on AVX2, less the weight vectors
     and the input vector each step loads."""
@@ -179,7 +187,7 @@ def _blocked_knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits)
         return None
     sch = Schedule(mod)
     conv = _blocked_conv_block(sch)
-    if conv is None or _blocked_tail(sch, conv) is None:
+    if conv is None or _tail(sch, conv, 5) is None:
         return None
     _, chunks, oh, ow, block, _, kw = (int(sch.get(loop).extent) for loop in sch.get_loops(conv))
     lanes = limits.vector_bits // 32
@@ -221,16 +229,7 @@ def _blocked_schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> 
     conv = _blocked_conv_block(sch)
     if conv is None:
         raise ValueError("no depthwise_conv2d_NCHWc block")
-    tail = _blocked_tail(sch, conv)
-    if tail is None:
-        raise ValueError("an epilogue block is not elementwise over the conv's output")
-    conv_name = sch.get(conv).name_hint
-    for name in tail[:-1]:
-        sch.compute_inline(sch.get_sblock(name))
-    pads = [sch.get(b).name_hint for b in root_blocks(sch) if sch.get(b).name_hint in _PADS]
-    if pads and values["pad_inline"]:
-        sch.compute_inline(sch.get_sblock(pads[0]))
-    conv, store = accumulate_locally(sch, conv_name, tail)
+    conv, store, pads = _prologue(sch, conv, 5, values)
     n, c, h, w, block, kh, kw = sch.get_loops(conv)
     c_o, c_i = sch.split(c, [None, values["tile_c"]])
     h_o, h_i = sch.split(h, [None, values["tile_h"]])
@@ -255,11 +254,8 @@ def _blocked_schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> 
     sch.vectorize(e_i)
     init = sch.decompose_reduction(conv, kh)
     sch.vectorize(sch.get_loops(init)[-1])
-    if pads and not values["pad_inline"]:
-        pad_loops = sch.get_loops(sch.get_sblock(pads[0]))
-        sch.parallel(sch.fuse(*pad_loops[:3]))
-        sch.vectorize(pad_loops[-1])
-    logger.debug("scheduled %s with %s", conv_name, values)
+    _parallel_pad(sch, pads, 3)
+    logger.debug("scheduled %s with %s", sch.get(conv).name_hint, values)
 
 
 X86_DEPTHWISE_CONV2D_NCHWC = register_template(Template(
