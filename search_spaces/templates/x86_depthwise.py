@@ -191,7 +191,7 @@ def _blocked_knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits)
         return None
     _, chunks, oh, ow, block, _, kw = (int(sch.get(loop).extent) for loop in sch.get_loops(conv))
     lanes = limits.vector_bits // 32
-    if block % lanes and lanes % block:
+    if block > lanes and block % lanes:  # a block above the lanes splits into whole vectors
         return None
     cap = _acc_registers(limits)
     has_pad = any(sch.get(b).name_hint in _PADS for b in root_blocks(sch))

@@ -104,14 +104,15 @@ def depthwise(stride: int = 1) -> tvm.IRModule:
     return tvm.IRModule({"main": te.create_prim_func([data, weight, bias, out])})
 
 
-def depthwise_nchwc(stride: int = 1, block: int = 8) -> tvm.IRModule:
+def depthwise_nchwc(stride: int = 1, block: int = 8, channels: int = 32) -> tvm.IRModule:
     """The same depthwise conv in the blocked layout, as ``tuner.layout`` legalizes it for an
     NCHW{block}c plan (block ``depthwise_conv2d_NCHWc``), + bias + relu."""
     from tuner.layout import depthwise_conv2d_nchwc
 
-    data = te.placeholder((1, 32 // block, 14, 14, block), name="data")
-    weight = te.placeholder((32 // block, 1, 3, 3, 1, block), name="weight")
-    bias = te.placeholder((1, 32 // block, 1, 1, block), name="bias")
+    chunks = channels // block
+    data = te.placeholder((1, chunks, 14, 14, block), name="data")
+    weight = te.placeholder((chunks, 1, 3, 3, 1, block), name="weight")
+    bias = te.placeholder((1, chunks, 1, 1, block), name="bias")
     conv = depthwise_conv2d_nchwc(data, weight, (stride, stride), (1, 1, 1, 1), (1, 1), "float32")
     out = topi.nn.relu(topi.add(conv, bias))
     return tvm.IRModule({"main": te.create_prim_func([data, weight, bias, out])})
@@ -142,6 +143,10 @@ TASKS: dict[str, Callable[[], tvm.IRModule]] = {
     "batch_matmul": batch_matmul, "depthwise": depthwise, "depthwise_s2": lambda: depthwise(2),
     "dense_bf16": dense_bf16, "depthwise_nchwc": depthwise_nchwc, "depthwise_nchwc_s2": lambda: depthwise_nchwc(2),
     "depthwise_nchwc16": lambda: depthwise_nchwc(block=16),
+    # MobileNet's 24 channels under a 16-lane plan take the largest divisor, 12: a block that
+    # is not whole vectors (6 stands for it under AVX2's 8 lanes).
+    "depthwise_nchwc12": lambda: depthwise_nchwc(block=12, channels=24),
+    "depthwise_nchwc6": lambda: depthwise_nchwc(block=6, channels=24),
 }
 
 # Target configs by name; CUDA ones cross-build (no GPU is needed).

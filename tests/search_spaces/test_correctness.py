@@ -24,8 +24,14 @@ from tuner.tasks import extract_tasks
                                                  ("x86-depthwise-conv2d-nchw", "depthwise_s2"),
                                                  ("x86-depthwise-conv2d-nchwc", "depthwise_nchwc"),
                                                  ("x86-depthwise-conv2d-nchwc", "depthwise_nchwc_s2"),
-                                                 ("x86-depthwise-conv2d-nchwc", "depthwise_nchwc16")])
+                                                 ("x86-depthwise-conv2d-nchwc", "depthwise_nchwc16"),
+                                                 ("x86-depthwise-conv2d-nchwc", "depthwise_nchwc12"),
+                                                 ("x86-depthwise-conv2d-nchwc", "depthwise_nchwc6")])
 def test_sampled_points_match_the_reference(kind, task_name):
+    if kind not in search_spaces.applicable_kinds(task(task_name), target("llvm")):
+        # Only a 12-channel block under AVX2's 8 lanes: over one vector, not whole vectors.
+        assert task_name == "depthwise_nchwc12", task_name
+        pytest.skip("a block above the vector lanes must be whole vectors; the sketch space takes it")
     sp = space(kind, task_name, "llvm")
     ref = reference(task(task_name), target("llvm"))
     rng = np.random.default_rng(4)
