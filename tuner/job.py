@@ -797,6 +797,7 @@ class TuningJob:
             assert self.job_id is not None
             own = job_points(self.db, self.job_id, task.workload_key)
             stored = [r for r in stored if r[0] in own]
+        stale = 0
         for text, mean_sec, error in stored:
             try:
                 kind, cid = parse_record_point(text)
@@ -805,6 +806,12 @@ class TuningJob:
             k = by_kind.get(kind)
             if k is None:
                 continue  # a template no longer registered or not applicable
+            if ts.spaces[k].static_violation(search_spaces.Point.from_json(cid)) is not None:
+                # Measured in an earlier version of the space (a template gained a knob or a
+                # tighter constraint): a population or study built on it would breed points
+                # of the wrong shape. Its schedule stays usable by the compiler (traces).
+                stale += 1
+                continue
             ok = error is None and mean_sec is not None
             ts.strategies[k].tell(cid, Result(mean_sec if ok else None, error or (None if ok else "no time")))
             counts[k] += 1
@@ -816,6 +823,9 @@ class TuningJob:
         if any(counts):
             logger.info("task %s: told %d stored records (%s)", task.name, sum(counts),
                         ", ".join(f"{kind} {n}" for kind, n in zip(ts.kinds, counts, strict=True)))  # fmt: skip
+        if stale:
+            logger.info("task %s: %d stored records are points of an earlier version of their space; "
+                        "not told to the search", task.name, stale)
 
 
 def tune_tasks(

@@ -75,10 +75,10 @@ class LayoutPlan:
     largest divisor below it (ResNet's first conv reads 3 channels: ``NCHW3c`` in), a
     depthwise conv takes the block with ``OIHW1i{b}o`` weights (:func:`depthwise_conv2d_nchwc`;
     NHWC leaves it NCHW), and other grouped convs (TOPI's ``conv2d_NCHWc`` has no groups)
-    stay NCHW. A plan holds one
-    block size: TVM 0.27's ``ConvertLayout`` cannot convert between two blocked layouts
-    (``NCHW4c`` to ``NCHW8c`` fails with "Invalid layout axis"), while the same block always
-    gives a consumer the block its producer wrote (same channel count, same divisor).
+    stay NCHW. A plan holds one block size: TVM 0.27's ``ConvertLayout`` cannot convert
+    between two blocked layouts (``NCHW4c`` to ``NCHW8c`` fails with "Invalid layout axis"),
+    while the same block always gives a consumer the block its producer wrote (same channel
+    count, same divisor).
     """
 
     default: str = NCHW

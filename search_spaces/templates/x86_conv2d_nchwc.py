@@ -130,7 +130,7 @@ def _acc_budget(limits: Limits) -> int:
 
 def _constraint(values: dict[str, Any], limits: Limits) -> str | None:
     pixels = values["reg_n"] * values["tile_oh"]
-    per_pixel = _regs_per_pixel(values["oc_block"], limits) * values.get("tile_oc", 1)
+    per_pixel = _regs_per_pixel(values["oc_block"], limits) * values["tile_oc"]
     regs = pixels * per_pixel
     budget = _acc_budget(limits)
     if regs > budget:

@@ -117,6 +117,32 @@ def test_second_job_seeds_from_the_first_and_never_remeasures(ray_cluster, cpu_d
     db.close()
 
 
+def test_records_of_an_earlier_version_of_a_space_are_not_bred_from(ray_cluster, cpu_device, tmp_path,
+                                                                    builtin_templates_only):
+    """A template that gained a knob (x86-conv2d-nchwc's tile_oc did) leaves records whose
+    points have one decision fewer. A later job on the same database runs: the old points
+    are not told to its search (an evolutionary population would breed wrong-sized points)."""
+    import sqlite3
+
+    db_path = tmp_path / "t.db"
+    db = TuningDatabase(f"sqlite:///{db_path}")
+    tasks = [search_tasks.task("conv")]
+    first = TuningJob(tasks, cpu_device, db, TuneConfig(trials=8, batch_size=4, seed=0), model_name="t")
+    assert first.run().trials == 8
+    with sqlite3.connect(db_path) as conn:
+        rows = conn.execute("SELECT id, point FROM records").fetchall()
+        for rid, text in rows:
+            old = json.loads(text)
+            old["decisions"] = old["decisions"][:-1]  # the point as the space before the knob wrote it
+            conn.execute("UPDATE records SET point = ? WHERE id = ?", (json.dumps(old), rid))
+    second = TuningJob(tasks, cpu_device, db, TuneConfig(trials=8, batch_size=4, seed=1), model_name="t")
+    s2 = second.run()
+    assert s2.trials == 8
+    for space, strategy in zip(second.searches[0].spaces, second.searches[0].strategies, strict=True):
+        assert all(space.static_violation(Point.from_json(cid)) is None for cid in strategy.results)
+    db.close()
+
+
 def test_optuna_job_interrupted_and_resumed_keeps_one_study(ray_cluster, cpu_device, db_url, builtin_templates_only):
     """An optuna-tpe job stopped with its second batch in flight (Ctrl-C: that batch is
     dropped) and resumed: one study per space, in the tuning database, whose trials the
