@@ -48,6 +48,11 @@ class Limits:
     gpu: dict[str, int] = field(default_factory=dict)
 
     @property
+    def vector_registers(self) -> int:
+        """Architectural vector registers of an x86 CPU: 32 zmm with AVX-512, 16 ymm/xmm below."""
+        return 32 if self.vector_bits >= 512 else 16
+
+    @property
     def max_vector_lanes(self) -> int:
         """Widest vectorized loop, in fp32 lanes."""
         return self.vector_bits // 32 * self.max_vector_registers

@@ -125,7 +125,7 @@ def _acc_budget(limits: Limits) -> int:
     """Accumulator registers: at most 24 of AVX-512's 32, and 14 of AVX2's 16, which leaves
     the broadcast input and one weight vector (further weight vectors can be FMA memory
     operands; more accumulators would spill to the stack)."""
-    return min(_ACC_REGISTERS, (32 if limits.vector_bits >= 512 else 16) - 2)
+    return min(_ACC_REGISTERS, limits.vector_registers - 2)
 
 
 def _constraint(values: dict[str, Any], limits: Limits) -> str | None:

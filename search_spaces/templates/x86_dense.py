@@ -114,8 +114,7 @@ def _acc_budget(values: dict[str, Any], limits: Limits) -> int:
     """Accumulator registers beside the row of B (tile_n / lanes vectors) and a broadcast:
     at most 24 of AVX-512's 32, and what that leaves of AVX2's 16 (the classic 6x16 AVX2
     kernel: 12 + 2 + 1); more would spill to the stack."""
-    total = 32 if limits.vector_bits >= 512 else 16
-    return min(_ACC_REGISTERS, total - values["tile_n"] // values["lanes"] - 1)
+    return min(_ACC_REGISTERS, limits.vector_registers - values["tile_n"] // values["lanes"] - 1)
 
 
 def _constraint(values: dict[str, Any], limits: Limits) -> str | None:

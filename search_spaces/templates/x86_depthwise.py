@@ -177,9 +177,9 @@ def _blocked_conv_block(sch: Schedule) -> Any | None:
 
 
 def _acc_registers(limits: Limits) -> int:
-    """Accumulator registers: 32 zmm on AVX-512, 16 ymm on AVX2, less the weight vectors
-    and the input vector each step loads."""
-    return 24 if limits.vector_bits >= 512 else 12
+    """Accumulator registers: at most 24, leaving the weight vectors of a step (one per
+    chunk, up to 4) and its input vector (24 of AVX-512's 32, 12 of AVX2's 16)."""
+    return min(_ACC_REGISTERS, limits.vector_registers - 4)
 
 
 def _blocked_knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tuple[Knob, ...] | None:
@@ -211,13 +211,13 @@ def _blocked_knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits)
     )
 
 
-def blocked_registers(values: dict[str, Any]) -> int:
+def _blocked_registers(values: dict[str, Any]) -> int:
     """Vector registers the blocked template's accumulator tile takes."""
     return values["tile_c"] * values["tile_h"] * values["tile_w"] * math.ceil(values["block"] / values["lanes"])
 
 
 def _blocked_constraint(values: dict[str, Any], limits: Limits) -> str | None:
-    regs, cap = blocked_registers(values), _acc_registers(limits)
+    regs, cap = _blocked_registers(values), _acc_registers(limits)
     if regs > cap:
         return f"register tile needs {regs} vector registers, more than {cap}"
     if regs < _MIN_ACC_REGISTERS:
