@@ -17,7 +17,8 @@ Every reduced-precision row reports its accuracy against the model's fp32 TVM bu
 benchmarks/results/precision_vs_peers.json; ratios carry over between runs, milliseconds
 do not. The CPU features each precision needs are recorded with the device.
 
-    nice -n 10 .venv/bin/python benchmarks/precision_vs_peers.py --db tuned.db --models resnet50 bert-base
+    nice -n 10 .venv/bin/python benchmarks/precision_vs_peers.py --db tuned.db --models resnet50 bert-base \
+        --workdir models/   # models/resnet50_qdq.onnx: the QDQ model tuned with --precision int8
     .venv/bin/python benchmarks/precision_vs_peers.py --db empty.db --models tiny --rounds 2   # smallest
 """
 
@@ -69,7 +70,8 @@ class TorchBf16Peer(TorchEagerPeer):
 
 
 def quantize_qdq(onnx_path: Path, out: Path, spec, num_inputs: int) -> Path:
-    """``onnx_path`` quantized by onnxruntime's ``quantize_static`` in the QDQ format."""
+    """``onnx_path`` quantized by onnxruntime's ``quantize_static`` in the QDQ format (``out``
+    as it is when it exists)."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     names = [i.name for i in spec.inputs]
@@ -82,6 +84,8 @@ def quantize_qdq(onnx_path: Path, out: Path, spec, num_inputs: int) -> Path:
         def get_next(self) -> dict[str, np.ndarray] | None:
             return next(self._it, None)
 
+    if out.exists():  # tuned as it is: a new calibration would give other scales, other tasks
+        return out
     quantize_static(str(onnx_path), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                     activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)  # fmt: skip
     return out
@@ -97,6 +101,13 @@ def main() -> None:
     p.add_argument("--calibration", type=int, default=32, help="random inputs the int8 quantizer calibrates on")
     p.add_argument("--num-cores", type=int, default=None)
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="where the ONNX exports and the QDQ models go (kept; an existing {model}_qdq.onnx is "
+        "used as it is, so tune that file with --precision int8 first); default: a temporary one",
+    )
     args = p.parse_args()
     device = parse_device("cpu", num_cores=args.num_cores)
     for precision in args.precisions:
@@ -105,7 +116,8 @@ def main() -> None:
     load_before = os.getloadavg()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="nightshift-precision-") as tmp:
-        work = Path(tmp)
+        work = args.workdir or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         for name in args.models:
             spec = load_model(name)
             fp32_build = compile_model(spec, device, db)

@@ -20,8 +20,10 @@ import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import tvm
 from tvm import relax, te, topi
+from tvm.ir.expr import Constant
 from tvm.relax import pipeline as relax_pipeline
 
 from search_spaces.constraints import is_x86
@@ -203,10 +205,44 @@ def depthwise_conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides: Sequence
     )
 
 
+# Reduction elements per 32-bit lane of an x86 dot-product instruction, by the dtypes of a
+# conv's (data, weight): vdpbf16ps adds bfloat16 pairs, vpdpbusd uint8 x int8 quadruples.
+DOT_ELEMENTS = {("bfloat16", "bfloat16"): 2, ("uint8", "int8"): 4}
+# Output lanes of those instructions (one 512-bit register of float32 or int32 sums).
+DOT_LANES = 16
+
+
+def _constant(bb: relax.BlockBuilder, expr: relax.Expr) -> Constant | None:
+    if isinstance(expr, relax.Var):
+        expr = bb.lookup_binding(expr)
+    return expr if isinstance(expr, Constant) else None
+
+
+def dot_elements(call: relax.Call, weight: Constant | None) -> int | None:
+    """Reduction elements per lane when a blocked conv can feed a dot-product instruction:
+    its dtypes are one of :data:`DOT_ELEMENTS`, its ``weight`` is a constant (it is
+    re-packed now) and its blocks fit the instruction; else None."""
+    n = DOT_ELEMENTS.get((str(call.args[0].ty.dtype), str(call.args[1].ty.dtype)))
+    if n is None or weight is None or int(call.attrs.groups) != 1:
+        return None
+    shape = [int(d) for d in weight.ty.shape.values]
+    if len(shape) != 6 or shape[-2] % n or shape[-1] != DOT_LANES:
+        return None
+    return n
+
+
+def pack_dot_weight(weight: np.ndarray, n: int) -> np.ndarray:
+    """``OIHW{i}i{o}o`` weights as ``OIHW{i/n}i{o}o{n}i``: the ``n`` input channels one lane
+    of the instruction reduces are adjacent, the ``o`` lanes of one register contiguous."""
+    oc, ic, kh, kw, ib, ob = weight.shape
+    return np.ascontiguousarray(weight.reshape(oc, ic, kh, kw, ib // n, n, ob).transpose(0, 1, 2, 3, 4, 6, 5))
+
+
 def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     """TOPI's ``conv2d_NCHWc`` for a blocked conv (the generic legalization leaves it as is),
-    :func:`depthwise_conv2d_nchwc` for a blocked depthwise one; TVM's own legalization
-    otherwise."""
+    ``conv2d_NCHWc_int8`` with packed weights for one that fits a dot-product instruction
+    (bf16, uint8 x int8; :func:`dot_elements`), :func:`depthwise_conv2d_nchwc` for a blocked
+    depthwise one; TVM's own legalization otherwise."""
     attrs = call.attrs
     if block_of(str(attrs.data_layout)) is None:
         return relax.transform.legalize_ops.nn._nn_conv2d(bb, call)
@@ -218,6 +254,25 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
             [int(p) for p in attrs.padding], [int(d) for d in attrs.dilation], out_dtype,
             primfunc_name_hint="depthwise_conv2d_NCHWc",
         )
+    weight = _constant(bb, call.args[1])
+    n = dot_elements(call, weight)
+    if n is not None and weight is not None:
+        packed = relax.const(pack_dot_weight(weight.value.numpy(), n), str(weight.ty.dtype))
+        data, padding = call.args[0], [int(p) for p in attrs.padding]
+        if str(data.ty.dtype) == "bfloat16" and any(padding):
+            # TVM computes on bfloat16 buffers that a function allocates in float32
+            # (BF16ComputeLegalize), so a padded copy made inside the conv's function could
+            # not feed vdpbf16ps: the padding is its own function, the conv reads its output.
+            top, left, bottom, right = padding
+            data = bb.emit(bb.call_te(topi.nn.pad, data, [0, 0, top, left, 0], [0, 0, bottom, right, 0],
+                                      primfunc_name_hint="pad_NCHWc"))  # fmt: skip
+            padding = [0, 0, 0, 0]
+        return bb.call_te(
+            topi.nn.conv2d_NCHWc_int8, data, packed,
+            [int(s) for s in attrs.strides], padding, [int(d) for d in attrs.dilation],
+            str(attrs.data_layout), str(attrs.out_layout), out_dtype, n,
+            primfunc_name_hint="conv2d_NCHWc_dot",
+        )  # fmt: skip
     return bb.call_te(
         topi.nn.conv2d_NCHWc, call.args[0], call.args[1],
         [int(s) for s in attrs.strides], [int(p) for p in attrs.padding], [int(d) for d in attrs.dilation],

@@ -112,6 +112,7 @@ def _load_entry_points() -> None:
 from search_spaces.templates import (  # noqa: E402, F401
     x86_conv2d,
     x86_conv2d_nchwc,
+    x86_conv2d_nchwc_dot,
     x86_dense,
     x86_dense_bf16,
     x86_depthwise,

@@ -1,4 +1,5 @@
-"""x86 dot-product tensor intrinsics that TVM 0.27 does not ship: ``vdpbf16ps`` (AVX512_BF16).
+"""x86 dot-product tensor intrinsics that TVM 0.27 does not ship: ``vdpbf16ps`` (AVX512_BF16),
+and ``vpdpbusd`` (AVX512_VNNI) accumulating into a register tile.
 
 Registered the way ``tvm.s_tir.tensor_intrin.x86`` registers ``dot_16x4_vnni``: a
 description (16 float32 lanes, each adding the products of 2 adjacent bfloat16 pairs) and
@@ -24,6 +25,9 @@ BF16_DOT_16x2_INTRIN = "dot_16x2_bf16_avx512"
 BF16_DOT_16x2_LOCAL_INTRIN = "dot_16x2_bf16_avx512_local"
 # LLVM feature name of the instruction set the intrinsic needs.
 BF16_FEATURE = "avx512bf16"
+# TVM's dot_16x4_vnni (uint8 x int8 quadruples into 16 int32 lanes) with a ``local`` accumulator.
+VNNI_DOT_16x4_LOCAL_INTRIN = "dot_16x4_vnni_local"
+VNNI_FEATURE = "avx512vnni"
 
 _HELPER = "nightshift_dpbf16ps_512"
 _HELPER_IR = f"""
@@ -77,20 +81,68 @@ def _bf16_dot_16x2(scope: str):
     return desc, impl
 
 
+def _vnni_dot_16x4(scope: str):
+    """TVM's ``dot_16x4_vnni`` (``tvm.s_tir.tensor_intrin.x86``) for an accumulator in ``scope``.
+
+    The LLVM that TVM 0.27's wheel links declares ``vpdpbusd.512`` on ``<64 x i8>`` operands;
+    TVM's own implementation passes ``<16 x i32>`` and fails LLVM's verifier.
+    """
+
+    @T.prim_func(s_tir=True)
+    def desc(
+        A: T.Buffer((4,), "uint8", offset_factor=1),
+        B: T.Buffer((16, 4), "int8", offset_factor=1),
+        C: T.Buffer((16,), "int32", offset_factor=1, scope=scope),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
+            T.writes(C[0:16])
+            for i in T.serial(0, 16):
+                for k in T.serial(0, 4):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+
+    @T.prim_func(s_tir=True)
+    def impl(
+        A: T.Buffer((4,), "uint8", offset_factor=1),
+        B: T.Buffer((16, 4), "int8", offset_factor=1),
+        C: T.Buffer((16,), "int32", offset_factor=1, scope=scope),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
+            T.writes(C[0:16])
+            C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
+                C.vload([0], dtype="int32x16"),
+                T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 16), dtype="int8x64"),
+                B.vload([0, 0], dtype="int8x64"),
+                dtype="int32x16",
+            )
+
+    return desc, impl
+
+
 @cache
 def register_intrinsics() -> None:
     """Register the intrinsics (once per process; TensorIntrin names are global)."""
     TensorIntrin.register(BF16_DOT_16x2_INTRIN, *_bf16_dot_16x2("global"), override=True)
     TensorIntrin.register(BF16_DOT_16x2_LOCAL_INTRIN, *_bf16_dot_16x2("local"), override=True)
+    TensorIntrin.register(VNNI_DOT_16x4_LOCAL_INTRIN, *_vnni_dot_16x4("local"), override=True)
 
 
-def target_has_bf16_dot(target: tvm.target.Target) -> bool:
-    """Whether ``target`` (an LLVM CPU) has ``vdpbf16ps``."""
+def target_has(target: tvm.target.Target, feature: str) -> bool:
+    """Whether ``target`` (an LLVM CPU) has the LLVM CPU ``feature``."""
     from tvm.target import codegen
 
     if str(target.kind.name) != "llvm":
         return False
     try:
-        return bool(codegen.target_has_features(BF16_FEATURE, target))
+        return bool(codegen.target_has_features(feature, target))
     except (RuntimeError, ValueError):  # an mcpu LLVM does not know
         return False
+
+
+def target_has_bf16_dot(target: tvm.target.Target) -> bool:
+    """Whether ``target`` (an LLVM CPU) has ``vdpbf16ps``."""
+    return target_has(target, BF16_FEATURE)

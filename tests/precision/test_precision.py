@@ -125,3 +125,44 @@ def test_bf16_model_runs_within_tolerance_of_fp32():
     acc = measure_accuracy(spec, device, fp32, bf16, num_inputs=4)
     assert 0.0 < acc.max_rel_error < 3e-2, acc
     assert acc.top1_agreement is not None and acc.top1_agreement >= 0.75
+
+
+def _two_convs() -> tvm.IRModule:
+    """conv 3x3 16->32 (pad 1) + relu, conv 3x3 32->16 (stride 2, pad 1): blocks of 16."""
+    rng = np.random.default_rng(5)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16, 8, 8), "float32"))
+    w1, w2 = (relax.const(rng.normal(0, 0.2, s).astype("float32")) for s in [(32, 16, 3, 3), (16, 32, 3, 3)])
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(x, w1, padding=1)))
+            out = bb.emit_output(relax.op.nn.conv2d(y, w2, strides=2, padding=1))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_bf16_convs_take_packed_weights_in_the_blocked_layout():
+    """In NCHW16c a bf16 conv is TOPI's conv2d_NCHWc_int8 with OIHW8i16o2i weights (what
+    vdpbf16ps reads), its padding a function of its own; it computes what fp32 does."""
+    from search_spaces.verify import arg_specs
+    from tuner.layout import LayoutPlan, prepare
+
+    mod, target = _two_convs(), parse_device("cpu").target
+    plan = LayoutPlan("NCHW16c")
+    tasks = extract_tasks(mod, target, plan, precision="bf16")
+    dot = [t for t in tasks if "conv2d_NCHWc_int8" in t.mod.script()]
+    assert len(dot) == 2 and sum(t.name.startswith("pad_NCHWc") for t in tasks) == 2, [t.name for t in tasks]
+    for t in dot:
+        weights = [a.shape for a in arg_specs(t.mod) if len(a.shape) == 7 and a.dtype == "bfloat16"]
+        assert weights and weights[0][-3:] == (8, 16, 2), weights
+        assert "data_pad" not in t.mod.script()
+    x = np.random.default_rng(0).uniform(-1, 1, (1, 16, 8, 8)).astype("float32")
+
+    def run(m):
+        with target:
+            ex = relax.build(m, target=target)
+        return relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+
+    want = run(mod)
+    got = run(prepare(apply_precision(mod, "bf16"), target, plan))
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 3e-2

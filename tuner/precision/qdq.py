@@ -14,7 +14,14 @@ where ``w_q``, ``w_scale`` are the weight's per-output-channel int8 values and s
 recovered exactly (the symmetric ``max |w| / 127`` scale ``quantize_static`` uses; a weight
 whose values are not ``int8 x scale`` is left alone). The bias add and the next
 ``quantize`` stay as they are and fuse into the operator's task: the requantize epilogue.
-Operands fit int16 (``uint8 - zero_point`` and int8), so the sums are exact in int32.
+Operands fit int16 (``uint8 - zero_point`` and int8), so the sums are exact in int32. A
+conv whose activation is uint8 with zero point 0 (every conv after a ReLU: its range starts
+at 0) reads ``q`` and ``w_q`` as they are, uint8 x int8, which the blocked layout hands to
+``vpdpbusd`` (``tuner.layout.dot_elements``, template ``x86-conv2d-nchwc-dot``).
+
+Last, the remaining per-tensor ``quantize``/``dequantize`` calls are written out as the
+elementwise operators TVM would lower them to (:func:`qdq_as_elementwise`): Relax infers no
+layout for them, and they would put a layout transform on each side of every quantize.
 
 What is not this pattern stays float32 and is reported (:class:`Int8Rewrite`).
 """
@@ -147,11 +154,15 @@ class _ToInt8(relax.PyExprMutator):
             self.report.unhandled.append(f"{name}: weight not int8 x per-channel scale")
             return call
         wq, sw = quantized
-        x = relax.op.astype(deq.args[0], _OPERAND)
-        if zx != 0:
-            x = relax.op.subtract(x, relax.const(int(zx), _OPERAND))
-        x = self.builder_.emit(x)
-        w_const = relax.const(wq.astype(_OPERAND), _OPERAND)
+        q = deq.args[0]
+        if name == "conv2d" and zx == 0 and str(q.ty.dtype) == "uint8":
+            x, operand = q, "int8"  # uint8 x int8, as the dot-product instructions take them
+        else:
+            x = relax.op.astype(q, _OPERAND)
+            if zx != 0:
+                x = relax.op.subtract(x, relax.const(int(zx), _OPERAND))
+            x, operand = self.builder_.emit(x), _OPERAND
+        w_const = relax.const(wq.astype(operand), operand)
         if name == "conv2d":
             at = call.attrs
             acc = relax.op.nn.conv2d(
@@ -166,6 +177,47 @@ class _ToInt8(relax.PyExprMutator):
         return relax.op.multiply(relax.op.astype(acc, "float32"), scale)
 
 
+def qdq_as_elementwise(mod: tvm.IRModule) -> tvm.IRModule:
+    """Per-tensor (scalar scale and zero point) ``quantize``/``dequantize`` as the elementwise
+    operators of TVM's own legalization (``clip(round(x / s) + zp)``, ``(q - zp) * s``),
+    which follow any layout and fuse into their neighbours."""
+    from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+    def scalars(call: relax.Call) -> tuple[float, float] | None:
+        s, z = _scalar(call.args[1]), _scalar(call.args[2])
+        return None if s is None or z is None else (s, z)
+
+    def quantize(expr: relax.Call, _matches: dict) -> relax.Expr:
+        params = scalars(expr)
+        if params is None:
+            return expr
+        (s, z), dtype = params, str(expr.attrs.out_dtype)
+        info = np.iinfo(dtype)
+        x = relax.op.add(relax.op.round(relax.op.divide(expr.args[0], relax.const(s, "float32"))),
+                         relax.const(z, "float32"))  # fmt: skip
+        x = relax.op.minimum(relax.op.maximum(x, relax.const(float(info.min), "float32")),
+                             relax.const(float(info.max), "float32"))  # fmt: skip
+        return relax.op.astype(x, dtype)
+
+    def dequantize(expr: relax.Call, _matches: dict) -> relax.Expr:
+        params = scalars(expr)
+        if params is None or str(expr.attrs.out_dtype) != "float32":
+            return expr
+        s, z = params
+        x = relax.op.astype(expr.args[0], "float32")
+        if z != 0:
+            x = relax.op.subtract(x, relax.const(z, "float32"))
+        return relax.op.multiply(x, relax.const(s, "float32"))
+
+    funcs = {}
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            func = rewrite_call(is_op("relax.quantize")(wildcard(), wildcard(), wildcard()), quantize, func)
+            func = rewrite_call(is_op("relax.dequantize")(wildcard(), wildcard(), wildcard()), dequantize, func)
+        funcs[gv] = func
+    return tvm.IRModule(funcs, attrs=mod.attrs)
+
+
 def to_int8(mod: tvm.IRModule) -> Int8Rewrite:
     """Rewrite a bound QDQ module's dequantize -> conv2d/matmul chains into integer operators."""
     mutator = _ToInt8(mod)
@@ -173,6 +225,6 @@ def to_int8(mod: tvm.IRModule) -> Int8Rewrite:
         if isinstance(func, relax.Function):
             mutator.builder_.update_func(gv, mutator.visit_expr(func))
     report = mutator.report
-    report.mod = relax.transform.DeadCodeElimination()(mutator.builder_.get())
+    report.mod = qdq_as_elementwise(relax.transform.DeadCodeElimination()(mutator.builder_.get()))
     logger.info("%s", report.describe())
     return report

@@ -1,0 +1,195 @@
+"""``x86-conv2d-nchwc-dot``: blocked conv2d on an x86 dot-product instruction (+ epilogue).
+
+The register tile of ``x86-conv2d-nchwc`` with its FMA replaced by an instruction that
+multiplies ``n`` adjacent input channels into each of 16 output lanes and adds them:
+``vdpbf16ps`` for bfloat16 (``n = 2``, float32 sums) and ``vpdpbusd`` for uint8 x int8
+(``n = 4``, int32 sums). For each step of the reduction, the ``n`` input channels of one
+pixel are one 32-bit lane, broadcast, and each of the tile's ``tile_oc`` weight registers
+holds 16 output channels x ``n`` input channels (one 512-bit load).
+
+The task is what :func:`tuner.layout.prepare` makes of such a conv (``dot_elements``):
+TOPI's ``conv2d_NCHWc_int8`` compute, block ``conv2d_NCHWc_int8`` with spatial iters (n,
+oc_chunk, oh, ow, oc_block) and reduce iters (kh, kw, ic_chunk, ic_group, ic_lane),
+weights packed ``OIHW{i/n}i16o{n}i`` at compile time; an optional ``data_pad`` block
+before it (always its own pass: a padded load cannot feed the instruction); elementwise
+epilogue blocks after it (bias, residual, relu, requantize).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import tvm
+from tvm.s_tir import Schedule
+
+from search_spaces.constraints import Limits
+from search_spaces.knobs import Knob, divisors
+from search_spaces.templates import Template, register_template
+from search_spaces.templates.blocks import accumulate_locally, elementwise_tail, iter_kinds, root_blocks
+from search_spaces.templates.intrin_x86 import (
+    BF16_FEATURE,
+    VNNI_FEATURE,
+    BF16_DOT_16x2_LOCAL_INTRIN,
+    VNNI_DOT_16x4_LOCAL_INTRIN,
+    register_intrinsics,
+    target_has,
+)
+from search_spaces.templates.x86_conv2d_nchwc import (
+    _MAX_UNROLLED_FMAS,
+    _MIN_ACC_REGISTERS,
+    _ORDERS,
+    _PAD,
+    _acc_budget,
+    _has_pad,
+)
+
+logger = logging.getLogger(__name__)
+
+NAME = "x86-conv2d-nchwc-dot"
+_CONV_PREFIX = "conv2d_NCHWc_int8"
+_LANES = 16
+# By the data's dtype: reduction elements per lane, the intrinsic, the CPU feature it needs.
+_DOTS = {
+    "bfloat16": (2, BF16_DOT_16x2_LOCAL_INTRIN, BF16_FEATURE),
+    "uint8": (4, VNNI_DOT_16x4_LOCAL_INTRIN, VNNI_FEATURE),
+}
+
+
+def _conv_block(sch: Schedule) -> Any | None:
+    found = [b for b in root_blocks(sch) if sch.get(b).name_hint.startswith(_CONV_PREFIX)]
+    if len(found) != 1:
+        return None
+    return found[0] if iter_kinds(sch, found[0]) == "SSSSSRRRRR" else None
+
+
+def _tail(sch: Schedule, conv: Any) -> list[str] | None:
+    """The epilogue blocks after the conv, or None when the task has a block that does not
+    fit the tile: an epilogue not elementwise over the conv's output, or a block before the
+    conv that is not the padding or elementwise (int8 ResNets dequantize the residual in the
+    conv's task, before it; such a block is inlined into the epilogue that reads it)."""
+    names = [sch.get(b).name_hint for b in root_blocks(sch)]
+    for name in names[: names.index(sch.get(conv).name_hint)]:
+        if name != _PAD and "R" in iter_kinds(sch, sch.get_sblock(name)):
+            return None
+    return elementwise_tail(sch, conv, 5)
+
+
+def _prologue(sch: Schedule, conv: Any) -> list[str]:
+    names = [sch.get(b).name_hint for b in root_blocks(sch)]
+    return [n for n in names[: names.index(sch.get(conv).name_hint)] if n != _PAD]
+
+
+def _dot(sch: Schedule, conv: Any) -> tuple[int, str, str] | None:
+    """(elements per lane, intrinsic, LLVM feature) for the conv's dtypes, or None."""
+    reads = sch.get(conv).reads
+    if len(reads) != 2:
+        return None
+    dot = _DOTS.get(str(reads[0].source.dtype))
+    if dot is None or int(sch.get(sch.get_loops(conv)[-1]).extent) != dot[0]:
+        return None
+    weight = str(reads[1].source.dtype)
+    if weight != ("bfloat16" if dot[0] == 2 else "int8"):
+        return None
+    return dot
+
+
+def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tuple[Knob, ...] | None:
+    sch = Schedule(mod)
+    conv = _conv_block(sch)
+    if conv is None or _tail(sch, conv) is None:
+        return None
+    dot = _dot(sch, conv)
+    if dot is None or not target_has(target, dot[2]):
+        return None
+    if dot[0] == 2 and _has_pad(sch):
+        # TVM computes a bfloat16 buffer that a function allocates in float32, which
+        # vdpbf16ps cannot read: tuner.layout pads bfloat16 data in a function of its own.
+        return None
+    _, oc_chunks, oh, ow, oc_block, _, kw, _, groups, _ = (int(sch.get(loop).extent) for loop in sch.get_loops(conv))
+    if oc_block != _LANES:
+        return None
+    budget = _acc_budget(limits)
+    return (
+        Knob("reg_n", "choice", tuple(d for d in divisors(ow) if d <= budget)),
+        Knob("tile_oh", "choice", tuple(d for d in divisors(oh) if d <= 4)),
+        Knob("tile_oc", "choice", tuple(d for d in divisors(oc_chunks) if d <= 4)),
+        # Instruction steps of one channel block unrolled per step of the reduction.
+        Knob("tile_ic", "choice", divisors(groups)),
+        Knob("order", "choice", _ORDERS),
+        Knob("unroll_kw", "choice", (1, kw) if kw > 1 else (1,)),
+        Knob("parallel_depth", "choice", (2, 3, 4)),
+    )
+
+
+def _constraint(values: dict[str, Any], limits: Limits) -> str | None:
+    regs = values["reg_n"] * values["tile_oh"] * values["tile_oc"]
+    budget = _acc_budget(limits)
+    if regs > budget:
+        return f"register tile needs {regs} vector registers, more than {budget}"
+    if regs < _MIN_ACC_REGISTERS:
+        return f"register tile of {regs} vector registers, fewer than {_MIN_ACC_REGISTERS}"
+    body = regs * values["tile_ic"] * values["unroll_kw"]
+    if body > _MAX_UNROLLED_FMAS:
+        return f"unrolled reduction body of ~{body} dot products, more than {_MAX_UNROLLED_FMAS}"
+    return None
+
+
+def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
+    register_intrinsics()
+    conv = _conv_block(sch)
+    dot = None if conv is None else _dot(sch, conv)
+    if conv is None or dot is None:
+        raise ValueError("no conv2d_NCHWc_int8 block with bfloat16 or uint8 x int8 operands")
+    tail = _tail(sch, conv)
+    if tail is None:
+        raise ValueError("an epilogue block is not elementwise over the conv's output")
+    conv_name = sch.get(conv).name_hint
+    for name in [*_prologue(sch, conv), *tail[:-1]]:
+        sch.compute_inline(sch.get_sblock(name))
+    conv, store = accumulate_locally(sch, conv_name, tail)
+    n, oc_chunk, oh, ow, oc_block, kh, kw, ic_chunk, ic_group, ic_lane = sch.get_loops(conv)
+    oc_o, oc_t = sch.split(oc_chunk, [None, values["tile_oc"]])
+    oh_o, oh_i = sch.split(oh, [None, values["tile_oh"]])
+    ow_o, ow_i = sch.split(ow, [None, values["reg_n"]])
+    ig_o, ig_i = sch.split(ic_group, [None, values["tile_ic"]])
+    order = values["order"]
+    if order == 0:
+        reduction = [ic_chunk, ig_o, kh, kw, ig_i]
+    elif order == 1:
+        reduction = [ic_chunk, ig_o, kh, ig_i, kw]
+    else:
+        reduction = [kh, kw, ic_chunk, ig_o, ig_i]
+    sch.reorder(n, oc_o, oh_o, ow_o, *reduction, oh_i, ow_i, oc_t, oc_block, ic_lane)
+    sch.reverse_compute_at(store, ow_o)
+    outer_loops = [n, oc_o, oh_o, ow_o]
+    sch.parallel(sch.fuse(*outer_loops[: values["parallel_depth"]]))
+    init = sch.decompose_reduction(conv, reduction[0])
+    sch.tensorize(oc_block, dot[1])
+    sch.unroll(ig_i)
+    if values["unroll_kw"] > 1:
+        sch.unroll(kw)
+    sch.unroll(oh_i)
+    sch.unroll(ow_i)
+    sch.unroll(oc_t)
+    tile = sch.get_loops(store)[1 + len(outer_loops) - values["parallel_depth"] :]
+    sch.vectorize(tile[-1])
+    for loop in tile[:-1]:
+        sch.unroll(loop)
+    sch.vectorize(sch.get_loops(init)[-1])
+    if _has_pad(sch):
+        pad_loops = sch.get_loops(sch.get_sblock(_PAD))
+        sch.parallel(sch.fuse(*pad_loops[:3]))
+        sch.vectorize(pad_loops[-1])
+    logger.debug("scheduled %s with %s", conv_name, values)
+
+
+X86_CONV2D_NCHWC_DOT = register_template(
+    Template(
+        name=NAME,
+        knobs=_knobs,
+        schedule=_schedule,
+        constraint=_constraint,
+        description="conv2d NCHW16c + epilogue on vdpbf16ps (bf16) or vpdpbusd (uint8 x int8), register tile (x86)",
+    )
+)
