@@ -238,9 +238,35 @@ def pack_dot_weight(weight: np.ndarray, n: int) -> np.ndarray:
     return np.ascontiguousarray(weight.reshape(oc, ic, kh, kw, ib // n, n, ob).transpose(0, 1, 2, 3, 4, 6, 5))
 
 
+def conv2d_nchwc_dot(data: te.Tensor, kernel: te.Tensor, strides: Sequence[int], padding: Sequence[int],
+                     dilation: Sequence[int], out_dtype: str) -> te.Tensor:
+    """A conv in ``NCHW{b}c`` with packed ``OIHW{i/n}i{o}o{n}i`` weights (:func:`pack_dot_weight`),
+    summed in ``out_dtype``: TOPI's ``conv2d_NCHWc_int8`` compute (block ``conv2d_NCHWc_dot``)
+    without the ``schedule_rule`` annotation for which MetaSchedule has no CPU rule and warns
+    on every sketch. ``padding`` is (top, left, bottom, right)."""
+    _, _, h, w, _ = (int(d) for d in data.shape)
+    oc_chunks, ic_chunks, kh, kw, groups, oc_block, n = (int(d) for d in kernel.shape)
+    (sh, sw), (dh, dw) = strides, dilation
+    top, left, bottom, right = padding
+    if any(padding):
+        data = topi.nn.pad(data, [0, 0, top, left, 0], [0, 0, bottom, right, 0], name="data_pad")
+    oh = (h + top + bottom - (kh - 1) * dh - 1) // sh + 1
+    ow = (w + left + right - (kw - 1) * dw - 1) // sw + 1
+    rh, rw = te.reduce_axis((0, kh), name="kh"), te.reduce_axis((0, kw), name="kw")
+    rc = te.reduce_axis((0, ic_chunks), name="ic_chunk")
+    rg, rn = te.reduce_axis((0, groups), name="ic_group"), te.reduce_axis((0, n), name="ic_lane")
+    return te.compute(
+        (int(data.shape[0]), oc_chunks, oh, ow, oc_block),
+        lambda b, c, i, j, k: te.sum(
+            data[b, rc, i * sh + rh * dh, j * sw + rw * dw, rg * n + rn].astype(out_dtype)
+            * kernel[c, rc, rh, rw, rg, k, rn].astype(out_dtype), axis=[rh, rw, rc, rg, rn]),
+        name="conv2d_NCHWc_dot",
+    )
+
+
 def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     """TOPI's ``conv2d_NCHWc`` for a blocked conv (the generic legalization leaves it as is),
-    ``conv2d_NCHWc_int8`` with packed weights for one that fits a dot-product instruction
+    :func:`conv2d_nchwc_dot` with packed weights for one that fits a dot-product instruction
     (bf16, uint8 x int8; :func:`dot_elements`), :func:`depthwise_conv2d_nchwc` for a blocked
     depthwise one; TVM's own legalization otherwise."""
     attrs = call.attrs
@@ -267,12 +293,9 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
             data = bb.emit(bb.call_te(topi.nn.pad, data, [0, 0, top, left, 0], [0, 0, bottom, right, 0],
                                       primfunc_name_hint="pad_NCHWc"))  # fmt: skip
             padding = [0, 0, 0, 0]
-        return bb.call_te(
-            topi.nn.conv2d_NCHWc_int8, data, packed,
-            [int(s) for s in attrs.strides], padding, [int(d) for d in attrs.dilation],
-            str(attrs.data_layout), str(attrs.out_layout), out_dtype, n,
-            primfunc_name_hint="conv2d_NCHWc_dot",
-        )  # fmt: skip
+        return bb.call_te(conv2d_nchwc_dot, data, packed, [int(s) for s in attrs.strides], padding,
+                          [int(d) for d in attrs.dilation], out_dtype,
+                          primfunc_name_hint="conv2d_NCHWc_dot")  # fmt: skip
     return bb.call_te(
         topi.nn.conv2d_NCHWc, call.args[0], call.args[1],
         [int(s) for s in attrs.strides], [int(p) for p in attrs.padding], [int(d) for d in attrs.dilation],

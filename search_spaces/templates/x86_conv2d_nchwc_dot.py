@@ -8,7 +8,8 @@ pixel are one 32-bit lane, broadcast, and each of the tile's ``tile_oc`` weight 
 holds 16 output channels x ``n`` input channels (one 512-bit load).
 
 The task is what :func:`tuner.layout.prepare` makes of such a conv (``dot_elements``):
-TOPI's ``conv2d_NCHWc_int8`` compute, block ``conv2d_NCHWc_int8`` with spatial iters (n,
+``tuner.layout.conv2d_nchwc_dot``, TOPI's ``conv2d_NCHWc_int8`` compute, block
+``conv2d_NCHWc_dot`` with spatial iters (n,
 oc_chunk, oh, ow, oc_block) and reduce iters (kh, kw, ic_chunk, ic_group, ic_lane),
 weights packed ``OIHW{i/n}i16o{n}i`` at compile time; an optional ``data_pad`` block
 before it (always its own pass: a padded load cannot feed the instruction); elementwise
@@ -47,7 +48,7 @@ from search_spaces.templates.x86_conv2d_nchwc import (
 logger = logging.getLogger(__name__)
 
 NAME = "x86-conv2d-nchwc-dot"
-_CONV_PREFIX = "conv2d_NCHWc_int8"
+_CONV_PREFIX = "conv2d_NCHWc_dot"
 _LANES = 16
 # By the data's dtype: reduction elements per lane, the intrinsic, the CPU feature it needs.
 _DOTS = {
@@ -140,7 +141,7 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     conv = _conv_block(sch)
     dot = None if conv is None else _dot(sch, conv)
     if conv is None or dot is None:
-        raise ValueError("no conv2d_NCHWc_int8 block with bfloat16 or uint8 x int8 operands")
+        raise ValueError("no conv2d_NCHWc_dot block with bfloat16 or uint8 x int8 operands")
     tail = _tail(sch, conv)
     if tail is None:
         raise ValueError("an epilogue block is not elementwise over the conv's output")

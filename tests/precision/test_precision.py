@@ -142,7 +142,7 @@ def _two_convs() -> tvm.IRModule:
 
 
 def test_bf16_convs_take_packed_weights_in_the_blocked_layout():
-    """In NCHW16c a bf16 conv is TOPI's conv2d_NCHWc_int8 with OIHW8i16o2i weights (what
+    """In NCHW16c a bf16 conv is conv2d_NCHWc_dot with OIHW8i16o2i weights (what
     vdpbf16ps reads), its padding a function of its own; it computes what fp32 does."""
     from search_spaces.verify import arg_specs
     from tuner.layout import LayoutPlan, prepare
@@ -150,7 +150,7 @@ def test_bf16_convs_take_packed_weights_in_the_blocked_layout():
     mod, target = _two_convs(), parse_device("cpu").target
     plan = LayoutPlan("NCHW16c")
     tasks = extract_tasks(mod, target, plan, precision="bf16")
-    dot = [t for t in tasks if "conv2d_NCHWc_int8" in t.mod.script()]
+    dot = [t for t in tasks if "conv2d_NCHWc_dot" in t.mod.script()]
     assert len(dot) == 2 and sum(t.name.startswith("pad_NCHWc") for t in tasks) == 2, [t.name for t in tasks]
     for t in dot:
         weights = [a.shape for a in arg_specs(t.mod) if len(a.shape) == 7 and a.dtype == "bfloat16"]

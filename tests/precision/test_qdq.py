@@ -142,7 +142,7 @@ def test_int8_convs_after_a_relu_read_uint8_in_the_blocked_layout(tmp_path):
     device = parse_device("cpu")
     plan = LayoutPlan("NCHW16c")
     tasks = extract_tasks(spec.bound(), device.target, plan, precision="int8")
-    dot = [t for t in tasks if "conv2d_NCHWc_int8" in t.mod.script()]
+    dot = [t for t in tasks if "conv2d_NCHWc_dot" in t.mod.script()]
     assert len(dot) == 1, [t.name for t in tasks]
     params = {a.dtype: a.shape for a in arg_specs(dot[0].mod)}
     assert params["uint8"] == (1, 1, 16, 16, 16) and params["int8"] == (1, 1, 3, 3, 4, 16, 4), params

@@ -132,9 +132,11 @@ def dense_bf16(m: int = 32, k: int = 64, n: int = 48) -> tvm.IRModule:
 
 def conv_nchwc_dot(dtype: str = "bfloat16", stride: int = 1, residual: bool = False) -> tvm.IRModule:
     """A 3x3 conv (pad 1) in NCHW16c as ``tuner.layout`` legalizes one that fits a dot-product
-    instruction: ``conv2d_NCHWc_int8`` with weights ``OIHW{16/n}i16o{n}i``, bfloat16 (n 2,
+    instruction: ``conv2d_NCHWc_dot`` with weights ``OIHW{16/n}i16o{n}i``, bfloat16 (n 2,
     float32 sums) or uint8 x int8 (n 4, int32 sums), + bias + relu; ``residual`` adds a
     dequantized input computed before the conv, as int8 ResNets fuse it."""
+    from tuner.layout import conv2d_nchwc_dot
+
     n = 2 if dtype == "bfloat16" else 4
     acc = "float32" if dtype == "bfloat16" else "int32"
     # bfloat16 data comes padded by a function of its own (see tuner.layout._legalize_conv2d).
@@ -142,7 +144,7 @@ def conv_nchwc_dot(dtype: str = "bfloat16", stride: int = 1, residual: bool = Fa
     data = te.placeholder((1, 2, 16 - 2 * pad, 16 - 2 * pad, 16), name="data", dtype=dtype)
     weight = te.placeholder((2, 2, 3, 3, 16 // n, 16, n), name="weight", dtype=dtype if n == 2 else "int8")
     bias = te.placeholder((1, 2, 1, 1, 16), name="bias")
-    conv = topi.nn.conv2d_NCHWc_int8(data, weight, stride, pad, 1, "NCHW16c", "NCHW16c", acc, n)
+    conv = conv2d_nchwc_dot(data, weight, (stride, stride), (pad,) * 4, (1, 1), acc)
     out = topi.add(topi.cast(conv, "float32") if acc != "float32" else conv, bias)
     args = [data, weight, bias]
     if residual:
