@@ -41,7 +41,10 @@ def _add_model_args(p: argparse.ArgumentParser, *, required: bool = True) -> Non
                    help="convs' data layout; auto (default): on x86 with AVX2/AVX-512, tune each conv in NCHWc "
                         "(blocked by the vector width) and NCHW, compile each in the layout its measurements favour")
     p.add_argument("--precision", default=None, choices=("fp32", "bf16", "int8"),
-                   help="fp32 (default); bf16 (needs AVX512_BF16 or AMX); int8 from a QDQ model (needs VNNI)")
+                   help="fp32 (default); bf16 (needs AVX512_BF16 or AMX); int8 (needs VNNI): a QDQ model as it "
+                        "is, a float one quantized first with onnxruntime")
+    p.add_argument("--calibration", type=int, default=None,
+                   help="random inputs that --precision int8 calibrates a float model's quantization on (default 32)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
@@ -105,7 +108,26 @@ def _load(args: argparse.Namespace):
         raise UserInputError(f"--accuracy-inputs must be a positive count, got {args.accuracy_inputs}")
     check_device(args.precision, device)  # before any work: no silent slow emulation
     spec = load_model(args.model, batch_size=args.batch_size, dtype=args.dtype)
+    args.fp32_spec = None
+    if args.precision == "int8":
+        spec = _quantized(args, spec)
     return device, spec
+
+
+def _quantized(args: argparse.Namespace, spec):
+    """``spec`` when it is a quantized (QDQ) model; a float one quantized first, said so."""
+    from tuner.frontends import load_model
+    from tuner.precision.quantize import DEFAULT_CALIBRATION, has_qdq, quantized_model
+
+    if has_qdq(spec.bound()):
+        return spec
+    n = args.calibration or DEFAULT_CALIBRATION
+    with console.status(f"quantizing {spec.name} with onnxruntime on {n} random inputs"):
+        path = quantized_model(spec, args.model, n)
+    console.print(f"int8: {spec.name} is a float model; quantized with onnxruntime's quantize_static (QDQ, "
+                  f"per-channel int8 weights, uint8 activations), calibrated on {n} random inputs: {path}")
+    args.fp32_spec, args.model = spec, str(path)
+    return load_model(str(path))
 
 
 def _auto_layouts(args: argparse.Namespace, device) -> tuple[str, ...] | None:
@@ -286,7 +308,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             return 0
     if args.precision != "fp32":
         return _verify_reduced(spec, device, db, args.output, plan=_plan(args, device), precision=args.precision,
-                               num_inputs=args.accuracy_inputs)  # fmt: skip
+                               num_inputs=args.accuracy_inputs, fp32_spec=args.fp32_spec)  # fmt: skip
     return _verify(spec, device, db, args.output, source=args.model, plan=_plan(args, device, db, spec),
                    job={"id": summary.job_id, "name": summary.name}, tasks=tasks)
 
@@ -324,9 +346,11 @@ def _gpu_worker_device(device, ray_address: str | None):
         raise UserInputError(str(err)) from err
 
 
-def _verify_reduced(spec, device, db, output: Path | None, *, plan, precision: str, num_inputs: int) -> int:
+def _verify_reduced(spec, device, db, output: Path | None, *, plan, precision: str, num_inputs: int,
+                    fp32_spec=None) -> int:  # fmt: skip
     """Compile the reduced-precision model and its fp32 build (the database's records of each),
-    report latency and accuracy against fp32 (:mod:`tuner.precision.accuracy`)."""
+    report latency and accuracy against fp32 (:mod:`tuner.precision.accuracy`). ``fp32_spec``:
+    the float model a QDQ ``spec`` was quantized from, the reference when given."""
     import numpy as np
 
     from tuner.compile import compile_model, run_model
@@ -334,7 +358,7 @@ def _verify_reduced(spec, device, db, output: Path | None, *, plan, precision: s
 
     inputs = spec.random_inputs(seed=0)
     with console.status("compiling and running the fp32 model"):
-        ref = compile_model(spec, device, db, plan=plan)
+        ref = compile_model(fp32_spec or spec, device, db, plan=plan)
         _, ref_lat = run_model(ref, device, inputs)
     with console.status(f"compiling and running the {precision} model"):
         tuned = compile_model(spec, device, db, plan=plan, precision=precision)

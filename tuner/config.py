@@ -131,6 +131,7 @@ OPTIONS: dict[str, Callable[[Any], Any]] = {
     "layout": _choice("auto", "NCHW", "NHWC", "NCHWc"),
     "precision": _choice("fp32", "bf16", "int8"),
     "accuracy_inputs": _pos_int,
+    "calibration": _pos_int,
     "db": _db,
     "job": _str,
     "time_budget": _duration,
@@ -154,6 +155,7 @@ DEFAULTS: dict[str, Any] = {
     "device": "cpu", "batch_size": 1, "dtype": "float32", "trials_per_batch": 16, "build_timeout": 60.0,
     "seed": 0, "strategy": "evolutionary", "skip_after": 512, "fresh": False, "no_verify": False,
     "quiet": False, "verbose": False, "precision": "fp32", "accuracy_inputs": 8,
+    "calibration": 32,
 }  # fmt: skip
 
 _PATHS = ("output", "log_json")

@@ -48,8 +48,8 @@ def test_check_device_refuses_a_cpu_without_the_feature():
     check_device("fp32", parse_device("cpu", target_arch="haswell"))
 
 
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = os.environ | {"COLUMNS": "200", "NO_COLOR": "1"}
+def _cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = os.environ | {"COLUMNS": "200", "NO_COLOR": "1"} | (env or {})
     env.pop("NIGHTSHIFT_DB", None)
     return subprocess.run([str(BIN / args[0]), *args[1:]], capture_output=True, text=True, cwd=cwd, env=env,
                           timeout=300)  # fmt: skip
@@ -166,3 +166,26 @@ def test_bf16_convs_take_packed_weights_in_the_blocked_layout():
     want = run(mod)
     got = run(prepare(apply_precision(mod, "bf16"), target, plan))
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 3e-2
+
+
+def test_int8_on_a_float_model_quantizes_it_first_and_reuses_the_file(tmp_path):
+    """``--precision int8`` on a zoo model: onnxruntime quantizes it (calibration count shown),
+    the file is cached by content, and a second command reuses it, so the tasks (and their
+    workload keys) are the same."""
+    device = parse_device("cpu")
+    host = host_cpu_info()
+    if missing_feature("int8", device.target, list(host["isa_flags"])) is not None:
+        pytest.skip("this CPU has no int8 dot product (VNNI or AVX-512BW)")
+    env = {"NIGHTSHIFT_CACHE": str(tmp_path / "cache")}
+    runs = [_cli("nightshift", "tasks", "--model", "tiny", "--precision", "int8", "--calibration", "3",
+                 cwd=tmp_path, env=env) for _ in range(2)]  # fmt: skip
+    for proc in runs:
+        assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    out = " ".join((runs[0].stdout + runs[0].stderr).split())
+    assert "is a float model; quantized with onnxruntime's quantize_static" in out, out
+    assert "calibrated on 3 random inputs" in out
+    assert "int8: rewrote 2 conv2d, 1 matmul" in out
+    files = list((tmp_path / "cache" / "quantized").glob("*-cal3/tiny-int8.onnx"))
+    assert len(files) == 1
+    tasks = [[line for line in r.stdout.splitlines() if "fused_" in line] for r in runs]
+    assert tasks[0] and tasks[0] == tasks[1]

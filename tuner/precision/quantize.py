@@ -1,0 +1,106 @@
+"""int8 for a float model: quantized first with onnxruntime's static quantization.
+
+``--precision int8`` takes a QDQ model (:mod:`tuner.precision.qdq`). Given a float one (a zoo
+name or an fp32 ONNX file), the CLI quantizes it first, as a user would with
+``onnxruntime.quantization.quantize_static``: the QDQ format, per-channel symmetric int8
+weights, uint8 activations calibrated (min/max) on ``N`` random inputs with fixed seeds.
+The file is cached under the fp32 model's content hash: the same model and ``N`` give the
+same file, so its tasks keep their workload keys between ``tune``, ``compile`` and ``bench``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from tuner.errors import UserInputError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CALIBRATION = 32
+# Seeds of the calibration inputs: ModelSpec.random_inputs(seed=_SEED + i).
+_SEED = 100
+
+
+def has_qdq(mod: tvm.IRModule) -> bool:
+    """Whether a bound module has a ``dequantize`` (it came from a quantized model)."""
+    found = False
+
+    def visit(expr: relax.Expr) -> None:
+        nonlocal found
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.dequantize":
+            found = True
+
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func.body, visit)
+    return found
+
+
+def cache_dir() -> Path:
+    """Where quantized models are kept (``$NIGHTSHIFT_CACHE`` or ``~/.cache/nightshift``)."""
+    root = os.environ.get("NIGHTSHIFT_CACHE")
+    return (Path(root) if root else Path.home() / ".cache" / "nightshift") / "quantized"
+
+
+def quantize_onnx(fp32_onnx: Path, out: Path, spec, num_inputs: int) -> Path:
+    """``fp32_onnx`` quantized by ``quantize_static`` (QDQ, per-channel int8 weights, uint8
+    activations) calibrated on ``num_inputs`` random inputs of ``spec``; written to ``out``."""
+    if num_inputs < 1:
+        raise UserInputError(f"--calibration must be a positive count, got {num_inputs}")
+    try:
+        from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    except ImportError as err:
+        from tuner.bench import BENCH_EXTRA
+
+        raise UserInputError(f"--precision int8 on a float model quantizes it with onnxruntime first: "
+                             f"{BENCH_EXTRA} ({err})") from err  # fmt: skip
+    names = [i.name for i in spec.inputs]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self._left = iter(range(num_inputs))
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            i = next(self._left, None)
+            return None if i is None else dict(zip(names, spec.random_inputs(seed=_SEED + i), strict=True))
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Written beside its final name, then renamed: a killed run leaves no half file to reuse.
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        part = Path(tmp) / out.name
+        quantize_static(str(fp32_onnx), str(part), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)  # fmt: skip
+        part.replace(out)
+    return out
+
+
+def quantized_model(spec, source: str, num_inputs: int = DEFAULT_CALIBRATION, *, directory: Path | None = None) -> Path:
+    """The QDQ ONNX file of the float model ``spec`` (``--model source``), made once and cached.
+
+    Raises:
+        UserInputError: the model cannot be exported to ONNX here, or onnxruntime is missing.
+    """
+    from tuner.bench import peer_model
+
+    directory = directory or cache_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="nightshift-export-") as tmp:
+        fp32 = peer_model(spec, source, Path(tmp))
+        if fp32.onnx_path is None:
+            raise UserInputError(f"--precision int8 needs {spec.name} as ONNX to quantize it: {fp32.onnx_reason}")
+        digest = hashlib.sha256(fp32.onnx_path.read_bytes()).hexdigest()[:16]
+        # The file's name is the model's name in tables and job names: resnet50-int8.
+        out = directory / f"{digest}-cal{num_inputs}" / f"{spec.name}-int8.onnx"
+        if out.exists():
+            logger.info("int8: reusing %s", out)
+            return out
+        logger.info("int8: quantizing %s on %d random inputs", spec.name, num_inputs)
+        return quantize_onnx(fp32.onnx_path, out, spec, num_inputs)
