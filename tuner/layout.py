@@ -36,6 +36,7 @@ NHWC = "NHWC"
 _BLOCKED = re.compile(r"NCHW(\d+)c")
 _CONV2D = "relax.nn.conv2d"
 _GELU = "relax.nn.gelu"
+_ERF = "relax.erf"
 
 
 def blocked(block: int) -> str:
@@ -417,6 +418,7 @@ def prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> t
     custom = {_CONV2D: _legalize_conv2d}
     if cpu:
         custom[_GELU] = _legalize_gelu
+        custom[_ERF] = _legalize_erf
     legalize = tvm.transform.Sequential([
         *dispatch,
         relax.transform.LegalizeOps(customize_legalize_map=custom),
@@ -445,6 +447,15 @@ def _legalize_gelu(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
         return x * (half + topi.fast_erf(x * tvm.tirx.const(0.5**0.5, "float32")) * half)
 
     return bb.call_te(te_gelu, call.args[0], primfunc_name_hint="gelu")
+
+
+def _legalize_erf(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """``erf`` with TOPI's ``fast_erf``, as :func:`_legalize_gelu`: ONNX models write GELU as
+    ``x * 0.5 * (1 + erf(x / sqrt(2)))``, and a scalar ``erff`` call per element held an int8
+    BERT FFN task at 11.7 ms against 0.65 ms for one of the same size without it."""
+    if str(call.args[0].ty.dtype) != "float32":
+        return relax.transform.legalize_ops.unary._erf(bb, call)
+    return bb.call_te(topi.fast_erf, call.args[0], primfunc_name_hint="erf")
 
 
 # ----------------------------------------------------------------------------- the chooser

@@ -36,6 +36,22 @@ def elementwise_tail(sch: Schedule, block: Any, spatial: int) -> list[str] | Non
     return tail
 
 
+def elementwise_prologue(sch: Schedule, block: Any, keep: tuple[str, ...] = ()) -> list[str] | None:
+    """Names of the blocks before ``block`` other than ``keep``, to be inlined into the
+    epilogue that reads them (int8 models dequantize a residual in the operator's task,
+    before it), or None when one of them reduces or feeds ``block`` itself (its operands
+    must stay buffers that a tensor intrinsic or a vector load can read)."""
+    names = [sch.get(b).name_hint for b in root_blocks(sch)]
+    before = [n for n in names[:names.index(sch.get(block).name_hint)] if n not in keep]
+    operands = [r.source for r in sch.get(block).reads]
+    for name in before:
+        b = sch.get_sblock(name)
+        feeds = any(w.source.same_as(o) for w in sch.get(b).writes for o in operands)
+        if feeds or "R" in iter_kinds(sch, b):
+            return None
+    return before
+
+
 def accumulate_locally(sch: Schedule, name: str, tail: list[str]) -> tuple[Any, Any]:
     """Give block ``name`` a compact local buffer of accumulators, which LLVM keeps in
     registers, and return it with the block that stores the tile: the last block of its

@@ -27,7 +27,13 @@ from tvm.s_tir import Schedule
 from search_spaces.constraints import Limits
 from search_spaces.knobs import Knob, divisors
 from search_spaces.templates import Template, register_template
-from search_spaces.templates.blocks import accumulate_locally, elementwise_tail, iter_kinds, root_blocks
+from search_spaces.templates.blocks import (
+    accumulate_locally,
+    elementwise_prologue,
+    elementwise_tail,
+    iter_kinds,
+    root_blocks,
+)
 from search_spaces.templates.intrin_x86 import (
     BF16_FEATURE,
     VNNI_FEATURE,
@@ -65,20 +71,12 @@ def _conv_block(sch: Schedule) -> Any | None:
 
 
 def _tail(sch: Schedule, conv: Any) -> list[str] | None:
-    """The epilogue blocks after the conv, or None when the task has a block that does not
-    fit the tile: an epilogue not elementwise over the conv's output, or a block before the
-    conv that is not the padding or elementwise (int8 ResNets dequantize the residual in the
-    conv's task, before it; such a block is inlined into the epilogue that reads it)."""
-    names = [sch.get(b).name_hint for b in root_blocks(sch)]
-    for name in names[: names.index(sch.get(conv).name_hint)]:
-        if name != _PAD and "R" in iter_kinds(sch, sch.get_sblock(name)):
-            return None
+    """The epilogue blocks after the conv, or None when a block does not fit the tile: an
+    epilogue not elementwise over the conv's output, or a block before the conv that is
+    not the padding and reduces (elementwise ones are inlined, :func:`elementwise_prologue`)."""
+    if elementwise_prologue(sch, conv, keep=(_PAD,)) is None:
+        return None
     return elementwise_tail(sch, conv, 5)
-
-
-def _prologue(sch: Schedule, conv: Any) -> list[str]:
-    names = [sch.get(b).name_hint for b in root_blocks(sch)]
-    return [n for n in names[: names.index(sch.get(conv).name_hint)] if n != _PAD]
 
 
 def _dot(sch: Schedule, conv: Any) -> tuple[int, str, str] | None:
@@ -146,7 +144,7 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     if tail is None:
         raise ValueError("an epilogue block is not elementwise over the conv's output")
     conv_name = sch.get(conv).name_hint
-    for name in [*_prologue(sch, conv), *tail[:-1]]:
+    for name in [*(elementwise_prologue(sch, conv, keep=(_PAD,)) or []), *tail[:-1]]:
         sch.compute_inline(sch.get_sblock(name))
     conv, store = accumulate_locally(sch, conv_name, tail)
     n, oc_chunk, oh, ow, oc_block, kh, kw, ic_chunk, ic_group, ic_lane = sch.get_loops(conv)

@@ -130,6 +130,20 @@ def dense_bf16(m: int = 32, k: int = 64, n: int = 48) -> tvm.IRModule:
     return tvm.IRModule({"main": te.create_prim_func([a, w, bias, out])})
 
 
+def dense_u8s8(m: int = 32, k: int = 64, n: int = 48) -> tvm.IRModule:
+    """An int8 dense layer as ``tuner.precision.qdq`` writes it (block ``matmul_u8s8``, uint8
+    x int8 weight packed [k/4, n, 4], int32 sums), - zero point x column sums, requantized."""
+    from tuner.precision.bf16 import packed_matmul
+    from tuner.precision.qdq import INT8_MATMUL
+
+    a = te.placeholder((1, m, k), name="A", dtype="uint8")
+    w = te.placeholder((k // 4, n, 4), name="W", dtype="int8")
+    correction = te.placeholder((n,), name="correction", dtype="int32")
+    acc = topi.subtract(packed_matmul(a, w, "int32", INT8_MATMUL), correction)
+    out = topi.cast(topi.clip(topi.round(topi.multiply(topi.cast(acc, "float32"), 0.01)), 0, 255), "uint8")
+    return tvm.IRModule({"main": te.create_prim_func([a, w, correction, out])})
+
+
 def conv_nchwc_dot(dtype: str = "bfloat16", stride: int = 1, residual: bool = False) -> tvm.IRModule:
     """A 3x3 conv (pad 1) in NCHW16c as ``tuner.layout`` legalizes one that fits a dot-product
     instruction: ``conv2d_NCHWc_dot`` with weights ``OIHW{16/n}i16o{n}i``, bfloat16 (n 2,
@@ -177,6 +191,7 @@ TASKS: dict[str, Callable[[], tvm.IRModule]] = {
     "conv_nchwc_bf16_s2": lambda: conv_nchwc_dot(stride=2),
     "conv_nchwc_u8": lambda: conv_nchwc_dot("uint8"),
     "conv_nchwc_u8_residual": lambda: conv_nchwc_dot("uint8", stride=2, residual=True),
+    "dense_u8s8": dense_u8s8,
 }
 
 # Target configs by name; CUDA ones cross-build (no GPU is needed).
@@ -187,7 +202,7 @@ TARGETS: dict[str, dict] = {
 # The (task, target) pairs the suite covers; CUDA keeps to the two heavy patterns.
 TASK_TARGETS = [("matmul", "llvm"), ("conv", "llvm"), ("relu", "llvm"), ("conv_nchwc", "llvm"),
                 ("dense", "llvm"), ("depthwise", "llvm"), ("depthwise_nchwc", "llvm"), ("dense_bf16", "llvm"),
-                ("conv_nchwc_bf16", "llvm"), ("conv_nchwc_u8", "llvm"),
+                ("conv_nchwc_bf16", "llvm"), ("conv_nchwc_u8", "llvm"), ("dense_u8s8", "llvm"),
                 ("matmul", "cuda-sm90"), ("conv", "cuda-sm90")]  # fmt: skip
 
 

@@ -29,25 +29,27 @@ PACKED_MATMUL = "matmul_bf16"
 PAIR = 2
 
 
-def pack_weight(weight: np.ndarray) -> np.ndarray:
-    """A ``[K, N]`` float weight as bfloat16 ``[K/2, N, 2]`` (``out[k // 2, n, k % 2]``)."""
+def pack_weight(weight: np.ndarray, elements: int = PAIR, dtype=ml_dtypes.bfloat16) -> np.ndarray:
+    """A ``[K, N]`` weight as ``dtype`` ``[K/e, N, e]`` (``out[k // e, n, k % e]``): the ``e``
+    reduction elements one lane of a dot-product instruction adds are adjacent."""
     k, n = weight.shape
-    return np.ascontiguousarray(weight.astype(ml_dtypes.bfloat16).reshape(k // PAIR, PAIR, n).transpose(0, 2, 1))
+    return np.ascontiguousarray(weight.astype(dtype).reshape(k // elements, elements, n).transpose(0, 2, 1))
 
 
-def packed_matmul(a: te.Tensor, w: te.Tensor) -> te.Tensor:
-    """``a @ W`` in float32 for a bfloat16 ``a[..., K]`` and a packed ``w[K/2, N, 2]``."""
-    half, n, pair = (int(d) for d in w.shape)
-    ko = te.reduce_axis((0, half), "ko")
-    ki = te.reduce_axis((0, pair), "ki")
+def packed_matmul(a: te.Tensor, w: te.Tensor, out_dtype: str = "float32", name: str = PACKED_MATMUL) -> te.Tensor:
+    """``a @ W`` summed in ``out_dtype`` for ``a[..., K]`` and a packed ``w[K/e, N, e]``
+    (bfloat16 pairs here; uint8 x int8 quadruples for int8, :mod:`tuner.precision.qdq`)."""
+    groups, n, elements = (int(d) for d in w.shape)
+    ko = te.reduce_axis((0, groups), "ko")
+    ki = te.reduce_axis((0, elements), "ki")
 
     def body(*idx):
         return te.sum(
-            a[(*idx[:-1], ko * pair + ki)].astype("float32") * w[ko, idx[-1], ki].astype("float32"),
+            a[(*idx[:-1], ko * elements + ki)].astype(out_dtype) * w[ko, idx[-1], ki].astype(out_dtype),
             axis=[ko, ki],
         )
 
-    return te.compute((*a.shape[:-1], n), body, name=PACKED_MATMUL)
+    return te.compute((*a.shape[:-1], n), body, name=name)
 
 
 def _const_value(expr: relax.Expr) -> np.ndarray | None:

@@ -17,7 +17,9 @@ whose values are not ``int8 x scale`` is left alone). The bias add and the next
 Operands fit int16 (``uint8 - zero_point`` and int8), so the sums are exact in int32. A
 conv whose activation is uint8 with zero point 0 (every conv after a ReLU: its range starts
 at 0) reads ``q`` and ``w_q`` as they are, uint8 x int8, which the blocked layout hands to
-``vpdpbusd`` (``tuner.layout.dot_elements``, template ``x86-conv2d-nchwc-dot``).
+``vpdpbusd`` (``tuner.layout.dot_elements``, template ``x86-conv2d-nchwc-dot``). A matmul by
+a constant weight does too, whatever the zero point, ``q @ w_q - zero_point * colsum(w_q)``
+with ``w_q`` packed ``[K/4, N, 4]`` (template ``x86-dense-vnni``).
 
 Last, the remaining per-tensor ``quantize``/``dequantize`` calls are written out as the
 elementwise operators TVM would lower them to (:func:`qdq_as_elementwise`): Relax infers no
@@ -41,6 +43,9 @@ logger = logging.getLogger(__name__)
 _OPS = ("relax.nn.conv2d", "relax.matmul")
 # Operand dtype of the integer operators: holds uint8 - zero point and int8 exactly.
 _OPERAND = "int16"
+# A matmul by a constant weight: uint8 x int8 with the weight packed [K/4, N, 4] (vpdpbusd).
+INT8_MATMUL = "matmul_u8s8"
+DOT_ELEMENTS = 4
 # Largest relative difference between a weight and its int8 reconstruction that still
 # counts as "this weight was quantized" (float32 rounding of w_q * scale).
 _EXACT = 1e-5
@@ -155,6 +160,11 @@ class _ToInt8(relax.PyExprMutator):
             return call
         wq, sw = quantized
         q = deq.args[0]
+        scale = relax.const((np.float32(sx) * sw).reshape(shape).astype(np.float32), "float32")
+        if name == "matmul" and str(q.ty.dtype) == "uint8" and _packable(wq):
+            acc = self._packed_matmul(q, wq, int(zx))
+            self.report.rewritten[name] += 1
+            return relax.op.multiply(relax.op.astype(acc, "float32"), scale)
         if name == "conv2d" and zx == 0 and str(q.ty.dtype) == "uint8":
             x, operand = q, "int8"  # uint8 x int8, as the dot-product instructions take them
         else:
@@ -172,9 +182,38 @@ class _ToInt8(relax.PyExprMutator):
         else:
             acc = relax.op.matmul(x, w_const, out_dtype="int32")
         acc = self.builder_.emit(acc)
-        scale = relax.const((np.float32(sx) * sw).reshape(shape).astype(np.float32), "float32")
         self.report.rewritten[name] += 1
         return relax.op.multiply(relax.op.astype(acc, "float32"), scale)
+
+    def _packed_matmul(self, q: relax.Expr, wq: np.ndarray, zx: int) -> relax.Expr:
+        """``(q - zx) @ wq`` in int32 as ``q @ wq - zx * colsum(wq)``: uint8 x int8 with the
+        weight packed ``[K/4, N, 4]`` (what vpdpbusd reads, template ``x86-dense-vnni``); the
+        correction is a constant per output column, exact in int32."""
+        from tuner.precision.bf16 import pack_weight, packed_matmul
+
+        packed = relax.const(pack_weight(wq, DOT_ELEMENTS, np.int8), "int8")
+        acc = self.builder_.call_te(packed_matmul, q, packed, "int32", INT8_MATMUL, primfunc_name_hint=INT8_MATMUL)
+        if zx:
+            acc = relax.op.subtract(acc, relax.const(zx * wq.astype(np.int32).sum(axis=0), "int32"))
+        return acc
+
+
+def _packable(wq: np.ndarray) -> bool:
+    k, n = wq.shape
+    return k % DOT_ELEMENTS == 0 and n % 16 == 0
+
+
+def _filled(value: float, like: relax.Expr) -> relax.Constant:
+    """``value`` as a float32 tensor along ``like``'s channels ((1, C, 1, 1) for an NCHW
+    tensor, the last axis otherwise), not a scalar: TVM writes a scalar constant into the
+    operator's code, so every layer's scale would make a task of its own (BERT-base: 173
+    tasks instead of ~20); a tensor is an argument, and the layers' tasks are one."""
+    shape = getattr(like.ty, "shape", None)
+    dims = [int(d) for d in shape.values] if isinstance(shape, relax.ShapeExpr) else []
+    if not dims:
+        return relax.const(value, "float32")
+    filled = (1, dims[1], 1, 1) if len(dims) == 4 else (dims[-1],)
+    return relax.const(np.full(filled, value, dtype=np.float32), "float32")
 
 
 def qdq_as_elementwise(mod: tvm.IRModule) -> tvm.IRModule:
@@ -193,8 +232,8 @@ def qdq_as_elementwise(mod: tvm.IRModule) -> tvm.IRModule:
             return expr
         (s, z), dtype = params, str(expr.attrs.out_dtype)
         info = np.iinfo(dtype)
-        x = relax.op.add(relax.op.round(relax.op.divide(expr.args[0], relax.const(s, "float32"))),
-                         relax.const(z, "float32"))  # fmt: skip
+        x = expr.args[0]
+        x = relax.op.add(relax.op.round(relax.op.divide(x, _filled(s, x))), _filled(z, x))
         x = relax.op.minimum(relax.op.maximum(x, relax.const(float(info.min), "float32")),
                              relax.const(float(info.max), "float32"))  # fmt: skip
         return relax.op.astype(x, dtype)
@@ -206,8 +245,8 @@ def qdq_as_elementwise(mod: tvm.IRModule) -> tvm.IRModule:
         s, z = params
         x = relax.op.astype(expr.args[0], "float32")
         if z != 0:
-            x = relax.op.subtract(x, relax.const(z, "float32"))
-        return relax.op.multiply(x, relax.const(s, "float32"))
+            x = relax.op.subtract(x, _filled(z, expr.args[0]))
+        return relax.op.multiply(x, _filled(s, expr.args[0]))
 
     funcs = {}
     for gv, func in mod.functions_items():

@@ -1,20 +1,24 @@
-"""``x86-dense-bf16``: bf16 matmul by a packed weight (+ float32 epilogue) with ``vdpbf16ps``.
+"""``x86-dense-bf16`` and ``x86-dense-vnni``: matmul by a packed weight (+ epilogue) on an x86
+dot-product instruction.
 
-The task is what :mod:`tuner.precision.bf16` makes of a dense layer: a block
-``matmul_bf16`` with spatial iters (batch..., m, n) and two reduce iters (ko, ki), ki of
-extent 2, reading A[..., m, 2 ko + ki] (bfloat16) and W[ko, n, ki] (bfloat16, packed at
-compile time), accumulating in float32; then elementwise epilogue blocks.
+The task is what :mod:`tuner.precision` makes of a dense layer: a block ``matmul_bf16``
+(``matmul_u8s8``) with spatial iters (batch..., m, n) and two reduce iters (ko, ki), ki of
+extent 2 (4), reading A[..., m, e ko + ki] (bfloat16; uint8) and W[ko, n, ki] (bfloat16;
+int8, packed at compile time), accumulating in float32 (int32); then elementwise epilogue
+blocks (bias, GELU, residual; for int8 the zero-point correction and requantize).
 
 The micro-kernel is the one of ``x86-dense`` with the FMA replaced by the dot-product
-instruction: for each pair of reduction elements, the pair of A is broadcast (one 32-bit
-lane) and multiplied with 16 column pairs of W (one 512-bit load), the 16 float32 sums
-of a tile's register accumulating 2 products each (tensor intrinsic
-``dot_16x2_bf16_avx512_local``). The register tile is ``tile_m`` rows x ``tile_n`` columns.
+instruction: for each group of reduction elements, the group of A is broadcast (one 32-bit
+lane) and multiplied with 16 column groups of W (one 512-bit load), each of the 16 sums of
+a tile's register adding 2 (``vdpbf16ps``, tensor intrinsic ``dot_16x2_bf16_avx512_local``)
+or 4 (``vpdpbusd``, ``dot_16x4_vnni_local``) products. The register tile is ``tile_m`` rows
+x ``tile_n`` columns.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import tvm
@@ -23,16 +27,26 @@ from tvm.s_tir import Schedule
 from search_spaces.constraints import Limits
 from search_spaces.knobs import Knob, divisors
 from search_spaces.templates import Template, register_template
-from search_spaces.templates.blocks import accumulate_locally, elementwise_tail, iter_kinds, root_blocks
-from search_spaces.templates.intrin_x86 import BF16_DOT_16x2_LOCAL_INTRIN, register_intrinsics, target_has_bf16_dot
+from search_spaces.templates.blocks import (
+    accumulate_locally,
+    elementwise_prologue,
+    elementwise_tail,
+    iter_kinds,
+    root_blocks,
+)
+from search_spaces.templates.intrin_x86 import (
+    BF16_FEATURE,
+    VNNI_FEATURE,
+    BF16_DOT_16x2_LOCAL_INTRIN,
+    VNNI_DOT_16x4_LOCAL_INTRIN,
+    register_intrinsics,
+    target_has,
+)
 
 logger = logging.getLogger(__name__)
 
-NAME = "x86-dense-bf16"
-_PREFIX = "matmul_bf16"
-# float32 lanes of the intrinsic's accumulator (one zmm register).
+# float32 / int32 lanes of the intrinsic's accumulator (one zmm register).
 _LANES = 16
-_PAIR = 2
 # As in x86-dense: accumulators may take 24 of the 32 zmm registers; fewer than 4 leave
 # the dot-product units waiting on the previous result.
 _ACC_REGISTERS = 24
@@ -40,18 +54,30 @@ _MIN_ACC_REGISTERS = 4
 _MAX_UNROLLED_DOTS = 512
 
 
-def _matmul_block(sch: Schedule) -> Any | None:
+@dataclass(frozen=True)
+class _Dot:
+    """One dot-product instruction and the matmul block it serves: the block's name prefix,
+    the (A, W) dtypes, reduction elements per lane, the tensor intrinsic, its LLVM feature."""
+
+    prefix: str
+    dtypes: tuple[str, str]
+    elements: int
+    intrin: str
+    feature: str
+
+
+def _matmul_block(sch: Schedule, dot: _Dot) -> Any | None:
     blocks = root_blocks(sch)
-    found = [b for b in blocks if sch.get(b).name_hint.startswith(_PREFIX)]
-    if len(found) != 1 or sch.get(blocks[0]).name_hint != sch.get(found[0]).name_hint:
+    found = [b for b in blocks if sch.get(b).name_hint.startswith(dot.prefix)]
+    if len(found) != 1 or elementwise_prologue(sch, found[0]) is None:
         return None
     kinds = iter_kinds(sch, found[0])
     if len(kinds) < 4 or kinds != "S" * (len(kinds) - 2) + "RR":
         return None
     stmt = sch.get(found[0])
-    if int(stmt.iter_vars[-1].dom.extent) != _PAIR or len(stmt.reads) != 2:
+    if int(stmt.iter_vars[-1].dom.extent) != dot.elements or len(stmt.reads) != 2:
         return None
-    if any(str(r.source.dtype) != "bfloat16" for r in stmt.reads):
+    if tuple(str(r.source.dtype) for r in stmt.reads) != dot.dtypes:
         return None
     return found[0]
 
@@ -60,11 +86,11 @@ def _tail(sch: Schedule, block: Any) -> list[str] | None:
     return elementwise_tail(sch, block, len(sch.get_loops(block)) - 2)
 
 
-def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tuple[Knob, ...] | None:
-    if not target_has_bf16_dot(target):
+def _knobs(dot: _Dot, mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tuple[Knob, ...] | None:
+    if not target_has(target, dot.feature):
         return None
     sch = Schedule(mod)
-    block = _matmul_block(sch)
+    block = _matmul_block(sch, dot)
     if block is None or _tail(sch, block) is None:
         return None
     *_, m, n, half, _ = (int(sch.get(loop).extent) for loop in sch.get_loops(block))
@@ -75,7 +101,7 @@ def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tupl
         Knob("tile_n", "choice", tuple(_LANES * r for r in (1, 2, 3, 4) if n % (_LANES * r) == 0)),
         # Column tiles per panel of W kept in cache, in vectors (a divisor of n / 16).
         Knob("panel", "choice", tuple(d for d in divisors(n // _LANES) if d <= 16)),
-        # Pairs of the reduction unrolled per step.
+        # Groups of the reduction (pairs, quadruples) unrolled per step.
         Knob("unroll_k", "choice", tuple(d for d in divisors(half) if d <= 8)),
         # 0: panels outermost; 1: row tiles outermost.
         Knob("order", "choice", (0, 1)),
@@ -96,16 +122,16 @@ def _constraint(values: dict[str, Any], limits: Limits) -> str | None:
     return None
 
 
-def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
+def _schedule(dot: _Dot, sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     register_intrinsics()
-    block = _matmul_block(sch)
+    block = _matmul_block(sch, dot)
     if block is None:
-        raise ValueError("no matmul_bf16 block")
+        raise ValueError(f"no {dot.prefix} block")
     tail = _tail(sch, block)
     if tail is None:
         raise ValueError("an epilogue block is not elementwise over the matmul's output")
     name = sch.get(block).name_hint
-    for t in tail[:-1]:
+    for t in [*(elementwise_prologue(sch, block) or []), *tail[:-1]]:
         sch.compute_inline(sch.get_sblock(t))
     block, store = accumulate_locally(sch, name, tail)
     *batch, i, j, ko, ki = sch.get_loops(block)
@@ -119,7 +145,7 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     sch.reverse_compute_at(store, outer[-1])
     sch.parallel(sch.fuse(*batch, *outer[:values["parallel_depth"]]))
     init = sch.decompose_reduction(block, k_o)
-    sch.tensorize(j_i, BF16_DOT_16x2_LOCAL_INTRIN)
+    sch.tensorize(j_i, dot.intrin)
     sch.unroll(k_i)
     sch.unroll(i_i)
     sch.unroll(j_v)
@@ -133,10 +159,21 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     logger.debug("scheduled %s with %s", name, values)
 
 
-X86_DENSE_BF16 = register_template(Template(
-    name=NAME,
-    knobs=_knobs,
-    schedule=_schedule,
-    constraint=_constraint,
-    description="bf16 matmul by a packed weight + epilogue, vdpbf16ps register tile (x86 AVX512_BF16)",
-))
+def _template(name: str, dot: _Dot, description: str) -> Template:
+    return register_template(Template(
+        name=name,
+        knobs=lambda mod, target, limits: _knobs(dot, mod, target, limits),
+        schedule=lambda sch, values, limits: _schedule(dot, sch, values, limits),
+        constraint=_constraint,
+        description=description,
+    ))  # fmt: skip
+
+
+X86_DENSE_BF16 = _template(
+    "x86-dense-bf16", _Dot("matmul_bf16", ("bfloat16", "bfloat16"), 2, BF16_DOT_16x2_LOCAL_INTRIN, BF16_FEATURE),
+    "bf16 matmul by a packed weight + epilogue, vdpbf16ps register tile (x86 AVX512_BF16)",
+)
+X86_DENSE_VNNI = _template(
+    "x86-dense-vnni", _Dot("matmul_u8s8", ("uint8", "int8"), 4, VNNI_DOT_16x4_LOCAL_INTRIN, VNNI_FEATURE),
+    "uint8 x int8 matmul by a packed weight + epilogue, vpdpbusd register tile (x86 AVX512_VNNI)",
+)
