@@ -9,16 +9,17 @@ random input, the device's ``num-cores`` threads), from the same ``--db``:
   with OpenVINO f32 as the reference row;
 - int8: the model exported to ONNX and quantized by onnxruntime's ``quantize_static``
   (QDQ, per-channel int8 weights, uint8 activations, calibrated on ``--calibration`` random
-  inputs); TVM ``--precision int8`` against ONNX Runtime and OpenVINO on that same file (their
-  rows say f32, the precision they were asked for; they execute the file's int8 kernels).
+  inputs; ``tuner.precision.quantize``, the file ``tune --model M --precision int8`` tuned);
+  TVM ``--precision int8`` against ONNX Runtime and OpenVINO on that same file (their rows
+  say f32, the precision they were asked for; they execute the file's int8 kernels).
 
 Every reduced-precision row reports its accuracy against the model's fp32 TVM build over
 ``--accuracy-inputs`` random inputs (max relative error, top-1 agreement). Writes
 benchmarks/results/precision_vs_peers.json; ratios carry over between runs, milliseconds
 do not. The CPU features each precision needs are recorded with the device.
 
-    nice -n 10 .venv/bin/python benchmarks/precision_vs_peers.py --db tuned.db --models resnet50 bert-base \
-        --workdir models/   # models/resnet50_qdq.onnx: the QDQ model tuned with --precision int8
+    tune --model resnet50 --precision int8 --db tuned.db   # and bf16, fp32; then
+    nice -n 10 .venv/bin/python benchmarks/precision_vs_peers.py --db tuned.db --models resnet50 bert-base
     .venv/bin/python benchmarks/precision_vs_peers.py --db empty.db --models tiny --rounds 2   # smallest
 """
 
@@ -31,14 +32,13 @@ import logging
 import os
 import platform
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from rich.console import Console
 
-from tuner.bench import BenchConfig, bench, peer_model, render
+from tuner.bench import BenchConfig, bench, render
 from tuner.compile import compile_model
 from tuner.db import TuningDatabase
 from tuner.device import parse_device
@@ -46,6 +46,7 @@ from tuner.frontends import load_model
 from tuner.peers.pytorch import TorchEagerPeer
 from tuner.precision import check_device
 from tuner.precision.accuracy import measure_accuracy
+from tuner.precision.quantize import DEFAULT_CALIBRATION, quantized_model
 
 RESULTS = Path(__file__).parent / "results" / "precision_vs_peers.json"
 logger = logging.getLogger(__name__)
@@ -69,28 +70,6 @@ class TorchBf16Peer(TorchEagerPeer):
         return [t.float().numpy().copy() for t in (out if isinstance(out, (tuple, list)) else [out])]
 
 
-def quantize_qdq(onnx_path: Path, out: Path, spec, num_inputs: int) -> Path:
-    """``onnx_path`` quantized by onnxruntime's ``quantize_static`` in the QDQ format (``out``
-    as it is when it exists)."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
-    names = [i.name for i in spec.inputs]
-
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self._it = iter([dict(zip(names, spec.random_inputs(seed=100 + i), strict=True))
-                             for i in range(num_inputs)])  # fmt: skip
-
-        def get_next(self) -> dict[str, np.ndarray] | None:
-            return next(self._it, None)
-
-    if out.exists():  # tuned as it is: a new calibration would give other scales, other tasks
-        return out
-    quantize_static(str(onnx_path), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)  # fmt: skip
-    return out
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--db", required=True, help="tuning database (an empty file gives the fallback builds only)")
@@ -98,7 +77,8 @@ def main() -> None:
     p.add_argument("--precisions", nargs="+", default=["fp32", "bf16", "int8"], choices=["fp32", "bf16", "int8"])
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--accuracy-inputs", type=int, default=1000)
-    p.add_argument("--calibration", type=int, default=32, help="random inputs the int8 quantizer calibrates on")
+    p.add_argument("--calibration", type=int, default=DEFAULT_CALIBRATION,
+                   help="random inputs the int8 quantizer calibrates on (as tune's --calibration)")
     p.add_argument("--num-cores", type=int, default=None)
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument(
@@ -115,41 +95,34 @@ def main() -> None:
     db = TuningDatabase(args.db)
     load_before = os.getloadavg()
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="nightshift-precision-") as tmp:
-        work = args.workdir or Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
-        for name in args.models:
-            spec = load_model(name)
-            fp32_build = compile_model(spec, device, db)
-            for precision in args.precisions:
-                if precision == "int8":
-                    fp32_onnx = peer_model(spec, name, work).onnx_path
-                    if fp32_onnx is None:
-                        console.print(f"{name}: no ONNX export, int8 skipped")
-                        continue
-                    qdq = quantize_qdq(fp32_onnx, work / f"{name}_qdq.onnx", spec, args.calibration)
-                    run_spec, source, peers = load_model(str(qdq)), str(qdq), ("onnxruntime", "openvino-f32")
-                elif precision == "bf16":
-                    # OpenVINO f32 (INFERENCE_PRECISION_HINT=f32, which tuner.bench sets) is the f32
-                    # reference the table's ratios and errors are taken to.
-                    run_spec, source, peers = spec, name, ("openvino-f32", "openvino", TorchBf16Peer())
-                else:
-                    run_spec, source, peers = spec, name, ("onnxruntime", "openvino-f32", "torch")
-                config = BenchConfig(rounds=args.rounds, peers=peers, precision=precision,
-                                     accuracy_inputs=args.accuracy_inputs)  # fmt: skip
-                with console.status(f"{name} {precision}") as status:
-                    result = bench(run_spec, device, db, source=source, config=config,
-                                   on_stage=lambda text, n=name: status.update(f"{n}: {text}"))  # fmt: skip
-                    # Against the fp32 model itself (for int8: not the QDQ graph run in fp32).
-                    accuracy = None
-                    if precision != "fp32":
-                        reduced = compile_model(run_spec, device, db, precision=precision)
-                        accuracy = measure_accuracy(spec, device, fp32_build, reduced, num_inputs=args.accuracy_inputs)
-                console.print(render(result))
-                if accuracy is not None:
-                    console.print(f"{name} {precision}: {accuracy.describe()}")
-                rows.append({"model": name, "precision": precision, "bench": result.to_json(),
-                             "accuracy_vs_fp32_model": accuracy.to_json() if accuracy else None})  # fmt: skip
+    for name in args.models:
+        spec = load_model(name)
+        fp32_build = compile_model(spec, device, db)
+        for precision in args.precisions:
+            if precision == "int8":
+                qdq = quantized_model(spec, name, args.calibration)
+                run_spec, source, peers = load_model(str(qdq)), str(qdq), ("onnxruntime", "openvino-f32")
+            elif precision == "bf16":
+                # OpenVINO f32 (INFERENCE_PRECISION_HINT=f32, which tuner.bench sets) is the f32
+                # reference the table's ratios and errors are taken to.
+                run_spec, source, peers = spec, name, ("openvino-f32", "openvino", TorchBf16Peer())
+            else:
+                run_spec, source, peers = spec, name, ("onnxruntime", "openvino-f32", "torch")
+            config = BenchConfig(rounds=args.rounds, peers=peers, precision=precision,
+                                 accuracy_inputs=args.accuracy_inputs)  # fmt: skip
+            with console.status(f"{name} {precision}") as status:
+                result = bench(run_spec, device, db, source=source, config=config,
+                               on_stage=lambda text, n=name: status.update(f"{n}: {text}"))  # fmt: skip
+                # Against the fp32 model itself (for int8: not the QDQ graph run in fp32).
+                accuracy = None
+                if precision != "fp32":
+                    reduced = compile_model(run_spec, device, db, precision=precision)
+                    accuracy = measure_accuracy(spec, device, fp32_build, reduced, num_inputs=args.accuracy_inputs)
+            console.print(render(result))
+            if accuracy is not None:
+                console.print(f"{name} {precision}: {accuracy.describe()}")
+            rows.append({"model": name, "precision": precision, "model_file": source, "bench": result.to_json(),
+                         "accuracy_vs_fp32_model": accuracy.to_json() if accuracy else None})  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     doc = {
         "benchmark": "precision_vs_peers",

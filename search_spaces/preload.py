@@ -13,6 +13,16 @@ _PRELOAD_LOCK = threading.Lock()
 
 @cache
 def preload_tensor_intrinsics() -> None:
+    """Import TVM's tensor intrinsics fast (:func:`import_tvm_intrinsics`) and register
+    Nightshift's over them (``search_spaces.templates.intrin_x86``): every process that
+    builds or replays a schedule calls this first."""
+    import_tvm_intrinsics()
+    from search_spaces.templates.intrin_x86 import register_intrinsics
+
+    register_intrinsics()
+
+
+def import_tvm_intrinsics() -> None:
     """Import ``tvm.s_tir.tensor_intrin`` (which every TuneContext needs) in seconds, not a minute.
 
     Its ~500 TVMScript prim_funcs each call ``inspect.stack()``, which resolves source files

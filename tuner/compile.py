@@ -133,6 +133,10 @@ def fallback_schedule(mod: tvm.IRModule, target: tvm.target.Target) -> Schedule 
     postprocs = list(ctx.space_generator.postprocs)
     for sketch in ctx.space_generator.generate_design_space(mod):
         insts = list(sketch.trace.insts)
+        if any(i.kind.name == "Blockize" for i in insts):
+            # A tensorized sketch (VNNI on int8): its tiles must fit the intrinsic, which the
+            # fixed decisions below do not know; the plain sketch after it is the fallback.
+            continue
         samples = [i for i in insts if i.kind.name.startswith("Sample")]
         decisions = {inst: _fallback_decision(inst, sketch.trace.decisions[inst], samples[k + 1:k + 2])
                      for k, inst in enumerate(samples)}  # fmt: skip

@@ -125,7 +125,15 @@ def _vnni_dot_16x4(scope: str):
 
 @cache
 def register_intrinsics() -> None:
-    """Register the intrinsics (once per process; TensorIntrin names are global)."""
+    """Register the intrinsics (once per process; TensorIntrin names are global), and ours
+    of ``dot_16x4_vnni`` over TVM's, which MetaSchedule's sketches and fallback schedules
+    tensorize with on VNNI CPUs and which fails LLVM's verifier (see :func:`_vnni_dot_16x4`)."""
+    from search_spaces.preload import import_tvm_intrinsics
+
+    import_tvm_intrinsics()  # TVM's own first: registering after ours would fail
+    from tvm.s_tir.tensor_intrin.x86 import VNNI_DOT_16x4_INTRIN
+
+    TensorIntrin.register(VNNI_DOT_16x4_INTRIN, *_vnni_dot_16x4("global"), override=True)
     TensorIntrin.register(BF16_DOT_16x2_INTRIN, *_bf16_dot_16x2("global"), override=True)
     TensorIntrin.register(BF16_DOT_16x2_LOCAL_INTRIN, *_bf16_dot_16x2("local"), override=True)
     TensorIntrin.register(VNNI_DOT_16x4_LOCAL_INTRIN, *_vnni_dot_16x4("local"), override=True)
