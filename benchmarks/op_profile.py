@@ -37,13 +37,15 @@ from tuner.db import TuningDatabase
 from tuner.device import parse_device
 from tuner.frontends import load_model
 from tuner.layout import LayoutPlan, prepare
+from tuner.precision import apply_precision
+from tuner.precision.quantize import quantized_model
 from tuner.tasks import fuse, workload_key
 
 RESULTS = Path(__file__).parent / "results"
 console = Console()
 
 
-def fused_functions(spec, device, plan) -> dict[str, tuple[str, float]]:
+def fused_functions(spec, device, plan, precision: str = "fp32") -> dict[str, tuple[str, float]]:
     """Workload key and FLOPs of one call of every fused PrimFunc, by the name the VM calls it.
 
     Keys are computed as task extraction computes them (on MetaSchedule's dispatched module),
@@ -52,7 +54,7 @@ def fused_functions(spec, device, plan) -> dict[str, tuple[str, float]]:
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.analysis import estimate_tir_flops
 
-    fused = fuse(prepare(spec.bound(), device.target, plan), device.target)
+    fused = fuse(prepare(apply_precision(spec.bound(), precision), device.target, plan), device.target)
     out = {}
     for ext in ms.relax_integration.extract_tasks(fused, device.target):
         mod = ext.dispatched[0]
@@ -60,7 +62,7 @@ def fused_functions(spec, device, plan) -> dict[str, tuple[str, float]]:
             flops = float(estimate_tir_flops(mod))
         except (RuntimeError, ValueError):
             flops = 0.0
-        out[str(ext.task_name)] = (workload_key(mod), flops)
+        out[str(ext.task_name)] = (workload_key(mod, precision), flops)
     return out
 
 
@@ -134,14 +136,19 @@ def main() -> None:
     p.add_argument("--layout", default="auto", choices=["auto", "NCHW", "NHWC", "NCHWc"])
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "int8"],
+                   help="int8: the model quantized as tune --precision int8 quantizes it (ONNX Runtime runs that file)")
     args = p.parse_args()
     device = parse_device("cpu")
     threads = int(device.target.attrs.get("num-cores", os.cpu_count() or 1))
-    spec = load_model(args.model)
+    spec, source = load_model(args.model), args.model
+    if args.precision == "int8":
+        source = str(quantized_model(spec, args.model))
+        spec = load_model(source)
     plan = LayoutPlan.parse(args.layout, device.target)
     db = TuningDatabase(args.db)
-    compiled = compile_model(spec, device, db, plan=plan)
-    functions = fused_functions(spec, device, plan)
+    compiled = compile_model(spec, device, db, plan=plan, precision=args.precision)
+    functions = fused_functions(spec, device, plan, args.precision)
     inputs = spec.random_inputs()
     load_before = os.getloadavg()
     prof = tvm_profile(compiled, device, inputs, args.rounds)
@@ -158,9 +165,9 @@ def main() -> None:
     for r in rows:
         families[op_family(r["function"])] += r["ms"]
     with tempfile.TemporaryDirectory() as tmp:
-        peer = peer_model(spec, args.model, Path(tmp))
+        peer = peer_model(spec, source, Path(tmp))
         ort_ops = ort_profile(peer.onnx_path, inputs, threads, args.rounds) if peer.onnx_path else {}
-    table = Table(title=f"{args.model}: {total:.2f} ms in compiled functions ({args.rounds} rounds)")
+    table = Table(title=f"{args.model} {args.precision}: {total:.2f} ms in compiled functions ({args.rounds} rounds)")
     for col in ("function", "kind", "calls", "ms", "share", "GFLOPS"):
         table.add_column(col, justify="left" if col in ("function", "kind") else "right")
     for r in rows[: args.top]:
@@ -177,10 +184,11 @@ def main() -> None:
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "machine": {"cpu": device.description.get("model", platform.processor()), "threads": threads,
                     "target": str(device.target), "load_before": load_before, "load_after": os.getloadavg()},
-        "model": args.model, "db": args.db, "tuned": len(compiled.tuned), "fallback": len(compiled.fallback),
+        "model": args.model, "precision": args.precision, "db": args.db, "tuned": len(compiled.tuned),
+        "fallback": len(compiled.fallback),
         "tvm_total_ms": total, "tvm_functions": rows, "tvm_by_family_ms": families, "onnxruntime_by_op_ms": ort_ops,
     }  # fmt: skip
-    out = RESULTS / f"op_profile_{args.model}.json"
+    out = RESULTS / f"op_profile_{args.model}{'' if args.precision == 'fp32' else '_' + args.precision}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     console.print(f"wrote {out}")
