@@ -41,23 +41,30 @@ declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float>, <32 x bfloa
 """
 
 
-def _bf16_dot_16x2(scope: str):
-    """The description and implementation, for an accumulator ``C`` in ``scope``."""
+def _dot_16xn_desc(n: int, a_dtype: str, b_dtype: str, acc: str, scope: str):
+    """What a 16-lane dot-product instruction computes: each lane ``i`` of ``C`` (``acc``)
+    adds the ``n`` products of ``A`` (broadcast) and row ``i`` of ``B``."""
 
     @T.prim_func(s_tir=True)
     def desc(
-        A: T.Buffer((2,), "bfloat16", offset_factor=1),
-        B: T.Buffer((16, 2), "bfloat16", offset_factor=1),
-        C: T.Buffer((16,), "float32", offset_factor=1, scope=scope),
+        A: T.Buffer((n,), a_dtype, offset_factor=1),
+        B: T.Buffer((16, n), b_dtype, offset_factor=1),
+        C: T.Buffer((16,), acc, offset_factor=1, scope=scope),
     ) -> None:
         with T.sblock("root"):
-            T.reads(C[0:16], A[0:2], B[0:16, 0:2])
+            T.reads(C[0:16], A[0:n], B[0:16, 0:n])
             T.writes(C[0:16])
             for i in T.serial(0, 16):
-                for k in T.serial(0, 2):
+                for k in T.serial(0, n):
                     with T.sblock("update"):
                         vi, vk = T.axis.remap("SR", [i, k])
-                        C[vi] = C[vi] + T.cast(A[vk], "float32") * T.cast(B[vi, vk], "float32")
+                        C[vi] = C[vi] + T.cast(A[vk], acc) * T.cast(B[vi, vk], acc)
+
+    return desc
+
+
+def _bf16_dot_16x2(scope: str):
+    """The description and implementation, for an accumulator ``C`` in ``scope``."""
 
     @T.prim_func(s_tir=True)
     def impl(
@@ -78,7 +85,7 @@ def _bf16_dot_16x2(scope: str):
                     T.reinterpret(B.vload([0, 0], dtype="bfloat16x32"), dtype="int32x16"),
                 )
 
-    return desc, impl
+    return _dot_16xn_desc(2, "bfloat16", "bfloat16", "float32", scope), impl
 
 
 def _vnni_dot_16x4(scope: str):
@@ -87,21 +94,6 @@ def _vnni_dot_16x4(scope: str):
     The LLVM that TVM 0.27's wheel links declares ``vpdpbusd.512`` on ``<64 x i8>`` operands;
     TVM's own implementation passes ``<16 x i32>`` and fails LLVM's verifier.
     """
-
-    @T.prim_func(s_tir=True)
-    def desc(
-        A: T.Buffer((4,), "uint8", offset_factor=1),
-        B: T.Buffer((16, 4), "int8", offset_factor=1),
-        C: T.Buffer((16,), "int32", offset_factor=1, scope=scope),
-    ) -> None:
-        with T.sblock("root"):
-            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-            T.writes(C[0:16])
-            for i in T.serial(0, 16):
-                for k in T.serial(0, 4):
-                    with T.sblock("update"):
-                        vi, vk = T.axis.remap("SR", [i, k])
-                        C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
 
     @T.prim_func(s_tir=True)
     def impl(
@@ -120,7 +112,7 @@ def _vnni_dot_16x4(scope: str):
                 dtype="int32x16",
             )
 
-    return desc, impl
+    return _dot_16xn_desc(4, "uint8", "int8", "int32", scope), impl
 
 
 @cache
