@@ -72,3 +72,32 @@ def test_zoo_model_has_no_constant_batch_norm_arithmetic_left(model: str) -> Non
     mod = load_model(model).bound()
     left = _calls(mod)
     assert "relax.sqrt" not in left and "relax.expand_dims" not in left
+
+
+@pytest.mark.parametrize("axis_scale", [False, True])
+def test_a_qdq_weight_dequantize_is_folded_to_tvms_values(axis_scale: bool) -> None:
+    """int8 weights with per-tensor or per-channel (axis 0) scales and zero points, as QDQ
+    models store them: numpy gives what TVM's FoldConstant (its legalized dequantize) gives."""
+    rng = np.random.default_rng(3)
+    q = relax.const(rng.integers(-127, 128, (8, 4)).astype("int8"))
+    scale = relax.const(rng.uniform(0.01, 0.1, 8 if axis_scale else ()).astype("float32"))
+    zero = relax.const(rng.integers(-3, 4, 8 if axis_scale else ()).astype("int8"))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            w = bb.emit(relax.op.dequantize(q, scale, zero, axis=0))
+            out = bb.emit_output(relax.op.matmul(x, w))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    folded = fold_constants(mod)
+    assert "relax.dequantize" not in _calls(folded)
+    want = relax.transform.FoldConstant()(mod)
+    np.testing.assert_array_equal(_matmul_weight(folded), _matmul_weight(want))
+
+
+def _matmul_weight(mod: tvm.IRModule) -> np.ndarray:
+    bindings = {b.var: b.value for blk in mod["main"].body.blocks for b in blk.bindings}
+    call = next(v for v in bindings.values() if isinstance(v, relax.Call) and v.op.name == "relax.matmul")
+    w = call.args[1]
+    return bindings.get(w, w).value.numpy()
