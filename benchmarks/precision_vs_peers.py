@@ -32,20 +32,22 @@ import logging
 import os
 import platform
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from rich.console import Console
 
-from tuner.bench import BenchConfig, bench, render
+from tuner.bench import BenchConfig, bench, peer_model, render
 from tuner.compile import compile_model
 from tuner.db import TuningDatabase
 from tuner.device import parse_device
 from tuner.frontends import load_model
+from tuner.peers import create
 from tuner.peers.pytorch import TorchEagerPeer
 from tuner.precision import check_device
-from tuner.precision.accuracy import measure_accuracy
+from tuner.precision.accuracy import Accuracy, compare, run_outputs
 from tuner.precision.quantize import DEFAULT_CALIBRATION, quantized_model
 
 RESULTS = Path(__file__).parent / "results" / "precision_vs_peers.json"
@@ -68,6 +70,28 @@ class TorchBf16Peer(TorchEagerPeer):
         with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
             out = self._fn(*(torch.from_numpy(x) for x in inputs))
         return [t.float().numpy().copy() for t in (out if isinstance(out, (tuple, list)) else [out])]
+
+
+def peer_accuracy(spec, device, fp32_build, reduced, run_spec, source: str, peers, num_inputs: int,
+                  ) -> dict[str, Accuracy]:  # fmt: skip
+    """Accuracy against the fp32 TVM build of ``spec`` over the same ``num_inputs`` random
+    inputs: of TVM's reduced build (key ``tvm``) and of each peer (by its label) running
+    ``run_spec`` (the QDQ file for int8)."""
+    inputs = [spec.random_inputs(seed=1 + i) for i in range(num_inputs)]
+    device.use_threads()
+    reference = [run_outputs(fp32_build.executable, device, x) for x in inputs]
+    out = {"tvm": compare(reference, [run_outputs(reduced.executable, device, x) for x in inputs])}
+    threads = int(device.target.attrs.get("num-cores", os.cpu_count() or 1))
+    with tempfile.TemporaryDirectory(prefix="nightshift-precision-") as tmp:
+        model = peer_model(run_spec, source, Path(tmp))
+        for entry in peers:
+            peer = create(entry)
+            try:
+                peer.prepare(model, threads)
+                out[getattr(peer, "label", peer.name)] = compare(reference, [peer.run(x) for x in inputs])
+            except Exception as err:  # a peer that cannot run the model has no accuracy row
+                logger.warning("%s: no accuracy: %s", peer.name, err)
+    return out
 
 
 def main() -> None:
@@ -113,16 +137,21 @@ def main() -> None:
             with console.status(f"{name} {precision}") as status:
                 result = bench(run_spec, device, db, source=source, config=config,
                                on_stage=lambda text, n=name: status.update(f"{n}: {text}"))  # fmt: skip
-                # Against the fp32 model itself (for int8: not the QDQ graph run in fp32).
-                accuracy = None
+                # Against the fp32 model itself (for int8: not the QDQ graph run in fp32), for
+                # TVM's build and for each peer that ran at the reduced precision.
+                accuracy: dict[str, Accuracy] = {}
                 if precision != "fp32":
+                    status.update(f"{name} {precision}: accuracy on {args.accuracy_inputs} inputs")
                     reduced = compile_model(run_spec, device, db, precision=precision)
-                    accuracy = measure_accuracy(spec, device, fp32_build, reduced, num_inputs=args.accuracy_inputs)
+                    # bf16's first peer is OpenVINO f32, the reference row.
+                    reduced_peers = peers[1:] if precision == "bf16" else peers
+                    accuracy = peer_accuracy(spec, device, fp32_build, reduced, run_spec, source, reduced_peers,
+                                             args.accuracy_inputs)  # fmt: skip
             console.print(render(result))
-            if accuracy is not None:
-                console.print(f"{name} {precision}: {accuracy.describe()}")
+            for who, acc in accuracy.items():
+                console.print(f"{name} {precision}, {who}: {acc.describe()}")
             rows.append({"model": name, "precision": precision, "model_file": source, "bench": result.to_json(),
-                         "accuracy_vs_fp32_model": accuracy.to_json() if accuracy else None})  # fmt: skip
+                         "accuracy_vs_fp32_model": {k: v.to_json() for k, v in accuracy.items()} or None})  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     doc = {
         "benchmark": "precision_vs_peers",
