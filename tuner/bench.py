@@ -66,6 +66,9 @@ class BenchConfig:
             build is measured on ``accuracy_inputs`` inputs.
         layout_choice: how ``--layout auto`` chose ``plan`` (a
             :class:`tuner.layout.PlanChoice`), recorded in the JSON; None for a fixed plan.
+        reference_spec: the float model a quantized model was made from
+            (:mod:`tuner.precision.quantize`): the accuracy reference instead of the quantized
+            graph run in fp32.
     """
 
     rounds: int = 10
@@ -79,6 +82,7 @@ class BenchConfig:
     precision: str = "fp32"
     accuracy_inputs: int = 8
     layout_choice: Any = None
+    reference_spec: Any = None
 
     def __post_init__(self) -> None:
         if self.rounds < 1:
@@ -361,7 +365,7 @@ def bench(
             stage(f"measuring {config.precision} accuracy against fp32")
             from tuner.precision.accuracy import measure_accuracy
 
-            fp32 = compile_model(spec, device, db, plan=config.plan)
+            fp32 = compile_model(config.reference_spec or spec, device, db, plan=config.plan)
             accuracy = measure_accuracy(spec, device, fp32, compiled, num_inputs=config.accuracy_inputs)
         tuned_any = bool(compiled.tuned)
         label = "TVM, database" if tuned_any else "TVM fallback (no records for this device)"

@@ -510,7 +510,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     db = _open_db(args.db)
     plan = _plan(args, device, db, spec)
     config = BenchConfig(rounds=args.rounds, peers=tuple(args.peers), plan=plan, precision=args.precision,
-                         accuracy_inputs=args.accuracy_inputs,
+                         accuracy_inputs=args.accuracy_inputs, reference_spec=args.fp32_spec,
                          layout_choice=getattr(args, "chosen_layout", None))  # fmt: skip
     with console.status("benchmarking") as status:
         result = bench(spec, device, db, source=args.model, config=config,
