@@ -1,4 +1,4 @@
-"""The vdpbf16ps tensor intrinsic and the x86-dense-bf16 template (beyond the conformance suite)."""
+"""The dot-product intrinsics (vdpbf16ps, vpdpbusd) and the templates on them (beyond the conformance suite)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from conftest import space, target, task
 
 import search_spaces
 from search_spaces.templates.intrin_x86 import BF16_DOT_16x2_INTRIN, register_intrinsics, target_has_bf16_dot
-from search_spaces.verify import check_point, reference
+from search_spaces.verify import arg_specs, check_point, reference
 from tuner.device import host_cpu_info
 
 needs_bf16 = pytest.mark.skipif("avx512_bf16" not in host_cpu_info()["isa_flags"],
@@ -76,3 +76,56 @@ def test_sampled_points_use_vdpbf16ps_and_match_the_reference():
         check = check_point(sp, point, ref)
         assert check.error is None and check.elementwise_ok, (sp.values(point), check.error, check.detail)
     assert "vdpbf16ps" in _asm(tvm.compile(sp.apply(point).mod, target=target("llvm")))
+
+
+needs_vnni = pytest.mark.skipif("avx512_vnni" not in host_cpu_info()["isa_flags"], reason="this CPU has no AVX512_VNNI")
+
+
+@needs_vnni
+@pytest.mark.parametrize(("kind", "task_name"), [("x86-conv2d-nchwc-dot", "conv_nchwc_u8"),
+                                                 ("x86-conv2d-nchwc-dot", "conv_nchwc_u8_residual"),
+                                                 ("x86-dense-vnni", "dense_u8s8")])  # fmt: skip
+def test_int8_templates_use_vpdpbusd_and_compute_exactly(kind, task_name):
+    """uint8 x int8 sums are exact: a candidate matches the unscheduled task bit for bit, on
+    full-range inputs (not tuner.measure's 0/1 integers, under which a kernel that dropped
+    part of the reduction could still pass)."""
+    mod, tgt = task(task_name), target("llvm")
+    rng = np.random.default_rng(7)
+    inputs = []
+    for a in arg_specs(mod):
+        lo, hi = {"uint8": (0, 256), "int8": (-128, 128), "int32": (-1000, 1000)}.get(a.dtype, (None, None))
+        inputs.append(rng.integers(lo, hi, a.shape).astype(a.dtype) if lo is not None
+                      else rng.uniform(-1, 1, a.shape).astype(a.dtype))  # fmt: skip
+
+    def run(m) -> np.ndarray:
+        lib = tvm.compile(m, target=tgt)
+        arrays = [tvm.runtime.tensor(x) for x in inputs]
+        lib["main"](*arrays)
+        return arrays[-1].numpy()
+
+    want = run(mod)
+    assert np.count_nonzero(want), "the reference output is all zeros: the check would prove nothing"
+    sp = space(kind, task_name, "llvm")
+    for _ in range(3):
+        point = sp.sample(rng)
+        np.testing.assert_array_equal(run(sp.apply(point).mod), want, err_msg=str(sp.values(point)))
+    assert "vpdpbusd" in _asm(tvm.compile(sp.apply(point).mod, target=tgt))
+
+
+def test_a_block_that_feeds_the_operator_is_not_inlined_into_it():
+    """An elementwise block before the matmul that computes its operand (a cast) keeps the
+    int8 template off the task: the intrinsic must read a buffer. One that feeds only the
+    epilogue is inlined there (conv_nchwc_u8_residual)."""
+    from tvm import te, topi
+
+    from tuner.precision.bf16 import packed_matmul
+    from tuner.precision.qdq import INT8_MATMUL
+
+    a32 = te.placeholder((1, 32, 64), name="A", dtype="int32")
+    w = te.placeholder((16, 48, 4), name="W", dtype="int8")
+    out = packed_matmul(topi.cast(a32, "uint8"), w, "int32", INT8_MATMUL)
+    mod = tvm.IRModule({"main": te.create_prim_func([a32, w, out])})
+    vnni = tvm.target.Target({"kind": "llvm", "mcpu": "cascadelake"})
+    assert "x86-dense-vnni" not in search_spaces.applicable_kinds(mod, vnni)
+    assert "x86-dense-vnni" in search_spaces.applicable_kinds(task("dense_u8s8"), vnni)
+    assert "x86-conv2d-nchwc-dot" in search_spaces.applicable_kinds(task("conv_nchwc_u8_residual"), vnni)
