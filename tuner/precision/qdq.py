@@ -207,7 +207,7 @@ def _filled(value: float, like: relax.Expr) -> relax.Constant:
     """``value`` as a float32 tensor along ``like``'s channels ((1, C, 1, 1) for an NCHW
     tensor, the last axis otherwise), not a scalar: TVM writes a scalar constant into the
     operator's code, so every layer's scale would make a task of its own (BERT-base: 173
-    tasks instead of ~20); a tensor is an argument, and the layers' tasks are one."""
+    tasks instead of 15); a tensor is an argument, and the layers' tasks are one."""
     shape = getattr(like.ty, "shape", None)
     dims = [int(d) for d in shape.values] if isinstance(shape, relax.ShapeExpr) else []
     if not dims:
