@@ -88,6 +88,9 @@ def compile_model(
     from tuner.precision import apply_precision
 
     start = time.perf_counter()
+    # Records replay tensorize steps by intrinsic name (x86-dense-vnni's, ours of TVM's VNNI
+    # one): they must be registered in this process before the database is read.
+    preload_tensor_intrinsics()
     plan = LayoutPlan.for_target(device.target) if plan is None else plan
     mod = prepare(apply_precision(spec.bound(), precision), device.target, plan)
     # A cross-build CUDA target (--target-arch, no GPU here) lacks the per-block limits that

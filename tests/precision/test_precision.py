@@ -189,3 +189,20 @@ def test_int8_on_a_float_model_quantizes_it_first_and_reuses_the_file(tmp_path):
     assert len(files) == 1
     tasks = [[line for line in r.stdout.splitlines() if "fused_" in line] for r in runs]
     assert tasks[0] and tasks[0] == tasks[1]
+
+
+def test_compiling_registers_the_intrinsics_that_records_replay():
+    """A database record of a dot-product template replays ``tensorize`` by the intrinsic's
+    name: compiling registers Nightshift's intrinsics first, in a process that has not tuned
+    (a fresh one here; in this test process a template's schedule may have registered them)."""
+    code = (
+        "from tvm.s_tir import TensorIntrin\n"
+        "from tuner.compile import compile_model\n"
+        "from tuner.device import parse_device\n"
+        "from tuner.frontends import load_model\n"
+        "compile_model(load_model('tiny'), parse_device('cpu'), None)\n"
+        "for name in ('dot_16x4_vnni_local', 'dot_16x2_bf16_avx512_local'):\n"
+        "    TensorIntrin.get(name)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
