@@ -132,8 +132,10 @@ def main() -> None:
                 run_spec, source, peers = spec, name, ("openvino-f32", "openvino", TorchBf16Peer())
             else:
                 run_spec, source, peers = spec, name, ("onnxruntime", "openvino-f32", "torch")
-            config = BenchConfig(rounds=args.rounds, peers=peers, precision=precision,
-                                 accuracy_inputs=args.accuracy_inputs)  # fmt: skip
+            # The harness's own accuracy check is a quick one; the rows' accuracy over
+            # --accuracy-inputs inputs is peer_accuracy's, against the fp32 model.
+            config = BenchConfig(rounds=args.rounds, peers=peers, precision=precision, accuracy_inputs=8,
+                                 reference_spec=spec)  # fmt: skip
             with console.status(f"{name} {precision}") as status:
                 result = bench(run_spec, device, db, source=source, config=config,
                                on_stage=lambda text, n=name: status.update(f"{n}: {text}"))  # fmt: skip
