@@ -132,22 +132,20 @@ def main() -> None:
                 run_spec, source, peers = spec, name, ("openvino-f32", "openvino", TorchBf16Peer())
             else:
                 run_spec, source, peers = spec, name, ("onnxruntime", "openvino-f32", "torch")
-            # The harness's own accuracy check is a quick one; the rows' accuracy over
-            # --accuracy-inputs inputs is peer_accuracy's, against the fp32 model.
-            config = BenchConfig(rounds=args.rounds, peers=peers, precision=precision, accuracy_inputs=8,
-                                 reference_spec=spec)  # fmt: skip
+            # The rows' accuracy is peer_accuracy's (below), not the harness's.
+            config = BenchConfig(rounds=args.rounds, peers=peers, precision=precision, accuracy_inputs=0)
             with console.status(f"{name} {precision}") as status:
-                result = bench(run_spec, device, db, source=source, config=config,
+                build = fp32_build if precision == "fp32" else compile_model(run_spec, device, db, precision=precision)
+                result = bench(run_spec, device, db, source=source, config=config, compiled=build,
                                on_stage=lambda text, n=name: status.update(f"{n}: {text}"))  # fmt: skip
                 # Against the fp32 model itself (for int8: not the QDQ graph run in fp32), for
                 # TVM's build and for each peer that ran at the reduced precision.
                 accuracy: dict[str, Accuracy] = {}
                 if precision != "fp32":
                     status.update(f"{name} {precision}: accuracy on {args.accuracy_inputs} inputs")
-                    reduced = compile_model(run_spec, device, db, precision=precision)
                     # bf16's first peer is OpenVINO f32, the reference row.
                     reduced_peers = peers[1:] if precision == "bf16" else peers
-                    accuracy = peer_accuracy(spec, device, fp32_build, reduced, run_spec, source, reduced_peers,
+                    accuracy = peer_accuracy(spec, device, fp32_build, build, run_spec, source, reduced_peers,
                                              args.accuracy_inputs)  # fmt: skip
             console.print(render(result))
             for who, acc in accuracy.items():

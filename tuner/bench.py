@@ -63,7 +63,7 @@ class BenchConfig:
             the target's default), as in the tuning job.
         precision: the TVM builds' precision (``fp32``, ``bf16``, ``int8``; see
             :mod:`tuner.precision`); other than fp32, their accuracy against TVM's fp32
-            build is measured on ``accuracy_inputs`` inputs.
+            build is measured on ``accuracy_inputs`` inputs (0: not here; the caller does).
         layout_choice: how ``--layout auto`` chose ``plan`` (a
             :class:`tuner.layout.PlanChoice`), recorded in the JSON; None for a fixed plan.
         reference_spec: the float model a quantized model was made from
@@ -362,6 +362,7 @@ def bench(
             compiled = compile_model(spec, device, db, plan=config.plan, precision=config.precision)
         if config.precision != "fp32":
             tvm_precision = config.precision  # checked with the low-precision tolerance
+        if config.precision != "fp32" and config.accuracy_inputs:
             stage(f"measuring {config.precision} accuracy against fp32")
             from tuner.precision.accuracy import measure_accuracy
 

@@ -180,6 +180,19 @@ def is_depthwise(call: relax.Call) -> bool:
     return groups > 1 and in_per_group == 1 and out_ch == groups
 
 
+def _pad_nchwc(data: te.Tensor, window: Sequence[int], strides: Sequence[int], padding: Sequence[int],
+               dilation: Sequence[int], name: str) -> tuple[te.Tensor, int, int]:
+    """``NCHW{b}c`` data padded by ``padding`` (top, left, bottom, right) in a block ``name``
+    (as is when there is none), and the output height and width of a conv over it."""
+    _, _, h, w, _ = (int(d) for d in data.shape)
+    top, left, bottom, right = padding
+    if any(padding):
+        data = topi.nn.pad(data, [0, 0, top, left, 0], [0, 0, bottom, right, 0], name=name)
+    oh = (h + top + bottom - (window[0] - 1) * dilation[0] - 1) // strides[0] + 1
+    ow = (w + left + right - (window[1] - 1) * dilation[1] - 1) // strides[1] + 1
+    return data, oh, ow
+
+
 def depthwise_conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides: Sequence[int], padding: Sequence[int],
                            dilation: Sequence[int], out_dtype: str) -> te.Tensor:
     """A depthwise conv in ``NCHW{b}c`` with ``OIHW1i{b}o`` weights (channel multiplier 1).
@@ -187,14 +200,10 @@ def depthwise_conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides: Sequence
     TOPI 0.27 declares ``depthwise_conv2d_NCHWc`` but registers no compute for it (its x86
     implementation went with ``topi.x86``). ``padding`` is (top, left, bottom, right).
     """
-    n, chunks, h, w, block = (int(d) for d in data.shape)
+    n, chunks, _, _, block = (int(d) for d in data.shape)
     kh, kw = (int(d) for d in kernel.shape[2:4])
     (sh, sw), (dh, dw) = strides, dilation
-    top, left, bottom, right = padding
-    if any(padding):
-        data = topi.nn.pad(data, [0, 0, top, left, 0], [0, 0, bottom, right, 0], name="PaddedInput")
-    oh = (h + top + bottom - (kh - 1) * dh - 1) // sh + 1
-    ow = (w + left + right - (kw - 1) * dw - 1) // sw + 1
+    data, oh, ow = _pad_nchwc(data, (kh, kw), strides, padding, dilation, "PaddedInput")
     rh = te.reduce_axis((0, kh), name="kh")
     rw = te.reduce_axis((0, kw), name="kw")
     return te.compute(
@@ -206,13 +215,6 @@ def depthwise_conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides: Sequence
     )
 
 
-# Reduction elements per 32-bit lane of an x86 dot-product instruction, by the dtypes of a
-# conv's (data, weight): vdpbf16ps adds bfloat16 pairs, vpdpbusd uint8 x int8 quadruples.
-DOT_ELEMENTS = {("bfloat16", "bfloat16"): 2, ("uint8", "int8"): 4}
-# Output lanes of those instructions (one 512-bit register of float32 or int32 sums).
-DOT_LANES = 16
-
-
 def _constant(bb: relax.BlockBuilder, expr: relax.Expr) -> Constant | None:
     if isinstance(expr, relax.Var):
         expr = bb.lookup_binding(expr)
@@ -221,15 +223,18 @@ def _constant(bb: relax.BlockBuilder, expr: relax.Expr) -> Constant | None:
 
 def dot_elements(call: relax.Call, weight: Constant | None) -> int | None:
     """Reduction elements per lane when a blocked conv can feed a dot-product instruction:
-    its dtypes are one of :data:`DOT_ELEMENTS`, its ``weight`` is a constant (it is
-    re-packed now) and its blocks fit the instruction; else None."""
-    n = DOT_ELEMENTS.get((str(call.args[0].ty.dtype), str(call.args[1].ty.dtype)))
-    if n is None or weight is None or int(call.attrs.groups) != 1:
+    its (data, weight) dtypes are one of ``intrin_x86.DOTS`` (vdpbf16ps adds bfloat16 pairs,
+    vpdpbusd uint8 x int8 quadruples), its ``weight`` is a constant (it is re-packed now)
+    and its blocks fit the instruction; else None."""
+    from search_spaces.templates.intrin_x86 import DOT_LANES, DOTS
+
+    dot = DOTS.get((str(call.args[0].ty.dtype), str(call.args[1].ty.dtype)))
+    if dot is None or weight is None or int(call.attrs.groups) != 1:
         return None
     shape = [int(d) for d in weight.ty.shape.values]
-    if len(shape) != 6 or shape[-2] % n or shape[-1] != DOT_LANES:
+    if len(shape) != 6 or shape[-2] % dot.elements or shape[-1] != DOT_LANES:
         return None
-    return n
+    return dot.elements
 
 
 def pack_dot_weight(weight: np.ndarray, n: int) -> np.ndarray:
@@ -245,14 +250,9 @@ def conv2d_nchwc_dot(data: te.Tensor, kernel: te.Tensor, strides: Sequence[int],
     summed in ``out_dtype``: TOPI's ``conv2d_NCHWc_int8`` compute (block ``conv2d_NCHWc_dot``)
     without the ``schedule_rule`` annotation for which MetaSchedule has no CPU rule and warns
     on every sketch. ``padding`` is (top, left, bottom, right)."""
-    _, _, h, w, _ = (int(d) for d in data.shape)
     oc_chunks, ic_chunks, kh, kw, groups, oc_block, n = (int(d) for d in kernel.shape)
     (sh, sw), (dh, dw) = strides, dilation
-    top, left, bottom, right = padding
-    if any(padding):
-        data = topi.nn.pad(data, [0, 0, top, left, 0], [0, 0, bottom, right, 0], name="data_pad")
-    oh = (h + top + bottom - (kh - 1) * dh - 1) // sh + 1
-    ow = (w + left + right - (kw - 1) * dw - 1) // sw + 1
+    data, oh, ow = _pad_nchwc(data, (kh, kw), strides, padding, dilation, "data_pad")
     rh, rw = te.reduce_axis((0, kh), name="kh"), te.reduce_axis((0, kw), name="kw")
     rc = te.reduce_axis((0, ic_chunks), name="ic_chunk")
     rg, rn = te.reduce_axis((0, groups), name="ic_group"), te.reduce_axis((0, n), name="ic_lane")
@@ -451,8 +451,8 @@ def _legalize_gelu(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
 
 def _legalize_erf(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     """``erf`` with TOPI's ``fast_erf``, as :func:`_legalize_gelu`: ONNX models write GELU as
-    ``x * 0.5 * (1 + erf(x / sqrt(2)))``, and a scalar ``erff`` call per element held an int8
-    BERT FFN task at 11.7 ms against 0.65 ms for one of the same size without it."""
+    ``x * 0.5 * (1 + erf(x / sqrt(2)))``, and TVM's own ``erf`` is a scalar ``erff`` call per
+    element, which dominated the ONNX BERT FFN matmul + GELU task it was fused into."""
     if str(call.args[0].ty.dtype) != "float32":
         return relax.transform.legalize_ops.unary._erf(bb, call)
     return bb.call_te(topi.fast_erf, call.args[0], primfunc_name_hint="erf")

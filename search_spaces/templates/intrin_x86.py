@@ -14,6 +14,7 @@ bitcasts them and calls the intrinsic.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cache
 
 import tvm
@@ -28,6 +29,27 @@ BF16_FEATURE = "avx512bf16"
 # TVM's dot_16x4_vnni (uint8 x int8 quadruples into 16 int32 lanes) with a ``local`` accumulator.
 VNNI_DOT_16x4_LOCAL_INTRIN = "dot_16x4_vnni_local"
 VNNI_FEATURE = "avx512vnni"
+# float32 / int32 lanes of the instructions' accumulator (one zmm register).
+DOT_LANES = 16
+
+
+@dataclass(frozen=True)
+class DotInstruction:
+    """An x86 dot-product instruction as the templates and the graph passes use it: each of
+    ``DOT_LANES`` lanes adds ``elements`` products of (A, B) ``dtypes`` into an ``acc`` sum;
+    ``intrin`` is its tensor intrinsic with a register-tile (``local``) accumulator."""
+
+    dtypes: tuple[str, str]
+    elements: int
+    acc: str
+    intrin: str
+    feature: str
+
+
+BF16_DOT = DotInstruction(("bfloat16", "bfloat16"), 2, "float32", BF16_DOT_16x2_LOCAL_INTRIN, BF16_FEATURE)
+VNNI_DOT = DotInstruction(("uint8", "int8"), 4, "int32", VNNI_DOT_16x4_LOCAL_INTRIN, VNNI_FEATURE)
+#: By the (A, B) dtypes an operator reads.
+DOTS = {d.dtypes: d for d in (BF16_DOT, VNNI_DOT)}
 
 _HELPER = "nightshift_dpbf16ps_512"
 _HELPER_IR = f"""

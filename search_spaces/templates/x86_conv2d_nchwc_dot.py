@@ -8,12 +8,12 @@ pixel are one 32-bit lane, broadcast, and each of the tile's ``tile_oc`` weight 
 holds 16 output channels x ``n`` input channels (one 512-bit load).
 
 The task is what :func:`tuner.layout.prepare` makes of such a conv (``dot_elements``):
-``tuner.layout.conv2d_nchwc_dot``, TOPI's ``conv2d_NCHWc_int8`` compute, block
-``conv2d_NCHWc_dot`` with spatial iters (n,
-oc_chunk, oh, ow, oc_block) and reduce iters (kh, kw, ic_chunk, ic_group, ic_lane),
-weights packed ``OIHW{i/n}i16o{n}i`` at compile time; an optional ``data_pad`` block
-before it (always its own pass: a padded load cannot feed the instruction); elementwise
-epilogue blocks after it (bias, residual, relu, requantize).
+``tuner.layout.conv2d_nchwc_dot`` (TOPI's ``conv2d_NCHWc_int8`` compute), block
+``conv2d_NCHWc_dot`` with spatial iters (n, oc_chunk, oh, ow, oc_block) and reduce iters
+(kh, kw, ic_chunk, ic_group, ic_lane), weights packed ``OIHW{i/n}i16o{n}i`` at compile
+time; an optional ``data_pad`` block before it (always its own pass: a padded load cannot
+feed the instruction); elementwise epilogue blocks after it (bias, residual, relu,
+requantize).
 """
 
 from __future__ import annotations
@@ -34,14 +34,7 @@ from search_spaces.templates.blocks import (
     iter_kinds,
     root_blocks,
 )
-from search_spaces.templates.intrin_x86 import (
-    BF16_FEATURE,
-    VNNI_FEATURE,
-    BF16_DOT_16x2_LOCAL_INTRIN,
-    VNNI_DOT_16x4_LOCAL_INTRIN,
-    register_intrinsics,
-    target_has,
-)
+from search_spaces.templates.intrin_x86 import DOT_LANES, DOTS, DotInstruction, register_intrinsics, target_has
 from search_spaces.templates.x86_conv2d_nchwc import (
     _MAX_UNROLLED_FMAS,
     _MIN_ACC_REGISTERS,
@@ -55,12 +48,6 @@ logger = logging.getLogger(__name__)
 
 NAME = "x86-conv2d-nchwc-dot"
 _CONV_PREFIX = "conv2d_NCHWc_dot"
-_LANES = 16
-# By the data's dtype: reduction elements per lane, the intrinsic, the CPU feature it needs.
-_DOTS = {
-    "bfloat16": (2, BF16_DOT_16x2_LOCAL_INTRIN, BF16_FEATURE),
-    "uint8": (4, VNNI_DOT_16x4_LOCAL_INTRIN, VNNI_FEATURE),
-}
 
 
 def _conv_block(sch: Schedule) -> Any | None:
@@ -79,16 +66,11 @@ def _tail(sch: Schedule, conv: Any) -> list[str] | None:
     return elementwise_tail(sch, conv, 5)
 
 
-def _dot(sch: Schedule, conv: Any) -> tuple[int, str, str] | None:
-    """(elements per lane, intrinsic, LLVM feature) for the conv's dtypes, or None."""
+def _dot(sch: Schedule, conv: Any) -> DotInstruction | None:
+    """The instruction for the conv's (data, weight) dtypes and lane group, or None."""
     reads = sch.get(conv).reads
-    if len(reads) != 2:
-        return None
-    dot = _DOTS.get(str(reads[0].source.dtype))
-    if dot is None or int(sch.get(sch.get_loops(conv)[-1]).extent) != dot[0]:
-        return None
-    weight = str(reads[1].source.dtype)
-    if weight != ("bfloat16" if dot[0] == 2 else "int8"):
+    dot = DOTS.get(tuple(str(r.source.dtype) for r in reads)) if len(reads) == 2 else None
+    if dot is None or int(sch.get(sch.get_loops(conv)[-1]).extent) != dot.elements:
         return None
     return dot
 
@@ -99,14 +81,14 @@ def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tupl
     if conv is None or _tail(sch, conv) is None:
         return None
     dot = _dot(sch, conv)
-    if dot is None or not target_has(target, dot[2]):
+    if dot is None or not target_has(target, dot.feature):
         return None
-    if dot[0] == 2 and _has_pad(sch):
+    if dot.dtypes[0] == "bfloat16" and _has_pad(sch):
         # TVM computes a bfloat16 buffer that a function allocates in float32, which
         # vdpbf16ps cannot read: tuner.layout pads bfloat16 data in a function of its own.
         return None
     _, oc_chunks, oh, ow, oc_block, _, kw, _, groups, _ = (int(sch.get(loop).extent) for loop in sch.get_loops(conv))
-    if oc_block != _LANES:
+    if oc_block != DOT_LANES:
         return None
     budget = _acc_budget(limits)
     return (
@@ -162,16 +144,16 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     sch.reorder(n, oc_o, oh_o, ow_o, *reduction, oh_i, ow_i, oc_t, oc_block, ic_lane)
     sch.reverse_compute_at(store, ow_o)
     outer_loops = [n, oc_o, oh_o, ow_o]
-    sch.parallel(sch.fuse(*outer_loops[: values["parallel_depth"]]))
+    sch.parallel(sch.fuse(*outer_loops[:values["parallel_depth"]]))
     init = sch.decompose_reduction(conv, reduction[0])
-    sch.tensorize(oc_block, dot[1])
+    sch.tensorize(oc_block, dot.intrin)
     sch.unroll(ig_i)
     if values["unroll_kw"] > 1:
         sch.unroll(kw)
     sch.unroll(oh_i)
     sch.unroll(ow_i)
     sch.unroll(oc_t)
-    tile = sch.get_loops(store)[1 + len(outer_loops) - values["parallel_depth"] :]
+    tile = sch.get_loops(store)[1 + len(outer_loops) - values["parallel_depth"]:]
     sch.vectorize(tile[-1])
     for loop in tile[:-1]:
         sch.unroll(loop)
@@ -183,12 +165,10 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     logger.debug("scheduled %s with %s", conv_name, values)
 
 
-X86_CONV2D_NCHWC_DOT = register_template(
-    Template(
-        name=NAME,
-        knobs=_knobs,
-        schedule=_schedule,
-        constraint=_constraint,
-        description="conv2d NCHW16c + epilogue on vdpbf16ps (bf16) or vpdpbusd (uint8 x int8), register tile (x86)",
-    )
-)
+X86_CONV2D_NCHWC_DOT = register_template(Template(
+    name=NAME,
+    knobs=_knobs,
+    schedule=_schedule,
+    constraint=_constraint,
+    description="conv2d NCHW16c + epilogue on vdpbf16ps (bf16) or vpdpbusd (uint8 x int8), register tile (x86)",
+))

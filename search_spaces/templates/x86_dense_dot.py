@@ -35,18 +35,17 @@ from search_spaces.templates.blocks import (
     root_blocks,
 )
 from search_spaces.templates.intrin_x86 import (
-    BF16_FEATURE,
-    VNNI_FEATURE,
-    BF16_DOT_16x2_LOCAL_INTRIN,
-    VNNI_DOT_16x4_LOCAL_INTRIN,
+    BF16_DOT,
+    DOT_LANES,
+    VNNI_DOT,
+    DotInstruction,
     register_intrinsics,
     target_has,
 )
 
 logger = logging.getLogger(__name__)
 
-# float32 / int32 lanes of the intrinsic's accumulator (one zmm register).
-_LANES = 16
+_LANES = DOT_LANES
 # As in x86-dense: accumulators may take 24 of the 32 zmm registers; fewer than 4 leave
 # the dot-product units waiting on the previous result.
 _ACC_REGISTERS = 24
@@ -56,14 +55,10 @@ _MAX_UNROLLED_DOTS = 512
 
 @dataclass(frozen=True)
 class _Dot:
-    """One dot-product instruction and the matmul block it serves: the block's name prefix,
-    the (A, W) dtypes, reduction elements per lane, the tensor intrinsic, its LLVM feature."""
+    """A dot-product instruction and the name prefix of the matmul block it serves."""
 
     prefix: str
-    dtypes: tuple[str, str]
-    elements: int
-    intrin: str
-    feature: str
+    instruction: DotInstruction
 
 
 def _matmul_block(sch: Schedule, dot: _Dot) -> Any | None:
@@ -75,9 +70,9 @@ def _matmul_block(sch: Schedule, dot: _Dot) -> Any | None:
     if len(kinds) < 4 or kinds != "S" * (len(kinds) - 2) + "RR":
         return None
     stmt = sch.get(found[0])
-    if int(stmt.iter_vars[-1].dom.extent) != dot.elements or len(stmt.reads) != 2:
+    if int(stmt.iter_vars[-1].dom.extent) != dot.instruction.elements or len(stmt.reads) != 2:
         return None
-    if tuple(str(r.source.dtype) for r in stmt.reads) != dot.dtypes:
+    if tuple(str(r.source.dtype) for r in stmt.reads) != dot.instruction.dtypes:
         return None
     return found[0]
 
@@ -87,7 +82,7 @@ def _tail(sch: Schedule, block: Any) -> list[str] | None:
 
 
 def _knobs(dot: _Dot, mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tuple[Knob, ...] | None:
-    if not target_has(target, dot.feature):
+    if not target_has(target, dot.instruction.feature):
         return None
     sch = Schedule(mod)
     block = _matmul_block(sch, dot)
@@ -145,7 +140,7 @@ def _schedule(dot: _Dot, sch: Schedule, values: dict[str, Any], limits: Limits) 
     sch.reverse_compute_at(store, outer[-1])
     sch.parallel(sch.fuse(*batch, *outer[:values["parallel_depth"]]))
     init = sch.decompose_reduction(block, k_o)
-    sch.tensorize(j_i, dot.intrin)
+    sch.tensorize(j_i, dot.instruction.intrin)
     sch.unroll(k_i)
     sch.unroll(i_i)
     sch.unroll(j_v)
@@ -170,10 +165,10 @@ def _template(name: str, dot: _Dot, description: str) -> Template:
 
 
 X86_DENSE_BF16 = _template(
-    "x86-dense-bf16", _Dot("matmul_bf16", ("bfloat16", "bfloat16"), 2, BF16_DOT_16x2_LOCAL_INTRIN, BF16_FEATURE),
+    "x86-dense-bf16", _Dot("matmul_bf16", BF16_DOT),
     "bf16 matmul by a packed weight + epilogue, vdpbf16ps register tile (x86 AVX512_BF16)",
 )
 X86_DENSE_VNNI = _template(
-    "x86-dense-vnni", _Dot("matmul_u8s8", ("uint8", "int8"), 4, VNNI_DOT_16x4_LOCAL_INTRIN, VNNI_FEATURE),
+    "x86-dense-vnni", _Dot("matmul_u8s8", VNNI_DOT),
     "uint8 x int8 matmul by a packed weight + epilogue, vpdpbusd register tile (x86 AVX512_VNNI)",
 )

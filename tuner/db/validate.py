@@ -126,7 +126,8 @@ MS_FAILED_SEC = 1e9
 # Peak FLOP/s no device Nightshift targets reaches, per core for a CPU and per GPU (an H200's
 # dense fp8 is 2 PFLOP/s). A 6 GHz core with two 512-bit FMA units does 6e9 x 2 x 16 x 2 =
 # 384 GFLOP/s in fp32; vpdpbusd does 4x the operations per instruction (64 uint8 x int8
-# products and sums), 1.5 TOP/s. (An EPYC znver5 core runs int8 convs at ~950 GOP/s.)
+# products and sums), 1.5 TOP/s. (ResNet-50's int8 convs reach 1.8 TOP/s on two znver5
+# cores: benchmarks/results/op_profile_resnet50_int8.json.)
 _CPU_PEAK_PER_CORE = 1600e9
 _GPU_PEAK = 4e15
 

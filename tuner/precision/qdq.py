@@ -45,7 +45,6 @@ _OPS = ("relax.nn.conv2d", "relax.matmul")
 _OPERAND = "int16"
 # A matmul by a constant weight: uint8 x int8 with the weight packed [K/4, N, 4] (vpdpbusd).
 INT8_MATMUL = "matmul_u8s8"
-DOT_ELEMENTS = 4
 # Largest relative difference between a weight and its int8 reconstruction that still
 # counts as "this weight was quantized" (float32 rounding of w_q * scale).
 _EXACT = 1e-5
@@ -189,9 +188,10 @@ class _ToInt8(relax.PyExprMutator):
         """``(q - zx) @ wq`` in int32 as ``q @ wq - zx * colsum(wq)``: uint8 x int8 with the
         weight packed ``[K/4, N, 4]`` (what vpdpbusd reads, template ``x86-dense-vnni``); the
         correction is a constant per output column, exact in int32."""
+        from search_spaces.templates.intrin_x86 import VNNI_DOT
         from tuner.precision.bf16 import pack_weight, packed_matmul
 
-        packed = relax.const(pack_weight(wq, DOT_ELEMENTS, np.int8), "int8")
+        packed = relax.const(pack_weight(wq, VNNI_DOT.elements, np.int8), "int8")
         acc = self.builder_.call_te(packed_matmul, q, packed, "int32", INT8_MATMUL, primfunc_name_hint=INT8_MATMUL)
         if zx:
             acc = relax.op.subtract(acc, relax.const(zx * wq.astype(np.int32).sum(axis=0), "int32"))
@@ -199,8 +199,10 @@ class _ToInt8(relax.PyExprMutator):
 
 
 def _packable(wq: np.ndarray) -> bool:
+    from search_spaces.templates.intrin_x86 import DOT_LANES, VNNI_DOT
+
     k, n = wq.shape
-    return k % DOT_ELEMENTS == 0 and n % 16 == 0
+    return k % VNNI_DOT.elements == 0 and n % DOT_LANES == 0
 
 
 def _filled(value: float, like: relax.Expr) -> relax.Constant:
