@@ -31,6 +31,18 @@ _ISA_FLAGS = (
     "avx512cd", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_int8",
     "amx_bf16", "avx_vnni", "neon", "asimd", "sve", "sve2",
 )  # fmt: skip
+# /proc/cpuinfo's x86 flags and LLVM's names for the same features. LLVM names the host CPU
+# by its family and model, and a hypervisor may hide what that model has (an AMD Zen 4 guest
+# without AVX-512: mcpu znver4, no avx512f flag); code built for the name then dies on SIGILL.
+_LLVM_FEATURES = (
+    ("avx", "avx"), ("avx2", "avx2"), ("fma", "fma"), ("f16c", "f16c"),
+    ("avx512f", "avx512f"), ("avx512bw", "avx512bw"), ("avx512dq", "avx512dq"),
+    ("avx512vl", "avx512vl"), ("avx512cd", "avx512cd"), ("avx512ifma", "avx512ifma"),
+    ("avx512vbmi", "avx512vbmi"), ("avx512_vbmi2", "avx512vbmi2"), ("avx512_vnni", "avx512vnni"),
+    ("avx512_bitalg", "avx512bitalg"), ("avx512_vpopcntdq", "avx512vpopcntdq"),
+    ("avx512_bf16", "avx512bf16"), ("avx512_fp16", "avx512fp16"), ("avx_vnni", "avxvnni"),
+    ("amx_tile", "amx-tile"), ("amx_int8", "amx-int8"), ("amx_bf16", "amx-bf16"),
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -125,8 +137,12 @@ def _cpu_device(mcpu: str | None, num_cores: int | None) -> Device:
     if mcpu is not None and not codegen.llvm_is_valid_cpu(mcpu, codegen.llvm_get_system_triple()):
         raise UnknownDeviceError(f"--target-arch {mcpu!r} is not a CPU that LLVM knows")
     cores = num_cores or info["cores"]
-    config = {"kind": "llvm", "mcpu": mcpu or info["mcpu"], "num-cores": int(cores)}
-    desc = dict(info) | {"cores": int(cores)}
+    config: dict[str, Any] = {"kind": "llvm", "mcpu": mcpu or info["mcpu"], "num-cores": int(cores)}
+    hidden = [] if mcpu is not None else hidden_features(config, info["cpu_flags"])
+    if hidden:
+        logger.info("LLVM names this CPU %s, but it lacks %s: building without them", config["mcpu"], ", ".join(hidden))
+        config["mattr"] = [f"-{f}" for f in hidden]
+    desc = {k: v for k, v in info.items() if k != "cpu_flags"} | {"cores": int(cores)}
     return Device(kind="cpu", index=0, target_config=config, description=desc)
 
 
@@ -157,9 +173,28 @@ def host_cpu_info() -> dict[str, Any]:
         "model": model,
         "mcpu": mcpu,
         "isa_flags": sorted(f for f in _ISA_FLAGS if f in flags),
+        "cpu_flags": sorted(flags),
         "cores": psutil.cpu_count(logical=False) or psutil.cpu_count() or 1,
         "machine": platform.machine(),
     }
+
+
+def hidden_features(config: dict[str, Any], cpu_flags: list[str]) -> list[str]:
+    """LLVM features that ``config``'s mcpu implies but the CPU's flags do not list.
+
+    Empty where the flags are unknown (no /proc/cpuinfo, not x86) or LLVM does not know the mcpu.
+    """
+    from tvm.target import codegen
+
+    flags = set(cpu_flags)
+    if not flags or not config.get("mcpu") or ("avx" not in flags and "sse2" not in flags):
+        return []
+    try:
+        target = tvm.target.Target(config)
+        return [llvm for flag, llvm in _LLVM_FEATURES
+                if flag not in flags and codegen.target_has_features(llvm, target)]  # fmt: skip
+    except (RuntimeError, ValueError):
+        return []
 
 
 def _cuda_device(index: int, arch: str | None) -> Device:

@@ -1,6 +1,9 @@
 import pytest
+import tvm
+from tvm.target import codegen
 
-from tuner.device import host_cpu_info, parse_device
+from search_spaces.constraints import limits_for
+from tuner.device import _LLVM_FEATURES, hidden_features, host_cpu_info, parse_device
 from tuner.errors import UnknownDeviceError
 
 
@@ -73,3 +76,32 @@ def test_use_threads_sizes_the_thread_pool_to_the_target():
     out = subprocess.run([sys.executable, "-c", THREADS, str(cpus)], capture_output=True, text=True,
                          env=env, check=True, timeout=120)
     assert int(out.stdout.split()[-1]) == cpus
+
+
+ZEN4_FLAGS = ["sse2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd",
+              "avx512ifma", "avx512vbmi", "avx512_vbmi2", "avx512_vnni", "avx512_bitalg", "avx512_vpopcntdq",
+              "avx512_bf16"]  # fmt: skip
+
+
+def test_features_a_hypervisor_hides_are_built_without():
+    # A Zen 4 guest whose hypervisor masks AVX-512: LLVM still names the CPU znver4.
+    guest = [f for f in ZEN4_FLAGS if not f.startswith("avx512")]
+    hidden = hidden_features({"kind": "llvm", "mcpu": "znver4"}, guest)
+    assert {"avx512f", "avx512vnni", "avx512bf16"} <= set(hidden) and "avx2" not in hidden
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "mattr": [f"-{f}" for f in hidden]})
+    assert limits_for(target).vector_bits == 256
+    assert not codegen.target_has_features("avx512f", target) and codegen.target_has_features("fma", target)
+    assert hidden_features({"kind": "llvm", "mcpu": "znver4"}, ZEN4_FLAGS) == []
+    assert hidden_features({"kind": "llvm", "mcpu": "znver4"}, []) == []  # flags unknown: trust LLVM
+
+
+def test_host_target_claims_no_feature_the_cpu_lacks():
+    dev = parse_device("cpu")
+    flags = set(host_cpu_info()["cpu_flags"])
+    if "avx" not in flags:
+        pytest.skip("not an x86 CPU with /proc/cpuinfo flags")
+    # Each feature LLVM would use must be one the CPU lists (names from tuner.device's table).
+    claimed = [flag for flag, llvm in _LLVM_FEATURES if codegen.target_has_features(llvm, dev.target)]
+    assert set(claimed) <= flags, (sorted(set(claimed) - flags), dev.target_config)
+    # and explicit --target-arch cross-builds for the named CPU, as asked
+    assert "mattr" not in parse_device("cpu", target_arch="znver4").target_config
