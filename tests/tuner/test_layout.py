@@ -298,6 +298,28 @@ def test_gelu_on_cpu_uses_fast_erf_and_matches_exact_gelu() -> None:
     np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-6)
 
 
+def test_softmax_on_cpu_uses_fast_exp_and_matches_exact_softmax() -> None:
+    from tuner.layout import prepare
+
+    target = tvm.target.Target({"kind": "llvm"})
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 4, 128), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.softmax(x, axis=-1))
+        bb.emit_func_output(out)
+    mod = prepare(bb.get(), target, LayoutPlan.parse("NCHW", target))
+    assert "T.exp" not in mod.script()
+    # logits as attention gives them: a wide range, large negative masks included
+    data = np.random.default_rng(0).normal(0, 8, (2, 4, 128)).astype("float32")
+    data[0, 0, 64:] = -10000.0
+    ex = tvm.compile(mod, target=target)
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(data)).numpy()
+    z = data.astype(np.float64) - data.max(axis=-1, keepdims=True)
+    exact = np.exp(z) / np.exp(z).sum(axis=-1, keepdims=True)
+    np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-7)
+
+
 def test_auto_tasks_hold_each_conv_in_each_layout_once(tiny, cpu_device):
     """--layout auto's tasks: the union of the uniform plans' tasks, each conv's variants
     sharing a choice id, and a task identical across plans counted once, with one plan's weight."""
