@@ -12,6 +12,7 @@ import logging
 import os
 import platform
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -138,11 +139,11 @@ def _cpu_device(mcpu: str | None, num_cores: int | None) -> Device:
         raise UnknownDeviceError(f"--target-arch {mcpu!r} is not a CPU that LLVM knows")
     cores = num_cores or info["cores"]
     config: dict[str, Any] = {"kind": "llvm", "mcpu": mcpu or info["mcpu"], "num-cores": int(cores)}
-    hidden = [] if mcpu is not None else hidden_features(config, info["cpu_flags"])
+    hidden = [] if mcpu is not None else hidden_features(config, host_cpu_flags())
     if hidden:
         logger.info("LLVM names this CPU %s, but it lacks %s: building without them", config["mcpu"], ", ".join(hidden))
         config["mattr"] = [f"-{f}" for f in hidden]
-    desc = {k: v for k, v in info.items() if k != "cpu_flags"} | {"cores": int(cores)}
+    desc = dict(info) | {"cores": int(cores)}
     return Device(kind="cpu", index=0, target_config=config, description=desc)
 
 
@@ -159,27 +160,37 @@ def host_cpu_info() -> dict[str, Any]:
         mcpu: str | None = str(codegen.llvm_get_system_cpu())
     except AttributeError:  # runtime-only import: no LLVM
         mcpu = None
-    model, flags = platform.processor() or platform.machine(), set()
+    model, flags = platform.processor() or platform.machine(), set(host_cpu_flags())
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
         for line in cpuinfo.read_text().splitlines():
             key, _, value = line.partition(":")
-            key = key.strip()
-            if key == "model name" and model in ("", platform.machine(), platform.processor()):
+            if key.strip() == "model name" and model in ("", platform.machine(), platform.processor()):
                 model = value.strip()
-            elif key in ("flags", "Features") and not flags:
-                flags = set(value.split())
+                break
     return {
         "model": model,
         "mcpu": mcpu,
         "isa_flags": sorted(f for f in _ISA_FLAGS if f in flags),
-        "cpu_flags": sorted(flags),
         "cores": psutil.cpu_count(logical=False) or psutil.cpu_count() or 1,
         "machine": platform.machine(),
     }
 
 
-def hidden_features(config: dict[str, Any], cpu_flags: list[str]) -> list[str]:
+@cache
+def host_cpu_flags() -> tuple[str, ...]:
+    """Every flag /proc/cpuinfo lists for the first CPU (``flags`` on x86, ``Features`` on
+    ARM), sorted; empty where there is no /proc/cpuinfo."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("flags", "Features"):
+                return tuple(sorted(set(value.split())))
+    return ()
+
+
+def hidden_features(config: dict[str, Any], cpu_flags: Iterable[str]) -> list[str]:
     """LLVM features that ``config``'s mcpu implies but the CPU's flags do not list.
 
     Empty where the flags are unknown (no /proc/cpuinfo, not x86) or LLVM does not know the mcpu.

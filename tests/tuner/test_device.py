@@ -3,7 +3,7 @@ import tvm
 from tvm.target import codegen
 
 from search_spaces.constraints import limits_for
-from tuner.device import _LLVM_FEATURES, hidden_features, host_cpu_info, parse_device
+from tuner.device import _LLVM_FEATURES, hidden_features, host_cpu_flags, host_cpu_info, parse_device
 from tuner.errors import UnknownDeviceError
 
 
@@ -97,7 +97,7 @@ def test_features_a_hypervisor_hides_are_built_without():
 
 def test_host_target_claims_no_feature_the_cpu_lacks():
     dev = parse_device("cpu")
-    flags = set(host_cpu_info()["cpu_flags"])
+    flags = set(host_cpu_flags())
     if "avx" not in flags:
         pytest.skip("not an x86 CPU with /proc/cpuinfo flags")
     # Each feature LLVM would use must be one the CPU lists (names from tuner.device's table).
