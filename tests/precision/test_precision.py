@@ -20,7 +20,7 @@ from tuner.errors import UserInputError
 from tuner.frontends import load_model
 from tuner.precision import UnsupportedPrecisionError, apply_precision, check_device, missing_feature
 from tuner.precision.accuracy import compare, measure_accuracy
-from tuner.precision.bf16 import pack_weight, to_bf16
+from tuner.precision.bf16 import bf16_summary, pack_weight, to_bf16
 from tuner.tasks import extract_tasks, workload_key
 
 HAS_BF16 = "avx512_bf16" in host_cpu_info()["isa_flags"] or "amx_bf16" in host_cpu_info()["isa_flags"]
@@ -206,3 +206,51 @@ def test_compiling_registers_the_intrinsics_that_records_replay():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def _residual_block() -> tvm.IRModule:
+    """conv 3x3 + relu = y; conv 1x1 (y) + y, relu = z; conv 1x1 (z) + conv 1x1 (z): y is
+    read by a conv (in bf16) and by a residual add (in fp32), as ResNet's block outputs are,
+    z by two convs, as a stage's first block reads its input (conv and downsample)."""
+    rng = np.random.default_rng(6)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16, 8, 8), "float32"))
+    w1, w2, w3, w4 = (relax.const(rng.normal(0, 0.2, s).astype("float32"))
+                      for s in [(16, 16, 3, 3), (16, 16, 1, 1), (16, 16, 1, 1), (16, 16, 1, 1)])  # fmt: skip
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(x, w1, padding=1)))
+            z = bb.emit(relax.op.nn.relu(relax.op.add(relax.op.nn.conv2d(y, w2), y)))
+            out = bb.emit_output(relax.op.add(relax.op.nn.conv2d(z, w3), relax.op.nn.conv2d(z, w4)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_bf16_rounds_a_shared_activation_once_where_it_is_made():
+    """y and z are cast to bf16 once, in their producers' epilogues; the residual add widens
+    y's copy inside the next conv's function: no function of its own casts them (only the
+    model's input cast stays), and the bf16-dot template takes the conv with the residual."""
+    from search_spaces import applicable_kinds
+    from tuner.layout import LayoutPlan, prepare
+
+    mod, target = _residual_block(), parse_device("cpu").target
+    assert "2 activations kept in bf16" in bf16_summary(mod)
+    tasks = extract_tasks(mod, target, LayoutPlan("NCHW16c"), precision="bf16")
+    names = [t.name for t in tasks]
+    assert [n for n in names if n.startswith("cast")] == ["cast"], names
+    # The widening cast is fused in front of the conv that adds the residual.
+    residual = [t for t in tasks if t.name.startswith("fused_cast") and "conv2d_NCHWc_dot" in t.name]
+    assert len(residual) == 1, names
+    spr = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids"})
+    for t in residual:
+        assert "x86-conv2d-nchwc-dot" in applicable_kinds(t.mod, spr), t.name
+    x = np.random.default_rng(1).uniform(-1, 1, (1, 16, 8, 8)).astype("float32")
+
+    def run(m):
+        with target:
+            ex = relax.build(m, target=target)
+        return relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+
+    want = run(mod)
+    got = run(prepare(apply_precision(mod, "bf16"), target, LayoutPlan("NCHW16c")))
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 3e-2

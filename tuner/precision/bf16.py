@@ -7,6 +7,14 @@ weights are converted once, here, at compile time. A matmul by a constant 2-D we
 ``[K/2, N, 2]``: the pairs of reduction elements that one ``vdpbf16ps`` lane multiplies
 and adds are adjacent, and the 16 output columns of one register are one contiguous load
 (:mod:`tuner.precision.intrin`, template ``x86-dense-bf16``).
+
+An activation that one operator reads in bf16 and another in fp32 (ResNet's block output:
+the next conv and the residual add; BERT's layer-norm output: the projections and the
+residual), or that several operators read in bf16 (a stage's first block: its conv and the
+downsample conv), is rounded to bf16 once, where it is made, and an fp32 reader widens that
+copy (:func:`round_shared_activations`), as OpenVINO's bf16 keeps activations: the cast
+then fuses into the producing operator's epilogue, instead of a function of its own that
+reads the fp32 tensor back, and the residual is read at half the bytes.
 """
 
 from __future__ import annotations
@@ -94,6 +102,73 @@ class _ToBF16(relax.PyExprMutator):
         return relax.op.matmul(self._bf16(a), self._bf16(b), out_dtype="float32")
 
 
+def _bf16_cast_source(expr: relax.Expr) -> relax.DataflowVar | None:
+    """The float32 dataflow variable ``expr`` casts to bfloat16, if it is such a cast."""
+    if not (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.astype"):
+        return None
+    src = expr.args[0]
+    if str(expr.attrs.dtype) != BF16 or not isinstance(src, relax.DataflowVar) or str(src.ty.dtype) != "float32":
+        return None
+    return src
+
+
+def _shared_activations(func: relax.Function) -> set[relax.DataflowVar]:
+    """float32 dataflow variables cast to bfloat16 and read otherwise, or cast more than once."""
+    casts: dict[relax.DataflowVar, int] = {}
+    read: set[relax.Var] = set()
+
+    def note(expr: relax.Expr) -> None:
+        if isinstance(expr, relax.Var):
+            read.add(expr)
+
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            src = _bf16_cast_source(binding.value)
+            if src is not None:
+                casts[src] = casts.get(src, 0) + 1
+            else:
+                relax.analysis.post_order_visit(binding.value, note)
+    relax.analysis.post_order_visit(func.body.body, note)
+    return {v for v, n in casts.items() if n > 1 or v in read}
+
+
+@relax.expr_functor.mutator
+class _RoundShared(relax.PyExprMutator):
+    def __init__(self, mod: tvm.IRModule, shared: set[relax.DataflowVar]) -> None:
+        super().__init__(mod)
+        self.shared = shared
+        self.copies: dict[relax.DataflowVar, relax.Var] = {}
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        src = _bf16_cast_source(binding.value)
+        if src is not None and src in self.copies:  # the one bf16 copy, made where src was
+            self.set_var_remap(binding.var, self.copies[src])
+            return
+        super().visit_var_binding_(binding)
+        if binding.var not in self.shared:
+            return
+        made = self.get_var_remap(binding.var) or binding.var
+        copy = self.builder_.emit(relax.op.astype(made, BF16))
+        self.copies[binding.var] = copy
+        # Every float32 reader sees the rounded value: one tensor, one precision.
+        self.set_var_remap(binding.var, self.builder_.emit(relax.op.astype(copy, "float32")))
+
+
+def round_shared_activations(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
+    """``mod`` with every float32 activation that is cast to bfloat16 and read otherwise (or
+    cast more than once) made once in bfloat16, and widened for its float32 readers; and how
+    many such activations there were."""
+    funcs = [(gv, f) for gv, f in mod.functions_items()
+             if isinstance(f, relax.Function) and isinstance(f.body, relax.SeqExpr)]  # fmt: skip
+    shared = set().union(*(_shared_activations(f) for _, f in funcs))
+    if not shared:
+        return mod, 0
+    mutator = _RoundShared(mod, shared)
+    for gv, func in funcs:
+        mutator.builder_.update_func(gv, mutator.visit_expr(func))
+    return relax.transform.DeadCodeElimination()(mutator.builder_.get()), len(shared)
+
+
 def to_bf16(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` (bound: weights as constants) with bf16 conv2d and matmul, float32 elsewhere."""
     return _convert(mod)[0]
@@ -116,5 +191,6 @@ def _convert(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, int]]:
         if isinstance(func, relax.Function):
             mutator.builder_.update_func(gv, mutator.visit_expr(func))
     out = relax.transform.DeadCodeElimination()(mutator.builder_.get())
+    out, mutator.converted["activations kept in bf16"] = round_shared_activations(out)
     logger.info("bf16: %s", ", ".join(f"{n} {k}" for k, n in mutator.converted.items()))
     return out, mutator.converted
