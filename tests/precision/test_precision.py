@@ -141,6 +141,13 @@ def _two_convs() -> tvm.IRModule:
     return bb.get()
 
 
+def _run(mod: tvm.IRModule, target: tvm.target.Target, x: np.ndarray) -> np.ndarray:
+    """``mod``'s main on ``x``, built for ``target`` (untuned) and run on this CPU."""
+    with target:
+        ex = relax.build(mod, target=target)
+    return relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+
+
 def test_bf16_convs_take_packed_weights_in_the_blocked_layout():
     """In NCHW16c a bf16 conv is conv2d_NCHWc_dot with OIHW8i16o2i weights (what
     vdpbf16ps reads), its padding a function of its own; it computes what fp32 does."""
@@ -157,14 +164,8 @@ def test_bf16_convs_take_packed_weights_in_the_blocked_layout():
         assert weights and weights[0][-3:] == (8, 16, 2), weights
         assert "data_pad" not in t.mod.script()
     x = np.random.default_rng(0).uniform(-1, 1, (1, 16, 8, 8)).astype("float32")
-
-    def run(m):
-        with target:
-            ex = relax.build(m, target=target)
-        return relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
-
-    want = run(mod)
-    got = run(prepare(apply_precision(mod, "bf16"), target, plan))
+    want = _run(mod, target, x)
+    got = _run(prepare(apply_precision(mod, "bf16"), target, plan), target, x)
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 3e-2
 
 
@@ -245,12 +246,30 @@ def test_bf16_rounds_a_shared_activation_once_where_it_is_made():
     for t in residual:
         assert "x86-conv2d-nchwc-dot" in applicable_kinds(t.mod, spr), t.name
     x = np.random.default_rng(1).uniform(-1, 1, (1, 16, 8, 8)).astype("float32")
+    want = _run(mod, target, x)
+    got = _run(prepare(apply_precision(mod, "bf16"), target, LayoutPlan("NCHW16c")), target, x)
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 3e-2
 
-    def run(m):
-        with target:
-            ex = relax.build(m, target=target)
-        return relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
 
-    want = run(mod)
-    got = run(prepare(apply_precision(mod, "bf16"), target, LayoutPlan("NCHW16c")))
+def test_bf16_gives_an_rgb_conv_a_zero_channel_for_the_dot_instruction():
+    """A conv over 3 channels (ResNet's stem) reads 4, the fourth zero in data and weights:
+    vdpbf16ps adds channel pairs. It becomes a conv2d_NCHWc_dot and computes what fp32 does."""
+    from tuner.layout import LayoutPlan, prepare
+
+    rng = np.random.default_rng(8)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 3, 16, 16), "float32"))
+    w = relax.const(rng.normal(0, 0.2, (16, 3, 7, 7)).astype("float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.relu(relax.op.nn.conv2d(x, w, strides=2, padding=3)))
+        bb.emit_func_output(out)
+    mod, target, plan = bb.get(), parse_device("cpu").target, LayoutPlan("NCHW16c")
+    assert "1 conv2d with a zero input channel" in bf16_summary(mod)
+    tasks = extract_tasks(mod, target, plan, precision="bf16")
+    assert any("conv2d_NCHWc_dot" in t.name for t in tasks), [t.name for t in tasks]
+    data = rng.uniform(-1, 1, (1, 3, 16, 16)).astype("float32")
+    want = _run(mod, target, data)
+    got = _run(prepare(apply_precision(mod, "bf16"), target, plan), target, data)
+    assert got.shape == want.shape == (1, 16, 8, 8)
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 3e-2
