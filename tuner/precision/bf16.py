@@ -186,7 +186,8 @@ def to_bf16(mod: tvm.IRModule) -> tvm.IRModule:
 def bf16_summary(mod: tvm.IRModule) -> str:
     """One line: what :func:`to_bf16` converts in ``mod``."""
     counts = _convert(mod)[1]
-    return "bf16: " + ", ".join(f"{n} {k}" for k, n in counts.items()) + "; every other operator in fp32"
+    done = ", ".join(f"{n} {k}" for k, n in counts.items() if n) or "nothing converted"
+    return f"bf16: {done}; every other operator in fp32"
 
 
 def _convert(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, int]]:
