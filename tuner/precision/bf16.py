@@ -10,10 +10,10 @@ and adds are adjacent, and the 16 output columns of one register are one contigu
 
 An activation that a conv reads in bf16 and another operator in fp32 (ResNet's block
 output: the next conv and the residual add), or that several convs read (a stage's first
-block: its conv and the downsample conv), is rounded to bf16 once, where it is made, and an fp32 reader widens that
-copy (:func:`round_shared_activations`), as OpenVINO's bf16 keeps activations: the cast
-then fuses into the producing operator's epilogue, instead of a function of its own that
-reads the fp32 tensor back, and the residual is read at half the bytes.
+block: its conv and the downsample conv), is rounded to bf16 once, where it is made, and
+an fp32 reader widens that copy (:func:`round_shared_activations`): the cast then fuses
+into the producing operator's epilogue, instead of a function of its own that reads the
+fp32 tensor back, and the residual is read at half the bytes.
 """
 
 from __future__ import annotations
