@@ -98,12 +98,17 @@ def test_tune_submitted_through_the_jobs_api_times_on_the_worker(ray_processes, 
     # The job needs the worker's device resource: wait until the worker has joined.
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
-        out = subprocess.run(
-            [sys.executable, "-c", "import ray, json; ray.init(address='auto', logging_level='ERROR'); "
-             "print(json.dumps(ray.cluster_resources()))"],
-            env=ray_processes["env"] | {"RAY_ADDRESS": f"127.0.0.1:{ray_processes['gcs']}"},
-            capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
+        try:
+            out = subprocess.run(
+                [sys.executable, "-c", "import ray, json; ray.init(address='auto', logging_level='ERROR'); "
+                 "print(json.dumps(ray.cluster_resources()))"],
+                env=ray_processes["env"] | {"RAY_ADDRESS": f"127.0.0.1:{ray_processes['gcs']}"},
+                capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            # Seen once in the full suite on a loaded 2-core machine: a probe's ray.init
+            # hung on the GCS; the next probe asks again until the deadline.
+            continue
         if out.returncode == 0 and device_resource(cpu_device) in out.stdout:
             break
         time.sleep(2)
