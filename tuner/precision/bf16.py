@@ -85,7 +85,7 @@ class _ToBF16(relax.PyExprMutator):
         if call.op.name == "relax.nn.conv2d":
             at = call.attrs
             self.converted["conv2d"] += 1
-            data, weight = self._bf16(a), self._bf16(b)
+            data, weight = self._bf16(a), b
             value = _const_value(b)
             if value is not None and value.shape[1] % PAIR and int(at.groups) == 1 and str(at.data_layout) == "NCHW" \
                     and str(at.kernel_layout) == "OIHW":
@@ -93,9 +93,9 @@ class _ToBF16(relax.PyExprMutator):
                 # vdpbf16ps's channel pairs fit it (x86-conv2d-nchwc-dot).
                 self.converted["conv2d with a zero input channel"] += 1
                 data = relax.op.nn.pad(data, [0, 0, 0, 1, 0, 0, 0, 0])
-                weight = relax.const(np.pad(value, ((0, 0), (0, 1), (0, 0), (0, 0))).astype(ml_dtypes.bfloat16), BF16)
+                weight = relax.const(np.pad(value, ((0, 0), (0, 1), (0, 0), (0, 0))))
             return relax.op.nn.conv2d(
-                data, weight, strides=at.strides, padding=at.padding, dilation=at.dilation,
+                data, self._bf16(weight), strides=at.strides, padding=at.padding, dilation=at.dilation,
                 groups=int(at.groups), data_layout=str(at.data_layout), kernel_layout=str(at.kernel_layout),
                 out_layout=str(at.out_layout) if at.out_layout else None, out_dtype="float32",
             )  # fmt: skip
