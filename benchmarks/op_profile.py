@@ -1,12 +1,15 @@
-"""Where a compiled model's time goes, per fused operator, beside ONNX Runtime's own profile.
+"""Where a compiled model's time goes, per fused operator, beside the peers' own profiles.
 
 Compiles ``--model`` from ``--db`` (as ``nightshift compile`` does), runs it ``--rounds``
 times under the Relax VM's instrument hook (each call of a compiled function is timed on the
 host clock; CPU kernels are synchronous) and reports per function: calls, milliseconds per
 inference, share of the total, GFLOPS, and what the compiler gave it (tuned, fallback). The
-same network runs in ONNX Runtime with its profiler on, and its per-node times are summed
-by operator type, so the gap between the two has names: "convs take 14.2 ms here, 11.0 ms
-there". Writes benchmarks/results/op_profile_<model>.json.
+same network runs in ONNX Runtime with its profiler on and in OpenVINO with its performance
+counters on (f32, bf16 for ``--precision bf16``, its own choice on the int8 QDQ file). Their
+per-node times are summed by operator type, and every conv and matmul of the three is matched
+by its shape (peer_profiles.py), so the gap has names: "the 3x3 64->64 convs take 5.1 ms
+here, 3.9 ms in OpenVINO". Writes benchmarks/results/op_profile_<model>[_<precision>].json
+(``--out`` to name another file).
 
     nice -n 10 .venv/bin/python benchmarks/op_profile.py --db tuned.db --model resnet50
 """
@@ -43,10 +46,21 @@ from tuner.tasks import fuse, workload_key
 
 RESULTS = Path(__file__).parent / "results"
 console = Console()
+sys.path.insert(0, str(Path(__file__).parent))
+from peer_profiles import (  # noqa: E402
+    HeavyOp,
+    heavy_ops,
+    match,
+    onnxruntime_owners,
+    onnxruntime_profile,
+    openvino_profile,
+    reduction_size,
+)
 
 
-def fused_functions(spec, device, plan, precision: str = "fp32") -> dict[str, tuple[str, float]]:
-    """Workload key and FLOPs of one call of every fused PrimFunc, by the name the VM calls it.
+def fused_functions(spec, device, plan, precision: str = "fp32") -> dict[str, tuple[str, float, tuple | None]]:
+    """Workload key, FLOPs and reduction size (see ``peer_profiles.reduction_size``) of one
+    call of every fused PrimFunc, by the name the VM calls it.
 
     Keys are computed as task extraction computes them (on MetaSchedule's dispatched module),
     so they match the compiler's decisions.
@@ -62,7 +76,7 @@ def fused_functions(spec, device, plan, precision: str = "fp32") -> dict[str, tu
             flops = float(estimate_tir_flops(mod))
         except (RuntimeError, ValueError):
             flops = 0.0
-        out[str(ext.task_name)] = (workload_key(mod, precision), flops)
+        out[str(ext.task_name)] = (workload_key(mod, precision), flops, reduction_size(mod))
     return out
 
 
@@ -97,30 +111,6 @@ def tvm_profile(compiled, device, inputs: list[np.ndarray], rounds: int) -> dict
     }
 
 
-def ort_profile(onnx_path: Path, inputs: list[np.ndarray], threads: int, rounds: int) -> dict[str, float]:
-    """ONNX Runtime's per-node kernel times, summed by operator type, ms per inference."""
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.enable_profiling = True
-    opts.profile_file_prefix = str(Path(tempfile.mkdtemp()) / "ort")
-    session = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
-    feed = dict(zip([i.name for i in session.get_inputs()], inputs, strict=True))
-    session.run(None, feed)
-    for _ in range(rounds):
-        session.run(None, feed)
-    events = json.loads(Path(session.end_profiling()).read_text())
-    by_op: dict[str, float] = defaultdict(float)
-    for e in events:
-        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
-            by_op[e["args"].get("op_name", "?")] += e["dur"] / 1e3  # µs -> ms
-    return {op: ms / (rounds + 1) for op, ms in sorted(by_op.items(), key=lambda kv: -kv[1])}
-
-
 def op_family(name: str) -> str:
     """A coarse family of a fused function's name, to set beside ONNX Runtime's op types."""
     for family in ("conv2d", "dense", "matmul", "pool", "softmax", "layer_norm", "layout_transform"):
@@ -136,6 +126,7 @@ def main() -> None:
     p.add_argument("--layout", default="auto", choices=["auto", "NCHW", "NHWC", "NCHWc"])
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--out", type=Path, default=None, help="JSON file (default: results/op_profile_<model>...json)")
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "int8"],
                    help="int8: the model quantized as tune --precision int8 quantizes it (ONNX Runtime runs that file)")
     args = p.parse_args()
@@ -154,19 +145,25 @@ def main() -> None:
     prof = tvm_profile(compiled, device, inputs, args.rounds)
     rows = []
     for name, entry in sorted(prof.items(), key=lambda kv: -kv[1]["ms"]):
-        key, flops = functions.get(name, ("", 0.0))
+        key, flops, size = functions.get(name, ("", 0.0, None))
         decision = compiled.decisions.get(key)
         f = flops * entry["calls"]
         rows.append({"function": name, "workload_key": key, "calls": entry["calls"], "ms": entry["ms"],
                      "kind": decision.kind if decision else ("tvm-default" if key else "vm-builtin"),
-                     "gflops": f / (entry["ms"] * 1e-3) / 1e9 if f and entry["ms"] else None})  # fmt: skip
+                     "gflops": f / (entry["ms"] * 1e-3) / 1e9 if f and entry["ms"] else None,
+                     "size": size})  # fmt: skip
     total = sum(r["ms"] for r in rows)
     families: dict[str, float] = defaultdict(float)
     for r in rows:
         families[op_family(r["function"])] += r["ms"]
+    peers: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         peer = peer_model(spec, source, Path(tmp))
-        ort_ops = ort_profile(peer.onnx_path, inputs, threads, args.rounds) if peer.onnx_path else {}
+        if peer.onnx_path is not None:
+            peers = profile_peers(peer.onnx_path, inputs, threads, args.rounds, args.precision)
+            shapes = by_shape(rows, heavy_ops(peer.onnx_path), peers)
+        else:
+            shapes = []
     table = Table(title=f"{args.model} {args.precision}: {total:.2f} ms in compiled functions ({args.rounds} rounds)")
     for col in ("function", "kind", "calls", "ms", "share", "GFLOPS"):
         table.add_column(col, justify="left" if col in ("function", "kind") else "right")
@@ -177,7 +174,16 @@ def main() -> None:
     console.print(
         "TVM by family (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(families.items(), key=lambda kv: -kv[1]))
     )
-    console.print("ONNX Runtime by op type (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in ort_ops.items()))
+    for name, prof_ in peers.items():
+        if "error" in prof_:
+            console.print(f"{name}: {prof_['error']}")
+            continue
+        rest = sorted(prof_["rest_ms"].items(), key=lambda kv: -kv[1])
+        heavy = sum(prof_["heavy_ms"].values())
+        console.print(f"{prof_['label']}: {heavy:.2f} ms in convs and matmuls; rest (ms): "
+                      + ", ".join(f"{k} {v:.2f}" for k, v in rest if v >= 0.01))
+    if shapes:
+        console.print(shape_table(shapes, list(peers)))
     doc = {
         "benchmark": "op_profile",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -186,12 +192,80 @@ def main() -> None:
                     "target": str(device.target), "load_before": load_before, "load_after": os.getloadavg()},
         "model": args.model, "precision": args.precision, "db": args.db, "tuned": len(compiled.tuned),
         "fallback": len(compiled.fallback),
-        "tvm_total_ms": total, "tvm_functions": rows, "tvm_by_family_ms": families, "onnxruntime_by_op_ms": ort_ops,
+        "tvm_total_ms": total, "tvm_functions": rows, "tvm_by_family_ms": families,
+        "onnxruntime_by_op_ms": peers.get("onnxruntime", {}).get("by_type_ms", {}),
+        "peers": peers, "by_shape": shapes,
     }  # fmt: skip
-    out = RESULTS / f"op_profile_{args.model}{'' if args.precision == 'fp32' else '_' + args.precision}.json"
+    suffix = "" if args.precision == "fp32" else "_" + args.precision
+    out = args.out or RESULTS / f"op_profile_{args.model}{suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     console.print(f"wrote {out}")
+
+
+def profile_peers(onnx_path: Path, inputs: list[np.ndarray], threads: int, rounds: int, precision: str) -> dict:
+    """ONNX Runtime's and OpenVINO's per-node profiles: ms by heavy ONNX node and by the
+    rest's op type. OpenVINO runs f32 or bf16 as asked, and its own choice on an int8 file."""
+    import onnxruntime as ort
+
+    out: dict = {}
+    nodes = onnxruntime_profile(onnx_path, inputs, threads, rounds)
+    heavy, rest = onnxruntime_owners(nodes, onnx_path)
+    by_type: dict[str, float] = defaultdict(float)
+    for key, ms in nodes.items():
+        by_type[key.split("\t", 1)[0]] += ms
+    out["onnxruntime"] = {"label": f"ONNX Runtime {ort.__version__}", "heavy_ms": heavy, "rest_ms": rest,
+                          "by_type_ms": dict(sorted(by_type.items(), key=lambda kv: -kv[1]))}  # fmt: skip
+    try:
+        import openvino as ov
+
+        hint = {"fp32": "f32", "bf16": "bf16"}.get(precision)
+        heavy, rest, ran_at = openvino_profile(onnx_path, inputs, threads, rounds, hint)
+        out["openvino"] = {"label": f"OpenVINO {ov.__version__.split('-')[0]} ({ran_at})", "heavy_ms": heavy,
+                           "rest_ms": rest}  # fmt: skip
+    except Exception as err:  # not installed, or it cannot load the file (BERT's QDQ file)
+        out["openvino"] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}
+    return out
+
+
+def by_shape(rows: list[dict], ops: dict[str, HeavyOp], peers: dict) -> list[dict]:
+    """TVM's functions and the peers' heavy nodes grouped by operator shape, the largest gap
+    to the faster peer first."""
+    groups: dict[tuple[str, ...], dict] = {}
+    for r in rows:
+        found = match(tuple(r["size"]), ops) if r["size"] else []
+        if not found:
+            continue
+        names = tuple(sorted(o.name for o in found))
+        g = groups.setdefault(names, {"shape": " | ".join(sorted({o.label for o in found})), "nodes": len(names),
+                                      "gflop": sum(2 * o.macs for o in found) / 1e9, "tvm_functions": [],
+                                      "tvm_ms": 0.0})  # fmt: skip
+        g["tvm_functions"].append(r["function"])
+        g["tvm_ms"] += r["ms"]
+    for g_names, g in groups.items():
+        for peer, prof in peers.items():
+            if "heavy_ms" in prof:
+                g[f"{peer}_ms"] = sum(prof["heavy_ms"].get(n, 0.0) for n in g_names)
+        best = min((g[f"{p}_ms"] for p in peers if f"{p}_ms" in g), default=None)
+        g["tvm_vs_best_peer"] = g["tvm_ms"] / best if best else None
+        g["gap_ms"] = g["tvm_ms"] - best if best is not None else None
+    return sorted(groups.values(), key=lambda g: -(g["gap_ms"] or 0.0))
+
+
+def shape_table(shapes: list[dict], peers: list[str]) -> Table:
+    """The by-shape comparison as a rich table."""
+    table = Table(title="convs and matmuls by shape, largest gap to the faster peer first")
+    cols = ["shape", "nodes", "TVM ms", *[f"{p} ms" for p in peers], "TVM GFLOPS", "TVM / best", "gap ms"]
+    for col in cols:
+        table.add_column(col, justify="left" if col == "shape" else "right")
+    for g in shapes:
+        cells = [g["shape"], str(g["nodes"]), f"{g['tvm_ms']:.3f}"]
+        cells += [f"{g[f'{p}_ms']:.3f}" if f"{p}_ms" in g else "-" for p in peers]
+        cells += [f"{g['gflop'] / g['tvm_ms'] * 1e3:.0f}" if g["tvm_ms"] else "-",
+                  f"{g['tvm_vs_best_peer']:.2f}" if g["tvm_vs_best_peer"] else "-",
+                  f"{g['gap_ms']:+.3f}" if g["gap_ms"] is not None else "-"]  # fmt: skip
+        table.add_row(*cells)
+    return table
 
 
 if __name__ == "__main__":

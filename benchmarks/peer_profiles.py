@@ -1,0 +1,207 @@
+"""Per-operator profiles of the peers, matched to TVM's fused functions by operator shape.
+
+A conv or matmul is named by what does not depend on layout or fusion: its number of outputs
+and of multiply-adds. TVM's side reads them off the reduction block of each task's PrimFunc,
+the peers' side off the ONNX graph (shape inference). OpenVINO names each executed node after
+the ONNX node it came from (``/layer1/layer1.0/conv1/Conv/WithoutBiases``); ONNX Runtime names
+a fused NCHWc node after the tensor it writes (``/layer1/layer1.0/Relu_output_0_nchwc``),
+which leads back to the conv through the unary ops fused after it. Used by op_profile.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+# Ops that ONNX Runtime and OpenVINO fuse after a conv and that name the fused node's output.
+_UNARY = {"Relu", "Clip", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "HardSwish", "Identity"}
+
+
+@dataclass(frozen=True)
+class HeavyOp:
+    """A Conv, Gemm or MatMul node of an ONNX graph."""
+
+    name: str
+    label: str  # e.g. "conv 3x3/1 64->64 56x56"
+    outputs: int
+    macs: int
+
+
+def reduction_size(mod) -> tuple[int, int] | None:
+    """(outputs, multiply-adds) of the largest reduction block of ``mod``'s ``main``: a conv's
+    or matmul's size in any layout, epilogue excluded; None where nothing reduces."""
+    from tvm.s_tir import Schedule
+
+    from search_spaces.templates.blocks import iter_kinds, root_blocks
+
+    sch = Schedule(mod)
+    best = None
+    for block in root_blocks(sch):
+        kinds = iter_kinds(sch, block)
+        if "R" not in kinds:
+            continue
+        extents = [int(iv.dom.extent) for iv in sch.get(block).iter_vars]
+        outputs = math.prod(e for e, k in zip(extents, kinds, strict=True) if k == "S")
+        if best is None or math.prod(extents) > best[1]:
+            best = (outputs, math.prod(extents))
+    return best
+
+
+def heavy_ops(onnx_path: Path) -> dict[str, HeavyOp]:
+    """Every Conv, Gemm and MatMul node of the model, by node name."""
+    import onnx
+
+    model = onnx.shape_inference.infer_shapes(onnx.load(str(onnx_path)))
+    g = model.graph
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in [*g.value_info, *g.input, *g.output]}
+    shapes |= {i.name: list(i.dims) for i in g.initializer}
+    out: dict[str, HeavyOp] = {}
+    for node in g.node:
+        y = shapes.get(node.output[0])
+        if node.op_type not in ("Conv", "Gemm", "MatMul") or not y or 0 in y:
+            continue
+        a, w = shapes.get(node.input[0], []), shapes.get(node.input[1], [])
+        attrs = {at.name: onnx.helper.get_attribute_value(at) for at in node.attribute}
+        if node.op_type == "Conv" and len(w) == 4 and len(y) == 4:
+            kh, kw = w[2:]
+            stride = attrs.get("strides", [1])[0]
+            groups = attrs.get("group", 1)
+            kind = "depthwise " if groups > 1 and groups == y[1] else ""
+            label = f"{kind}conv {kh}x{kw}/{stride} {w[1] * groups}->{w[0]} {y[2]}x{y[3]}"
+            macs = math.prod(y) * math.prod(w[1:])
+        elif a and w:
+            k = a[0] if attrs.get("transA") else a[-1]
+            label = f"{node.op_type.lower()} {'x'.join(map(str, a))} @ {'x'.join(map(str, w))}"
+            macs = math.prod(y) * k
+        else:
+            continue
+        out[node.name] = HeavyOp(node.name, label, math.prod(y), macs)
+    return out
+
+
+def match(size: tuple[int, int], ops: dict[str, HeavyOp]) -> list[HeavyOp]:
+    """The ONNX ops of ``size``: the same outputs and multiply-adds, or, where none has both
+    (bf16 gives an RGB stem a fourth input channel), the same outputs and the nearest count
+    within 1.5x."""
+    same = [o for o in ops.values() if (o.outputs, o.macs) == size]
+    if same:
+        return same
+    near = [o for o in ops.values() if o.outputs == size[0] and 1 / 1.5 <= size[1] / o.macs <= 1.5]
+    if not near:
+        return []
+    best = min(near, key=lambda o: abs(math.log(size[1] / o.macs)))
+    return [o for o in near if o.macs == best.macs]
+
+
+def owner(name: str, ops: dict[str, HeavyOp], producer: dict) -> str | None:
+    """The heavy ONNX node that a peer's node ``name`` came from: the longest ``/``-prefix of
+    the name that names one (OpenVINO appends ``/WithoutBiases`` and the like), or the node
+    behind the tensor it is named after, through the unary ops fused after it (ONNX Runtime's
+    ``..._nchwc`` nodes, OpenVINO's fully connected layers); ``producer`` maps each tensor
+    of the graph to the node writing it."""
+    parts = name.split("/")
+    for n in range(len(parts), 0, -1):
+        prefix = "/".join(parts[:n])
+        if prefix in ops:
+            return prefix
+    node = producer.get(name.removesuffix("_nchwc"))
+    while node is not None:
+        if node.name in ops:
+            return node.name
+        if node.op_type not in _UNARY:
+            return None
+        node = producer.get(node.input[0])
+    return None
+
+
+def producers(onnx_path: Path) -> dict:
+    """Each tensor of the graph, mapped to the node that writes it."""
+    import onnx
+
+    return {out: node for node in onnx.load(str(onnx_path)).graph.node for out in node.output}
+
+
+def openvino_profile(onnx_path: Path, inputs: list[np.ndarray], threads: int, rounds: int,
+                     precision: str | None) -> tuple[dict[str, float], dict[str, float], str]:  # fmt: skip
+    """OpenVINO's per-node times (``PERF_COUNT``), median over ``rounds`` inferences, in ms:
+    by heavy ONNX node, the rest by OpenVINO node type; and the precision it ran at."""
+    import openvino as ov
+
+    config: dict[str, object] = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY", "PERF_COUNT": True}
+    if precision is not None:
+        config["INFERENCE_PRECISION_HINT"] = precision
+    compiled = ov.Core().compile_model(str(onnx_path), "CPU", config)
+    ran_at = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+    request = compiled.create_infer_request()
+    request.infer(inputs)
+    ops, producer = heavy_ops(onnx_path), producers(onnx_path)
+    per_round: list[tuple[dict[str, float], dict[str, float]]] = []
+    for _ in range(rounds):
+        request.infer(inputs)
+        heavy: dict[str, float] = defaultdict(float)
+        rest: dict[str, float] = defaultdict(float)
+        for p in request.get_profiling_info():
+            ms = p.real_time.total_seconds() * 1e3
+            came_from = owner(p.node_name, ops, producer) if p.node_type not in ("Reorder", "Parameter") else None
+            if came_from is not None:
+                heavy[came_from] += ms
+            elif ms:
+                rest[p.node_type] += ms
+        per_round.append((heavy, rest))
+    return _median(r[0] for r in per_round), _median(r[1] for r in per_round), ran_at
+
+
+def onnxruntime_profile(onnx_path: Path, inputs: list[np.ndarray], threads: int, rounds: int) -> dict[str, float]:
+    """ONNX Runtime's per-node kernel times, ms per inference (mean of ``rounds`` + 1 runs),
+    by its own node names."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.enable_profiling = True
+    opts.profile_file_prefix = str(Path(tempfile.mkdtemp()) / "ort")
+    session = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
+    feed = dict(zip([i.name for i in session.get_inputs()], inputs, strict=True))
+    session.run(None, feed)
+    for _ in range(rounds):
+        session.run(None, feed)
+    events = json.loads(Path(session.end_profiling()).read_text())
+    nodes: dict[str, float] = defaultdict(float)
+    types: dict[str, str] = {}
+    for e in events:
+        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
+            name = e["name"].removesuffix("_kernel_time")
+            nodes[name] += e["dur"] / 1e3 / (rounds + 1)  # µs -> ms
+            types[name] = e["args"].get("op_name", "?")
+    return {f"{types[n]}\t{n}": ms for n, ms in nodes.items()}
+
+
+def onnxruntime_owners(nodes: dict[str, float], onnx_path: Path) -> tuple[dict[str, float], dict[str, float]]:
+    """ONNX Runtime's node times (``onnxruntime_profile``) by heavy ONNX node, the rest by op type."""
+    ops, producer = heavy_ops(onnx_path), producers(onnx_path)
+    heavy: dict[str, float] = defaultdict(float)
+    rest: dict[str, float] = defaultdict(float)
+    for key, ms in nodes.items():
+        op_type, name = key.split("\t", 1)
+        came_from = owner(name, ops, producer)
+        if came_from is not None:
+            heavy[came_from] += ms
+        else:
+            rest[op_type] += ms
+    return dict(heavy), dict(rest)
+
+
+def _median(rounds) -> dict[str, float]:
+    rounds = list(rounds)
+    names = {n for r in rounds for n in r}
+    return {n: statistics.median(r.get(n, 0.0) for r in rounds) for n in names}
