@@ -54,6 +54,8 @@ _PROPOSE_ROUNDS = 3
 # "running" job whose stamp is older than STALE_AFTER_S is dead (killed) and may be resumed.
 HEARTBEAT_S = 20.0
 STALE_AFTER_S = 90.0
+# Tasks over which a run's failures must spread before TuneConfig.hopeless_after stops it.
+HOPELESS_TASKS = 3
 
 T = TypeVar("T")
 
@@ -88,6 +90,12 @@ class TuneConfig:
     #: trial, and Ray tasks, which queue behind builds and the timing lease at every round of
     #: a proposal, made the job 2x slower (benchmarks/README.md, proposal).
     propose_on: str = "driver"
+    #: A run whose first this many candidates all failed, over ``HOPELESS_TASKS`` tasks or
+    #: more, stops (0: never): the device or the build cannot measure anything (a target
+    #: whose instructions the CPU lacks, a timeout no candidate meets, a broken worker), and
+    #: each task's own limit (TaskScheduler.max_failed_trials) would end it only after every
+    #: task had failed 64 times.
+    hopeless_after: int = 32
 
     def __post_init__(self) -> None:
         if self.trials is None and self.time_budget_s is None:
@@ -100,10 +108,16 @@ class TuneConfig:
             raise UserInputError(f"--batch must be a positive integer, got {self.batch_size}")
         if self.skip_after < 0:
             raise UserInputError(f"--skip-after must be 0 or more, got {self.skip_after}")
+        if self.hopeless_after < 0:
+            raise UserInputError(f"hopeless_after must be 0 or more, got {self.hopeless_after}")
         if self.propose_on not in ("cluster", "driver"):
             raise UserInputError(f"propose_on must be cluster or driver, got {self.propose_on!r}")
         if self.strategy not in search.strategies():
             raise UserInputError(f"--strategy must be one of {', '.join(search.strategies())}, got {self.strategy!r}")
+
+
+class NothingMeasurable(MeasureError):
+    """Every candidate of a job's first batches failed, over several tasks."""
 
 
 class JobRunning(UserInputError):
@@ -221,6 +235,10 @@ class TuningJob:
         self._batch_pace_s: float | None = None
         self._last_completion: float | None = None
         self.errors: dict[str, int] = {}
+        # This run's successes, and its failures' tasks and first messages (see _check_hopeless).
+        self._run_ok = 0
+        self._run_failed_tasks: set[int] = set()
+        self._run_failures: dict[str, str] = {}
         self.submitted = 0
         self.done = 0
         self.device_id: int | None = None
@@ -702,6 +720,7 @@ class TuningJob:
             if error:
                 failed += 1
                 self.errors[str(error)] = self.errors.get(str(error), 0) + 1
+                self._run_failures.setdefault(str(error), (msg or "").strip().split("\n")[0][:200])
                 ts.strategies[batch.space].tell(c.id, Result(None, str(error)))
                 continue
             # The mean, as the database stores and ranks it (mean_sec): the job's best is the
@@ -715,6 +734,9 @@ class TuningJob:
             gflops[n] = task.flops / sec / 1e9 if task.flops else 1.0 / sec
             best = sec if best is None else min(best, sec)
         self._store(records)
+        self._run_ok += len(batch.candidates) - failed
+        if failed:
+            self._run_failed_tasks.add(i)
         # Groups are workload keys, so this job's measurements join the pre-training records
         # of the same task.
         self.model.update(batch.features, gflops, np.full(len(batch.candidates), task.workload_key))
@@ -739,6 +761,29 @@ class TuningJob:
         if not was_done and self.scheduler.is_done(i):
             self._emit("task_done", task=i, task_name=task.name, reason=self.scheduler.done_reason(i),
                        best_sec=self.scheduler.best_sec[i])  # fmt: skip
+        self._check_hopeless()
+
+    def _check_hopeless(self) -> None:
+        """Stop the run when none of its candidates succeeded and ``config.hopeless_after`` or
+        more failed over ``HOPELESS_TASKS`` tasks (all of them in a smaller job; a job of one
+        task ends by that task's own limit).
+
+        Raises:
+            NothingMeasurable: with each failure class's first message; the failures are
+                recorded, and the same command resumes the job once the cause is fixed.
+        """
+        failed = sum(self.errors.values())  # this run's: a resumed run starts from none
+        tasks = len(self.tasks)
+        limit = self.config.hopeless_after
+        if (self._run_ok or not limit or tasks < 2 or failed < limit
+                or len(self._run_failed_tasks) < min(HOPELESS_TASKS, tasks)):  # fmt: skip
+            return
+        causes = "; ".join(f"{c}: {m}" if m else c for c, m in self._run_failures.items())
+        raise NothingMeasurable(
+            f"the first {failed} candidates of {len(self._run_failed_tasks)} tasks all failed, none succeeded "
+            f"({causes}). The device cannot measure this job as configured: check --target-arch, "
+            "--build-timeout and the Ray workers' setup, then run the same command to resume "
+            "(the failures are recorded and are not measured again)")
 
     # --- per-task search state ---------------------------------------------------------------
 

@@ -1,6 +1,8 @@
 """A job's own faults: its PostgreSQL server out of reach (a real TCP proxy in front of the
 real server, stopped and started) is waited for with backoff; past the wait the job stops
-with a clear error and the batch it could not store is kept and written on resume."""
+with a clear error and the batch it could not store is kept and written on resume. A job
+none of whose candidates can be measured stops with the cause instead of failing every
+task to its limit."""
 
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from tvm import te
 
 from tuner.db import NewRecord, TuningDatabase
 from tuner.errors import DatabaseError
-from tuner.job import TuneConfig, TuningJob
+from tuner.job import NothingMeasurable, TuneConfig, TuningJob
+from tuner.measure.ray_measure import MeasureConfig
 from tuner.tasks import Task, workload_key
 
 
@@ -148,3 +151,33 @@ def test_database_lost_for_good_stops_clearly_and_loses_nothing(proxied_db, cpu_
     assert not spool.exists()
     assert db.count_records() == 3
     assert db.job_trials(job.job_id) == 3
+
+
+def _matmul(n: int) -> Task:
+    a = te.placeholder((n, n), name="A")
+    b = te.placeholder((n, n), name="B")
+    k = te.reduce_axis((0, n), name="k")
+    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    mod = tvm.IRModule({"main": te.create_prim_func([a, b, c])})
+    return Task(f"matmul{n}", mod, 1, 2.0 * n**3, workload_key(mod))
+
+
+def test_job_whose_every_candidate_fails_stops_with_the_cause(ray_cluster, cpu_device, tmp_path):
+    # A build timeout no build can meet: every candidate of every task fails, as with a target
+    # the CPU cannot run or a broken worker, but on any machine. Each timed-out build takes
+    # its Ray worker down with it, so the threshold is lowered from 32 to keep the test short.
+    db = TuningDatabase(f"sqlite:///{tmp_path / 't.db'}")
+    tasks = [_matmul(n) for n in (16, 24, 32)]
+    config = TuneConfig(trials=100, batch_size=4, measure=MeasureConfig(build_timeout_s=1e-3), name="hopeless",
+                        hopeless_after=12)  # fmt: skip
+    job = TuningJob(tasks, cpu_device, db, config, model_name="m")
+    with pytest.raises(NothingMeasurable, match=r"none succeeded \(build_timeout.*--build-timeout") as info:
+        job.run()
+    assert "run the same command to resume" in str(info.value)
+    row = db.find_job("hopeless", db.device_id(cpu_device))
+    assert row is not None and row.state == "failed"
+    # Stopped soon after the threshold, long before each task's own limit (64 failures each),
+    # with every failure it measured recorded.
+    assert config.hopeless_after <= db.job_trials(row.id) < config.hopeless_after + 3 * config.batch_size
+    assert db.job_trials(row.id) == sum(job.errors.values()) == job.errors["build_timeout"]
+    db.close()
