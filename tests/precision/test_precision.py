@@ -192,6 +192,32 @@ def test_int8_on_a_float_model_quantizes_it_first_and_reuses_the_file(tmp_path):
     assert tasks[0] and tasks[0] == tasks[1]
 
 
+def test_a_cached_zoo_model_is_reused_without_exporting_it_again(tmp_path, monkeypatch):
+    """The quantized file of a zoo model is found by what its export is made of: the second
+    call exports nothing, and other weights give another file."""
+    pytest.importorskip("onnxruntime.quantization")
+    pytest.importorskip("torch")
+    import tuner.bench
+    from tuner.precision.quantize import quantized_model
+
+    exports = []
+    real = tuner.bench.peer_model
+
+    def counting(*args, **kwargs):  # the real export, counted
+        exports.append(args[1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tuner.bench, "peer_model", counting)
+    spec = load_model("tiny")
+    first = quantized_model(spec, "tiny", 2, directory=tmp_path)
+    assert quantized_model(spec, "tiny", 2, directory=tmp_path) == first
+    assert exports == ["tiny"]
+    key = sorted(spec.params)[0]
+    spec.params[key] = spec.params[key] + 1
+    other = quantized_model(spec, "tiny", 2, directory=tmp_path)
+    assert other != first and other.exists() and exports == ["tiny", "tiny"]
+
+
 def test_compiling_registers_the_intrinsics_that_records_replay():
     """A database record of a dot-product template replays ``tensorize`` by the intrinsic's
     name: compiling registers Nightshift's intrinsics first, in a process that has not tuned

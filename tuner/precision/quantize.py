@@ -4,8 +4,8 @@
 name or an fp32 ONNX file), the CLI quantizes it first, as a user would with
 ``onnxruntime.quantization.quantize_static``: the QDQ format, per-channel symmetric int8
 weights, uint8 activations calibrated (min/max) on ``N`` random inputs with fixed seeds.
-The file is cached under the fp32 model's content hash: the same model and ``N`` give the
-same file, so its tasks keep their workload keys between ``tune``, ``compile`` and ``bench``.
+The file is cached under the fp32 model's content hash (an ONNX file's bytes, a zoo model's
+structure and weights): the same model and ``N`` give the same file, so its tasks keep their workload keys between ``tune``, ``compile`` and ``bench``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 
 from tuner.errors import UserInputError
@@ -85,6 +86,9 @@ def quantize_onnx(fp32_onnx: Path, out: Path, spec, num_inputs: int) -> Path:
 def quantized_model(spec, source: str, num_inputs: int = DEFAULT_CALIBRATION, *, directory: Path | None = None) -> Path:
     """The QDQ ONNX file of the float model ``spec`` (``--model source``), made once and cached.
 
+    An ONNX file is keyed by its bytes; a zoo model by what its export is made of
+    (``_zoo_digest``), so a cached zoo model is found without exporting it again.
+
     Raises:
         UserInputError: the model cannot be exported to ONNX here, or onnxruntime is missing.
     """
@@ -92,15 +96,39 @@ def quantized_model(spec, source: str, num_inputs: int = DEFAULT_CALIBRATION, *,
 
     directory = directory or cache_dir()
     directory.mkdir(parents=True, exist_ok=True)
+    zoo = _zoo_digest(spec, source)
+    # The file's name is the model's name in tables and job names: resnet50-int8.
+    name = f"{spec.name}-int8.onnx"
+    if zoo is not None and (out := directory / f"zoo-{zoo}-cal{num_inputs}" / name).exists():
+        logger.info("int8: reusing %s", out)
+        return out
     with tempfile.TemporaryDirectory(prefix="nightshift-export-") as tmp:
         fp32 = peer_model(spec, source, Path(tmp))
         if fp32.onnx_path is None:
             raise UserInputError(f"--precision int8 needs {spec.name} as ONNX to quantize it: {fp32.onnx_reason}")
-        digest = hashlib.sha256(fp32.onnx_path.read_bytes()).hexdigest()[:16]
-        # The file's name is the model's name in tables and job names: resnet50-int8.
-        out = directory / f"{digest}-cal{num_inputs}" / f"{spec.name}-int8.onnx"
-        if out.exists():
-            logger.info("int8: reusing %s", out)
-            return out
+        if zoo is None:
+            digest = hashlib.sha256(fp32.onnx_path.read_bytes()).hexdigest()[:16]
+            out = directory / f"{digest}-cal{num_inputs}" / name
+            if out.exists():
+                logger.info("int8: reusing %s", out)
+                return out
         logger.info("int8: quantizing %s on %d random inputs", spec.name, num_inputs)
         return quantize_onnx(fp32.onnx_path, out, spec, num_inputs)
+
+
+def _zoo_digest(spec, source: str) -> str | None:
+    """For a zoo model, a digest of what its ONNX export is made of: the network's structure,
+    its weights and the exporter's version (exporting ResNet-50 again costs seconds, hashing
+    its weights a fraction of one); None for any other source."""
+    if source.lower().endswith(".onnx") or ":" in source:
+        return None
+    try:
+        import torch
+    except ImportError:
+        return None  # peer_model says what is missing
+    h = hashlib.sha256(f"{spec.name}|{tvm_ffi.structural_hash(spec.mod)}|torch {torch.__version__}".encode())
+    for key in sorted(spec.params):
+        value = np.ascontiguousarray(spec.params[key])
+        h.update(f"|{key}:{value.dtype}:{value.shape}|".encode())
+        h.update(memoryview(value).cast("B"))
+    return h.hexdigest()[:16]
