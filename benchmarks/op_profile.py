@@ -54,6 +54,7 @@ from peer_profiles import (  # noqa: E402
     onnxruntime_owners,
     onnxruntime_profile,
     openvino_profile,
+    pytorch_profile,
     reduction_size,
 )
 
@@ -160,7 +161,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         peer = peer_model(spec, source, Path(tmp))
         if peer.onnx_path is not None:
-            peers = profile_peers(peer.onnx_path, inputs, threads, args.rounds, args.precision)
+            peers = profile_peers(peer.onnx_path, inputs, threads, args.rounds, args.precision, peer.torch_module)
             shapes = by_shape(rows, heavy_ops(peer.onnx_path), peers)
         else:
             shapes = []
@@ -203,9 +204,12 @@ def main() -> None:
     console.print(f"wrote {out}")
 
 
-def profile_peers(onnx_path: Path, inputs: list[np.ndarray], threads: int, rounds: int, precision: str) -> dict:
-    """ONNX Runtime's and OpenVINO's per-node profiles: ms by heavy ONNX node and by the
-    rest's op type. OpenVINO runs f32 or bf16 as asked, and its own choice on an int8 file."""
+def profile_peers(onnx_path: Path, inputs: list[np.ndarray], threads: int, rounds: int, precision: str,
+                  torch_module=None) -> dict:  # fmt: skip
+    """ONNX Runtime's, OpenVINO's and PyTorch's per-operator profiles: ms by heavy ONNX node
+    and by the rest's op type. OpenVINO runs f32 or bf16 as asked, and its own choice on an
+    int8 file; PyTorch (a zoo model's twin) runs eager, under bf16 autocast for bf16, and not
+    for int8."""
     import onnxruntime as ort
 
     out: dict = {}
@@ -225,6 +229,13 @@ def profile_peers(onnx_path: Path, inputs: list[np.ndarray], threads: int, round
                            "rest_ms": rest}  # fmt: skip
     except Exception as err:  # not installed, or it cannot load the file (BERT's QDQ file)
         out["openvino"] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}
+    if torch_module is not None and precision != "int8":
+        import torch
+
+        heavy, rest = pytorch_profile(torch_module, inputs, threads, rounds, heavy_ops(onnx_path),
+                                      bf16=precision == "bf16")  # fmt: skip
+        label = f"PyTorch {torch.__version__.split('+')[0]} eager{' bf16 autocast' if precision == 'bf16' else ''}"
+        out["pytorch"] = {"label": label, "heavy_ms": heavy, "rest_ms": rest}
     return out
 
 

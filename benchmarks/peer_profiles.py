@@ -201,6 +201,71 @@ def onnxruntime_owners(nodes: dict[str, float], onnx_path: Path) -> tuple[dict[s
     return dict(heavy), dict(rest)
 
 
+def pytorch_profile(module, inputs: list[np.ndarray], threads: int, rounds: int, ops: dict[str, HeavyOp], *,
+                    bf16: bool = False) -> tuple[dict[str, float], dict[str, float]]:  # fmt: skip
+    """PyTorch eager's conv2d, linear and matmul calls (oneDNN and its GEMMs; batch norm and
+    activations are ops of their own there), ms per inference over ``rounds`` forwards under
+    ``torch.profiler``, given to the heavy ONNX nodes of the same size (split evenly where
+    several share it); calls of no ONNX node's size are returned apart, by op name."""
+    import torch
+
+    torch.set_num_threads(threads)
+    args = [torch.from_numpy(x) for x in inputs]
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
+    with torch.inference_mode(), autocast:
+        module(*args)
+        with torch.profiler.profile(record_shapes=True) as prof:
+            for _ in range(rounds):
+                module(*args)
+    by_size: dict[tuple[int, int], float] = defaultdict(float)
+    rest: dict[str, float] = defaultdict(float)
+    for e in prof.events():
+        if e.cpu_parent is not None and e.cpu_parent.name in _TORCH_HEAVY:
+            continue  # linear's addmm, matmul's bmm: counted with their caller
+        size = _torch_size(e.name, e.input_shapes, e.concrete_inputs) if e.name in _TORCH_HEAVY else None
+        ms = e.cpu_time_total / 1e3 / rounds  # µs -> ms per inference
+        if size is not None:
+            by_size[size] += ms
+        elif e.name in _TORCH_HEAVY:
+            rest[e.name] += ms
+    heavy: dict[str, float] = {}
+    sizes: dict[tuple[int, int], list[str]] = defaultdict(list)
+    for o in ops.values():
+        sizes[(o.outputs, o.macs)].append(o.name)
+    for size, ms in by_size.items():
+        if size not in sizes:
+            rest[f"{size[1]} multiply-adds"] += ms
+            continue
+        for name in sizes[size]:
+            heavy[name] = ms / len(sizes[size])
+    return heavy, dict(rest)
+
+
+_TORCH_HEAVY = ("aten::conv2d", "aten::linear", "aten::matmul", "aten::addmm", "aten::mm", "aten::bmm")
+
+
+def _torch_size(name: str, shapes: list, concrete: list) -> tuple[int, int] | None:
+    """(outputs, multiply-adds) of a profiled PyTorch call, as ``heavy_ops`` counts them."""
+    if name == "aten::conv2d" and len(shapes[0]) == 4 and len(shapes[1]) == 4:
+        (n, _, h, w), (co, ci, kh, kw) = shapes[0], shapes[1]
+        stride, pad, dil = (concrete[i] if concrete[i] else [1, 1] for i in (3, 4, 5))
+        if isinstance(pad, str):
+            return None  # "same"/"valid" padding: not in the zoo
+        oh = (h + 2 * pad[0] - dil[0] * (kh - 1) - 1) // stride[0] + 1
+        ow = (w + 2 * pad[1] - dil[1] * (kw - 1) - 1) // stride[1] + 1
+        outputs = n * co * oh * ow
+        return outputs, outputs * ci * kh * kw
+    if name == "aten::linear" and shapes[0] and len(shapes[1]) == 2:
+        outputs = math.prod(shapes[0][:-1]) * shapes[1][0]
+        return outputs, outputs * shapes[1][1]
+    a, b = (shapes[1], shapes[2]) if name == "aten::addmm" else (shapes[0], shapes[1])
+    if len(a) >= 2 and len(b) >= 2:
+        batch = np.broadcast_shapes(tuple(a[:-2]), tuple(b[:-2]))
+        outputs = math.prod(batch) * a[-2] * b[-1]
+        return outputs, outputs * a[-1]
+    return None
+
+
 def _median(rounds) -> dict[str, float]:
     rounds = list(rounds)
     names = {n for r in rounds for n in r}
