@@ -144,16 +144,24 @@ def main() -> None:
     inputs = spec.random_inputs()
     load_before = os.getloadavg()
     prof = tvm_profile(compiled, device, inputs, args.rounds)
+    device_id = db.find_device_id(device)
     rows = []
     for name, entry in sorted(prof.items(), key=lambda kv: -kv[1]["ms"]):
         key, flops, size = functions.get(name, ("", 0.0, None))
         decision = compiled.decisions.get(key)
         f = flops * entry["calls"]
+        # The record's own timing (the function alone, run again and again on warm caches)
+        # times the calls: what the model would take if each call ran as it did when tuned.
+        tuned_here = key and device_id is not None and decision is not None and decision.kind == "tuned"
+        best = db.best(key, device_id) if tuned_here else []
+        isolated = best[0].mean_sec * 1e3 * entry["calls"] if best and best[0].mean_sec else None
         rows.append({"function": name, "workload_key": key, "calls": entry["calls"], "ms": entry["ms"],
                      "kind": decision.kind if decision else ("tvm-default" if key else "vm-builtin"),
                      "gflops": f / (entry["ms"] * 1e-3) / 1e9 if f and entry["ms"] else None,
-                     "size": size})  # fmt: skip
+                     "size": size, "tuned_ms": isolated})  # fmt: skip
     total = sum(r["ms"] for r in rows)
+    in_model = sum(r["ms"] for r in rows if r["tuned_ms"])
+    tuned = sum(r["tuned_ms"] for r in rows if r["tuned_ms"])
     families: dict[str, float] = defaultdict(float)
     for r in rows:
         families[op_family(r["function"])] += r["ms"]
@@ -166,12 +174,16 @@ def main() -> None:
         else:
             shapes = []
     table = Table(title=f"{args.model} {args.precision}: {total:.2f} ms in compiled functions ({args.rounds} rounds)")
-    for col in ("function", "kind", "calls", "ms", "share", "GFLOPS"):
+    for col in ("function", "kind", "calls", "ms", "share", "GFLOPS", "tuned ms", "in model / tuned"):
         table.add_column(col, justify="left" if col in ("function", "kind") else "right")
     for r in rows[: args.top]:
         gf = f"{r['gflops']:.0f}" if r["gflops"] else "-"
-        table.add_row(r["function"], r["kind"], str(r["calls"]), f"{r['ms']:.3f}", f"{r['ms'] / total:.1%}", gf)
+        iso = (f"{r['tuned_ms']:.3f}", f"{r['ms'] / r['tuned_ms']:.2f}") if r["tuned_ms"] else ("-", "-")
+        table.add_row(r["function"], r["kind"], str(r["calls"]), f"{r['ms']:.3f}", f"{r['ms'] / total:.1%}", gf, *iso)
     console.print(table)
+    if tuned:
+        console.print(f"tuned functions: {in_model:.2f} ms in the model, {tuned:.2f} ms as timed when tuned "
+                      f"({in_model / tuned:.2f}x)")
     console.print(
         "TVM by family (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(families.items(), key=lambda kv: -kv[1]))
     )
@@ -193,7 +205,8 @@ def main() -> None:
                     "target": str(device.target), "load_before": load_before, "load_after": os.getloadavg()},
         "model": args.model, "precision": args.precision, "db": args.db, "tuned": len(compiled.tuned),
         "fallback": len(compiled.fallback),
-        "tvm_total_ms": total, "tvm_functions": rows, "tvm_by_family_ms": families,
+        "tvm_total_ms": total, "tvm_tuned_in_model_ms": in_model, "tvm_tuned_as_timed_ms": tuned,
+        "tvm_functions": rows, "tvm_by_family_ms": families,
         "onnxruntime_by_op_ms": peers.get("onnxruntime", {}).get("by_type_ms", {}),
         "peers": peers, "by_shape": shapes,
     }  # fmt: skip

@@ -1,7 +1,8 @@
 """Per-operator profiles of the peers, matched to TVM's fused functions by operator shape.
 
-A conv or matmul is named by what does not depend on layout or fusion: its number of outputs
-and of multiply-adds. TVM's side reads them off the reduction block of each task's PrimFunc,
+A conv or matmul is named by what does not depend on layout or fusion: its numbers of outputs,
+multiply-adds, input elements and weights (the last two tell a stride-2 conv from a stride-1
+one of the same output and work). TVM's side reads them off the reduction block of each task's PrimFunc,
 the peers' side off the ONNX graph (shape inference). OpenVINO names each executed node after
 the ONNX node it came from (``/layer1/layer1.0/conv1/Conv/WithoutBiases``); ONNX Runtime names
 a fused NCHWc node after the tensor it writes (``/layer1/layer1.0/Relu_output_0_nchwc``),
@@ -32,11 +33,18 @@ class HeavyOp:
     label: str  # e.g. "conv 3x3/1 64->64 56x56"
     outputs: int
     macs: int
+    inputs: int  # elements of the data input (a matmul's left operand)
+    weights: int  # elements of the weight (a matmul's right operand)
+
+    @property
+    def size(self) -> tuple[int, int, int, int]:
+        return self.outputs, self.macs, self.inputs, self.weights
 
 
-def reduction_size(mod) -> tuple[int, int] | None:
-    """(outputs, multiply-adds) of the largest reduction block of ``mod``'s ``main``: a conv's
-    or matmul's size in any layout, epilogue excluded; None where nothing reduces."""
+def reduction_size(mod) -> tuple[int, int, int, int] | None:
+    """(outputs, multiply-adds, inputs, weights) of the largest reduction block of ``mod``'s
+    ``main``: a conv's or matmul's size in any layout, epilogue excluded (inputs and weights
+    count the elements of the function's first two arguments); None where nothing reduces."""
     from tvm.s_tir import Schedule
 
     from search_spaces.templates.blocks import iter_kinds, root_blocks
@@ -51,7 +59,10 @@ def reduction_size(mod) -> tuple[int, int] | None:
         outputs = math.prod(e for e, k in zip(extents, kinds, strict=True) if k == "S")
         if best is None or math.prod(extents) > best[1]:
             best = (outputs, math.prod(extents))
-    return best
+    params = mod["main"].params  # buffers in TVM 0.27 (no buffer_map)
+    if best is None or len(params) < 2:
+        return None
+    return (*best, *(math.prod(int(d) for d in b.shape) for b in params[:2]))
 
 
 def heavy_ops(onnx_path: Path) -> dict[str, HeavyOp]:
@@ -82,15 +93,15 @@ def heavy_ops(onnx_path: Path) -> dict[str, HeavyOp]:
             macs = math.prod(y) * k
         else:
             continue
-        out[node.name] = HeavyOp(node.name, label, math.prod(y), macs)
+        out[node.name] = HeavyOp(node.name, label, math.prod(y), macs, math.prod(a), math.prod(w))
     return out
 
 
-def match(size: tuple[int, int], ops: dict[str, HeavyOp]) -> list[HeavyOp]:
-    """The ONNX ops of ``size``: the same outputs and multiply-adds, or, where none has both
-    (bf16 gives an RGB stem a fourth input channel), the same outputs and the nearest count
-    within 1.5x."""
-    same = [o for o in ops.values() if (o.outputs, o.macs) == size]
+def match(size: tuple[int, int, int, int], ops: dict[str, HeavyOp]) -> list[HeavyOp]:
+    """The ONNX ops of ``size``: the same outputs, multiply-adds, inputs and weights, or, where
+    none has all four (bf16 gives an RGB stem a fourth input channel), the same outputs and the
+    nearest count of multiply-adds within 1.5x."""
+    same = [o for o in ops.values() if o.size == size]
     if same:
         return same
     near = [o for o in ops.values() if o.outputs == size[0] and 1 / 1.5 <= size[1] / o.macs <= 1.5]
@@ -217,7 +228,7 @@ def pytorch_profile(module, inputs: list[np.ndarray], threads: int, rounds: int,
         with torch.profiler.profile(record_shapes=True) as prof:
             for _ in range(rounds):
                 module(*args)
-    by_size: dict[tuple[int, int], float] = defaultdict(float)
+    by_size: dict[tuple[int, int, int, int], float] = defaultdict(float)
     rest: dict[str, float] = defaultdict(float)
     for e in prof.events():
         if e.cpu_parent is not None and e.cpu_parent.name in _TORCH_HEAVY:
@@ -229,9 +240,9 @@ def pytorch_profile(module, inputs: list[np.ndarray], threads: int, rounds: int,
         elif e.name in _TORCH_HEAVY:
             rest[e.name] += ms
     heavy: dict[str, float] = {}
-    sizes: dict[tuple[int, int], list[str]] = defaultdict(list)
+    sizes: dict[tuple[int, int, int, int], list[str]] = defaultdict(list)
     for o in ops.values():
-        sizes[(o.outputs, o.macs)].append(o.name)
+        sizes[o.size].append(o.name)
     for size, ms in by_size.items():
         if size not in sizes:
             rest[f"{size[1]} multiply-adds"] += ms
@@ -244,8 +255,8 @@ def pytorch_profile(module, inputs: list[np.ndarray], threads: int, rounds: int,
 _TORCH_HEAVY = ("aten::conv2d", "aten::linear", "aten::matmul", "aten::addmm", "aten::mm", "aten::bmm")
 
 
-def _torch_size(name: str, shapes: list, concrete: list) -> tuple[int, int] | None:
-    """(outputs, multiply-adds) of a profiled PyTorch call, as ``heavy_ops`` counts them."""
+def _torch_size(name: str, shapes: list, concrete: list) -> tuple[int, int, int, int] | None:
+    """(outputs, multiply-adds, inputs, weights) of a profiled PyTorch call, as ``heavy_ops`` counts them."""
     if name == "aten::conv2d" and len(shapes[0]) == 4 and len(shapes[1]) == 4:
         (n, _, h, w), (co, ci, kh, kw) = shapes[0], shapes[1]
         stride, pad, dil = (concrete[i] if concrete[i] else [1, 1] for i in (3, 4, 5))
@@ -254,15 +265,15 @@ def _torch_size(name: str, shapes: list, concrete: list) -> tuple[int, int] | No
         oh = (h + 2 * pad[0] - dil[0] * (kh - 1) - 1) // stride[0] + 1
         ow = (w + 2 * pad[1] - dil[1] * (kw - 1) - 1) // stride[1] + 1
         outputs = n * co * oh * ow
-        return outputs, outputs * ci * kh * kw
+        return outputs, outputs * ci * kh * kw, math.prod(shapes[0]), math.prod(shapes[1])
     if name == "aten::linear" and shapes[0] and len(shapes[1]) == 2:
         outputs = math.prod(shapes[0][:-1]) * shapes[1][0]
-        return outputs, outputs * shapes[1][1]
+        return outputs, outputs * shapes[1][1], math.prod(shapes[0]), math.prod(shapes[1])
     a, b = (shapes[1], shapes[2]) if name == "aten::addmm" else (shapes[0], shapes[1])
     if len(a) >= 2 and len(b) >= 2:
         batch = np.broadcast_shapes(tuple(a[:-2]), tuple(b[:-2]))
         outputs = math.prod(batch) * a[-2] * b[-1]
-        return outputs, outputs * a[-1]
+        return outputs, outputs * a[-1], math.prod(a), math.prod(b)
     return None
 
 
