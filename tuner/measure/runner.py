@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import tvm
+import tvm_ffi
 
 from tuner.measure.cuda import CudaToolchainError, context_fatal, load_cuda_runtime
 from tuner.measure.results import ErrorClass, RunResult, relative_spread
@@ -294,7 +295,16 @@ class CandidateRunner:
 
 
 def _load(artifact: bytes) -> tvm.runtime.Module:
+    """The candidate's library, loaded for as long as the returned module is referenced.
+
+    ``tvm.runtime.load_module`` keeps every module it loads alive until the process ends
+    (tvm_ffi's ``keep_module_alive``): a device actor that times one candidate after another
+    then holds every library it ever loaded, five memory maps each, and past the kernel's
+    ``vm.max_map_count`` (65,530) every load fails ("failed to map segment from shared
+    object"), after about 13,000 candidates. Nothing a candidate's library allocates
+    outlives the measurement (outputs are copied out to numpy), so it can go with it.
+    """
     with tempfile.NamedTemporaryFile(suffix=".so", prefix="nightshift-run-") as f:
         Path(f.name).write_bytes(artifact)
         # The loaded library stays mapped after the file is unlinked.
-        return tvm.runtime.load_module(f.name)
+        return tvm_ffi.load_module(f.name, keep_module_alive=False)
