@@ -1,0 +1,83 @@
+"""Two tuning databases of one model, interleaved in the same rounds with the peers.
+
+``nightshift bench`` runs one database against the peers; two runs of it are minutes apart,
+and on this shared machine the same database has measured 1.06x and 1.17x OpenVINO's time in
+two runs. Here the second database's build is one more entry of the same rounds (a peer that
+runs a TVM build), so the two builds and the peers see the same machine. Writes
+benchmarks/results/db_ab.json (``--out``).
+
+    .venv/bin/python benchmarks/db_ab.py --db warm.db --db-b cold.db --label-b "cold-tuned" --model resnet50
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from tuner.bench import BenchConfig, TvmRunner, bench, render
+from tuner.compile import compile_model
+from tuner.db import TuningDatabase
+from tuner.device import parse_device
+from tuner.frontends import load_model
+from tuner.peers._base import Peer, PeerModel
+
+console = Console()
+RESULTS = Path(__file__).parent / "results" / "db_ab.json"
+
+
+class OtherDatabase(Peer):
+    """The model compiled from another database, run as a peer of the benchmark."""
+
+    name = "tvm-db-b"
+    module = "tvm"
+    install = "pip install -e ."
+
+    def __init__(self, spec, device, db: TuningDatabase, label: str) -> None:
+        super().__init__()
+        self._spec, self._device, self._db, self.label = spec, device, db, label
+
+    def prepare(self, model: PeerModel, threads: int) -> None:
+        compiled = compile_model(self._spec, self._device, self._db)
+        self._runner = TvmRunner(compiled, self._device, self.label)
+
+    def run(self, inputs):
+        return self._runner.run(inputs)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--db", required=True, help="database A: the 'TVM, database' row")
+    p.add_argument("--db-b", required=True, help="database B: one more row of the same rounds")
+    p.add_argument("--label-b", default="TVM, database B")
+    p.add_argument("--model", default="resnet50")
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--peers", nargs="+", default=["onnxruntime", "openvino-f32"])
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args()
+    device = parse_device("cpu")
+    spec = load_model(args.model)
+    other = OtherDatabase(spec, device, TuningDatabase(args.db_b), args.label_b)
+    config = BenchConfig(rounds=args.rounds, peers=(*args.peers, other), fallback=False)
+    load_before = os.getloadavg()
+    result = bench(spec, device, TuningDatabase(args.db), source=args.model, config=config)
+    console.print(render(result))
+    doc = {
+        "benchmark": "db_ab",
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "db_a": args.db, "db_b": args.db_b, "label_b": args.label_b,
+        "load_before": load_before, "load_after": os.getloadavg(), "result": result.to_json(),
+    }  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    console.print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
