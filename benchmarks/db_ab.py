@@ -12,8 +12,6 @@ benchmarks/results/db_ab.json (``--out``).
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import sys
 from pathlib import Path
@@ -29,6 +27,8 @@ from tuner.peers._base import Peer, PeerModel
 
 console = Console()
 RESULTS = Path(__file__).parent / "results" / "db_ab.json"
+sys.path.insert(0, str(Path(__file__).parent))
+from result_file import write_result  # noqa: E402
 
 
 class OtherDatabase(Peer):
@@ -67,15 +67,10 @@ def main() -> None:
     load_before = os.getloadavg()
     result = bench(spec, device, TuningDatabase(args.db), source=args.model, config=config)
     console.print(render(result))
-    doc = {
-        "benchmark": "db_ab",
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+    write_result(args.out, "db_ab", {
         "db_a": args.db, "db_b": args.db_b, "label_b": args.label_b,
         "load_before": load_before, "load_after": os.getloadavg(), "result": result.to_json(),
-    }  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    })  # fmt: skip
     console.print(f"wrote {args.out}")
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import os
 import platform
@@ -38,6 +37,8 @@ from tuner.tasks import extract_tasks
 
 console = Console()
 RESULTS = Path(__file__).parent / "results" / "flush_ranking.json"
+sys.path.insert(0, str(Path(__file__).parent))
+from result_file import write_result  # noqa: E402
 
 
 def scheduled(task, row):
@@ -116,16 +117,11 @@ def main() -> None:
     gain = sum(e["weight"] * (e["records"][e["cold_best"]]["cold_ms"] - e["records"][e["warm_best"]]["cold_ms"])
                for e in out)
     console.print(f"taking the cold best of these tasks would change the model's cold time by {gain:+.3f} ms")
-    doc = {
-        "benchmark": "flush_ranking",
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+    write_result(args.out, "flush_ranking", {
         "machine": {"cpu": device.description.get("model", platform.processor()), "target": str(device.target),
                     "load_before": load_before, "load_after": os.getloadavg()},
         "model": args.model, "db": args.db, "tasks": out, "cold_best_gain_ms": gain,
-    }  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    })  # fmt: skip
     console.print(f"wrote {args.out}")
 
 

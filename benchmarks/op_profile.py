@@ -17,8 +17,6 @@ here, 3.9 ms in OpenVINO". Writes benchmarks/results/op_profile_<model>[_<precis
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import platform
 import statistics
@@ -57,6 +55,7 @@ from peer_profiles import (  # noqa: E402
     pytorch_profile,
     reduction_size,
 )
+from result_file import write_result  # noqa: E402
 
 
 def fused_functions(spec, device, plan, precision: str = "fp32") -> dict[str, tuple[str, float, tuple | None]]:
@@ -197,10 +196,9 @@ def main() -> None:
                       + ", ".join(f"{k} {v:.2f}" for k, v in rest if v >= 0.01))
     if shapes:
         console.print(shape_table(shapes, list(peers)))
-    doc = {
-        "benchmark": "op_profile",
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+    suffix = "" if args.precision == "fp32" else "_" + args.precision
+    out = args.out or RESULTS / f"op_profile_{args.model}{suffix}.json"
+    write_result(out, "op_profile", {
         "machine": {"cpu": device.description.get("model", platform.processor()), "threads": threads,
                     "target": str(device.target), "load_before": load_before, "load_after": os.getloadavg()},
         "model": args.model, "precision": args.precision, "db": args.db, "tuned": len(compiled.tuned),
@@ -209,11 +207,7 @@ def main() -> None:
         "tvm_functions": rows, "tvm_by_family_ms": families,
         "onnxruntime_by_op_ms": peers.get("onnxruntime", {}).get("by_type_ms", {}),
         "peers": peers, "by_shape": shapes,
-    }  # fmt: skip
-    suffix = "" if args.precision == "fp32" else "_" + args.precision
-    out = args.out or RESULTS / f"op_profile_{args.model}{suffix}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1) + "\n")
+    })  # fmt: skip
     console.print(f"wrote {out}")
 
 

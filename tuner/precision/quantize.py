@@ -5,7 +5,8 @@ name or an fp32 ONNX file), the CLI quantizes it first, as a user would with
 ``onnxruntime.quantization.quantize_static``: the QDQ format, per-channel symmetric int8
 weights, uint8 activations calibrated (min/max) on ``N`` random inputs with fixed seeds.
 The file is cached under the fp32 model's content hash (an ONNX file's bytes, a zoo model's
-structure and weights): the same model and ``N`` give the same file, so its tasks keep their workload keys between ``tune``, ``compile`` and ``bench``.
+structure and weights): the same model and ``N`` give the same file, so its tasks keep their
+workload keys between ``tune``, ``compile`` and ``bench``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,21 @@
+"""The JSON every benchmark script writes into benchmarks/results/: what ran, when, where."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def write_result(path: Path, benchmark: str, body: dict[str, Any]) -> None:
+    """Write ``body`` to ``path`` after the benchmark's name, the UTC date and the command line."""
+    doc = {
+        "benchmark": benchmark,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        **body,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
