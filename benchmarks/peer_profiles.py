@@ -140,15 +140,16 @@ def producers(onnx_path: Path) -> dict:
 
 
 def openvino_profile(onnx_path: Path, inputs: list[np.ndarray], threads: int, rounds: int,
-                     precision: str | None) -> tuple[dict[str, float], dict[str, float], str]:  # fmt: skip
+                     precision: str) -> tuple[dict[str, float], dict[str, float], str]:  # fmt: skip
     """OpenVINO's per-node times (``PERF_COUNT``), median over ``rounds`` inferences, in ms:
-    by heavy ONNX node, the rest by OpenVINO node type; and the precision it ran at."""
+    by heavy ONNX node, the rest by OpenVINO node type; and the precision it ran at.
+    ``precision`` is its ``INFERENCE_PRECISION_HINT`` (``f32``, ``bf16``): always given,
+    since its default is bf16 on CPUs with AVX512_BF16 or AMX."""
     import openvino as ov
 
-    config: dict[str, object] = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY", "PERF_COUNT": True}
-    if precision is not None:
-        config["INFERENCE_PRECISION_HINT"] = precision
-    compiled = ov.Core().compile_model(str(onnx_path), "CPU", config)
+    from tuner.peers.openvino_cpu import compile_config
+
+    compiled = ov.Core().compile_model(str(onnx_path), "CPU", compile_config(threads, precision, PERF_COUNT=True))
     ran_at = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
     request = compiled.create_infer_request()
     request.infer(inputs)
@@ -174,11 +175,9 @@ def onnxruntime_profile(onnx_path: Path, inputs: list[np.ndarray], threads: int,
     by its own node names."""
     import onnxruntime as ort
 
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    from tuner.peers.onnx_runtime import session_options
+
+    opts = session_options(threads)
     opts.enable_profiling = True
     opts.profile_file_prefix = str(Path(tempfile.mkdtemp()) / "ort")
     session = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])

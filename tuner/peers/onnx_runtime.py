@@ -11,6 +11,19 @@ from tuner.peers._base import Peer, PeerModel, PeerSkipped
 logger = logging.getLogger(__name__)
 
 
+def session_options(threads: int):
+    """ONNX Runtime's options for a peer run: all graph optimizations, ``threads`` intra-op
+    threads, one operator at a time (as TVM's VM runs them: the threads go to each operator)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return opts
+
+
 class OnnxRuntimePeer(Peer):
     """ONNX Runtime, all graph optimizations, ``threads`` intra-op threads, sequential execution."""
 
@@ -23,13 +36,8 @@ class OnnxRuntimePeer(Peer):
 
         if model.onnx_path is None:
             raise PeerSkipped(model.onnx_reason or "no ONNX file of the model")
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        # One operator at a time, as TVM's VM runs them: the threads go to each operator.
-        opts.inter_op_num_threads = 1
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self._session = ort.InferenceSession(str(model.onnx_path), opts, providers=["CPUExecutionProvider"])
+        self._session = ort.InferenceSession(str(model.onnx_path), session_options(threads),
+                                             providers=["CPUExecutionProvider"])  # fmt: skip
         self._names = [i.name for i in self._session.get_inputs()]
         self.label = f"ONNX Runtime {ort.__version__}"
         logger.debug("onnxruntime session on %s, %d threads", model.onnx_path, threads)

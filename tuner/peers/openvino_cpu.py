@@ -11,6 +11,16 @@ from tuner.peers._base import Peer, PeerModel, PeerSkipped
 logger = logging.getLogger(__name__)
 
 
+def compile_config(threads: int, precision: str | None, **extra: object) -> dict[str, object]:
+    """OpenVINO's CPU configuration for a peer run: latency mode, ``threads`` inference
+    threads, ``INFERENCE_PRECISION_HINT=precision`` (None: OpenVINO's default, bf16 on CPUs
+    with AVX512_BF16 or AMX), and ``extra`` properties."""
+    config: dict[str, object] = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY", **extra}
+    if precision is not None:
+        config["INFERENCE_PRECISION_HINT"] = precision
+    return config
+
+
 class OpenVinoPeer(Peer):
     """OpenVINO, latency mode, ``threads`` inference threads.
 
@@ -34,10 +44,7 @@ class OpenVinoPeer(Peer):
 
         if model.onnx_path is None:
             raise PeerSkipped(model.onnx_reason or "no ONNX file of the model")
-        config: dict[str, object] = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
-        if self._hint is not None:
-            config["INFERENCE_PRECISION_HINT"] = self._hint
-        compiled = ov.Core().compile_model(str(model.onnx_path), "CPU", config)
+        compiled = ov.Core().compile_model(str(model.onnx_path), "CPU", compile_config(threads, self._hint))
         self.precision = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
         which = "" if self._hint is not None else "default "
         self.label = f"OpenVINO {ov.__version__.split('-')[0]} {which}({self.precision})"
