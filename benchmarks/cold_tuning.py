@@ -3,9 +3,10 @@ from the CPU caches before each run (``TimingConfig.flush_cache``, as Ansor reco
 whole networks), instead of called again and again on warm caches.
 
 Runs a real tuning job (local Ray cluster, SQLite file ``--db``) on the model's tasks in one
-layout; compare the database with a warm one through ``e2e_vs_peers.py`` (its ratios to the
-peers carry over between runs). Records of cold timings must not share a database with warm
-ones: a lookup ranks them by time, and warm times are lower.
+layout; compare the database with a warm one through ``db_ab.py``. ``tune --timing cold``
+does the same on every task of the model (``TimingConfig.of_mode``); this script keeps the
+layout fixed and the repeat count open. Cold records are stored as such (``records.timing``)
+and never ranked with warm ones.
 
     .venv/bin/python benchmarks/cold_tuning.py --model resnet50 --trials 2048 --db /tmp/cold.db
 """

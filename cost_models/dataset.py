@@ -116,6 +116,8 @@ def load_dataset(db, device, *, target: tvm.target.Target | None = None, same_ar
             schedules.append(sch)
             labels.append(_label(row, stored.flops))
             group = key if fingerprint == device.fingerprint else f"{key}@{fingerprint}"
+            if row.timing != "warm":  # cold times rank among themselves, not with warm ones
+                group += f"~{row.timing}"
             groups.append(group)
             names[group] = stored.name
         if schedules:

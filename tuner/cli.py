@@ -68,6 +68,9 @@ def _add_tune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trials-per-batch", type=int, default=None,
                    help="candidates proposed, built and timed together (default 16)")
     p.add_argument("--build-timeout", type=float, default=None, help="seconds per build (60)")
+    p.add_argument("--timing", choices=["warm", "cold"], default=None,
+                   help="time candidates on warm caches, or cold: inputs and weights flushed from the CPU "
+                        "caches before each run, as inside a whole model (CPU only; default warm)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default 0)")
     p.add_argument("--strategy", default=None,
                    help="search strategy: evolutionary (default), random, grid, optuna-tpe, optuna-cmaes")
@@ -232,6 +235,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from tuner.config import apply_config, parse_duration
     from tuner.job import TuneConfig, tune_tasks
     from tuner.measure.ray_measure import MeasureConfig, connect
+    from tuner.measure.runner import TimingConfig
     from tuner.measure.submit import check_address, is_jobs_address, submit
     from tuner.progress import JsonLog, LiveView
 
@@ -245,9 +249,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     budget = None if args.time_budget is None else parse_duration(args.time_budget)
     trials = args.trials if args.trials is not None or budget is not None else 64
     device, spec = _load(args)
+    if args.timing == "cold" and device.kind != "cpu":
+        raise UserInputError(f"--timing cold flushes CPU caches; {device.name} is timed warm: drop --timing")
     config = TuneConfig(
         trials=trials, time_budget_s=budget, batch_size=args.trials_per_batch, seed=args.seed,
-        strategy=args.strategy, measure=MeasureConfig(build_timeout_s=args.build_timeout),
+        strategy=args.strategy,
+        measure=MeasureConfig(build_timeout_s=args.build_timeout, timing=TimingConfig.of_mode(args.timing)),
         name=args.job or f"{spec.name}-{device.name}", fresh=args.fresh, skip_after=args.skip_after,
     )  # fmt: skip
     if device.kind == "cuda":

@@ -163,9 +163,10 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
                              f"(`nightshift db init --db {url.database}` creates a new one)")
     engine = create_engine(url)
     try:
-        with engine.connect() as conn:
-            before = migrate.schema_state(conn).revision
-        after = migrate.upgrade(engine, url).revision
+        # The revision before is read under upgrade's lock: read apart, another process's
+        # upgrade could move or drop the version table between the two reads.
+        state = migrate.upgrade(engine, url)
+        before, after = state.was, state.revision
     except DBAPIError as err:
         raise DatabaseError(f"cannot upgrade tuning database {redact(url)}: {_describe(err)}") from err
     finally:
@@ -216,7 +217,8 @@ def cmd_best(args: argparse.Namespace) -> int:
                           replays=(lambda row: replays_cleanly(row, workload)) if workload is not None else None)
         if not found:
             raise UserInputError(f"no usable record of workload {args.workload} for {device.name} or its architecture")
-        table = Table(title=f"workload {args.workload} on {device.name}")
+        # The records found are of one timing mode (cold ones first, see TuningDatabase.lookup).
+        table = Table(title=f"workload {args.workload} on {device.name}, timed {found[0].row.timing}")
         for col in ("record", "mean (ms)", "source", "TVM", "job", "written by", "point"):
             table.add_column(col)
         for b in found:
@@ -231,12 +233,13 @@ def cmd_best(args: argparse.Namespace) -> int:
                       + "; ".join(f"{i}: {r}" for i, r in sorted(db.rejected.items())[:5]))
         return 0
     table = Table(title=f"best schedules for {device.name} ({device.arch}, fingerprint {device.fingerprint})")
-    for col in ("workload", "name", "best (ms)", "GFLOPS", "records", "TVM", "origin"):
+    for col in ("workload", "name", "best (ms)", "timing", "GFLOPS", "records", "TVM", "origin"):
         table.add_column(col, justify="right" if col in ("best (ms)", "GFLOPS", "records") else "left")
     for w, row, n in db.best_per_workload(dev_id):
         gflops = f"{w.flops / row.mean_sec / 1e9:,.1f}" if w.flops and row.mean_sec else "-"
         origin = "measured" if row.origin == "local" else f"FOREIGN: imported from {row.source_file}"
-        table.add_row(w.key, w.summary or w.name, f"{row.mean_sec * 1e3:.4f}", gflops, str(n), row.tvm_version,
+        table.add_row(w.key, w.summary or w.name, f"{row.mean_sec * 1e3:.4f}", row.timing, gflops, str(n),
+                      row.tvm_version,
                       origin)  # fmt: skip
     out.print(table)
     return 0

@@ -138,6 +138,7 @@ OPTIONS: dict[str, Callable[[Any], Any]] = {
     "trials": _pos_int,
     "trials_per_batch": _pos_int,
     "build_timeout": _pos_float,
+    "timing": _choice("warm", "cold"),
     "seed": _int,
     "strategy": _strategy,
     "fresh": _bool,
@@ -155,7 +156,7 @@ DEFAULTS: dict[str, Any] = {
     "device": "cpu", "batch_size": 1, "dtype": "float32", "trials_per_batch": 16, "build_timeout": 60.0,
     "seed": 0, "strategy": "evolutionary", "skip_after": 512, "fresh": False, "no_verify": False,
     "quiet": False, "verbose": False, "precision": "fp32", "accuracy_inputs": 8,
-    "calibration": 32,
+    "calibration": 32, "timing": "warm",
 }  # fmt: skip
 
 _PATHS = ("output", "log_json")

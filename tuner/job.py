@@ -224,6 +224,8 @@ class TuningJob:
         self.config = config
         self.model_name = model_name
         self.name = config.name or f"{model_name}-{device.name}"
+        #: records.timing of this job's measurements; only records of this mode are reused.
+        self.timing = config.measure.timing.mode(device.kind)
         self.on_event = on_event
         # Replaced in run() by the model pre-trained on the database's records of this device family.
         self.model: cost_models.CostModel = cost_models.create("xgb", seed=config.seed)
@@ -435,7 +437,7 @@ class TuningJob:
         db, config = self.db, self.config
         row = db.find_job(self.name, self.device_id)
         # The process id lets a rerun on the same host see at once that a killed run is dead.
-        settings = {"device": self.device.name, "pid": os.getpid()} | _jsonable(asdict(config))
+        settings = {"device": self.device.name, "pid": os.getpid(), "timing": self.timing} | _jsonable(asdict(config))
         # The report weighs each task's best by how often the model calls it.
         settings["tasks"] = [{"workload_key": t.workload_key, "weight": t.weight, "choice": t.choice}
                              for t in self.tasks]
@@ -466,7 +468,8 @@ class TuningJob:
         """Rebuild the scheduler from the database and decide each task's reuse; return the
         rule line printed for each task."""
         assert self.device_id is not None and self.job_id is not None
-        histories = task_histories(self.db, self.device_id, self.job_id, [t.workload_key for t in self.tasks])
+        histories = task_histories(self.db, self.device_id, self.job_id, [t.workload_key for t in self.tasks],
+                                   self.timing)  # fmt: skip
         lines = []
         for i, t in enumerate(self.tasks):
             h = histories.get(t.workload_key, TaskHistory())
@@ -716,6 +719,7 @@ class TuningJob:
                 record_json=json.dumps(rec), run_secs=r.run_secs,
                 error_class=str(error) if error else None, error_msg=msg,
                 build_sec=m.build.build_sec, program_hash=h, run_wall_sec=r.busy_s or None,
+                timing=self.timing,
             ))  # fmt: skip
             if error:
                 failed += 1
@@ -802,7 +806,7 @@ class TuningJob:
             spaces.append(space)
             strategies.append(self._strategy(space, task, kind, seed=config.seed * 1009 + i * 31 + k))
         assert self.device_id is not None
-        hashes = self._retrying("database", self.db.measured_hashes, task.workload_key, self.device_id)
+        hashes = self._retrying("database", self.db.measured_hashes, task.workload_key, self.device_id, self.timing)
         ts = _TaskSearch(kinds, spaces, strategies, SpaceBandit(kinds), hashes=hashes)
         self._replay(task, ts)
         self.searches[i] = ts
@@ -814,8 +818,10 @@ class TuningJob:
 
     def _strategy(self, space: search_spaces.SearchSpace, task: Task, kind: str, *, seed: int) -> SearchStrategy:
         # A study name that a rerun of the same job derives again, so Optuna resumes it.
+        # Cold timings get studies of their own: a study's values are times of one mode.
         study = "/".join([self.model_name, self.device.fingerprint, task.workload_key, kind,
-                          self.config.strategy, f"seed{self.config.seed}"])  # fmt: skip
+                          self.config.strategy, f"seed{self.config.seed}"]
+                         + (["cold"] if self.timing == "cold" else []))  # fmt: skip
         options: dict[str, Any] = {"seed": seed, "storage_url": self.db.url.render_as_string(hide_password=False),
                                    "study_name": study}  # fmt: skip
         if self.config.propose_on == "cluster":
@@ -836,7 +842,8 @@ class TuningJob:
         by_kind = {kind: k for k, kind in enumerate(ts.kinds)}
         counts = [0] * len(ts.kinds)
         best: list[float | None] = [None] * len(ts.kinds)
-        stored = self._retrying("database", measured_results, self.db, task.workload_key, self.device_id)
+        stored = self._retrying("database", measured_results, self.db, task.workload_key, self.device_id,
+                                self.timing)  # fmt: skip
         if self.config.fresh:
             # Other jobs' records are ignored; the job's own (a resumed run) still count.
             assert self.job_id is not None

@@ -3,6 +3,7 @@
 A task the database has many good records of on this device (any job, any teammate) is
 skipped; one with some is warm-started (its strategies told those records, the scheduler its
 best); ``--fresh`` ignores other jobs' records (the job's own, when it resumes, still count).
+Only records of the job's timing mode count: a task tuned warm is not yet tuned cold.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from sqlalchemy import distinct, func, select
 
 from tuner.db import TuningDatabase
 from tuner.db.schema import RecordRow, WorkloadRow
+from tuner.measure.results import Timing
 
 
 @dataclass(frozen=True)
@@ -28,11 +30,14 @@ class TaskHistory:
     own_best_sec: float | None = None
 
 
-def task_histories(db: TuningDatabase, device_id: int, job_id: int, keys: list[str]) -> dict[str, TaskHistory]:
-    """:class:`TaskHistory` of each workload key (absent keys have none). Two grouped SELECTs."""
+def task_histories(db: TuningDatabase, device_id: int, job_id: int, keys: list[str],
+                   timing: Timing = "warm") -> dict[str, TaskHistory]:  # fmt: skip
+    """:class:`TaskHistory` of each workload key, from its records timed in ``timing`` mode
+    (absent keys have none). Two grouped SELECTs."""
     ok = RecordRow.error_class.is_(None) & RecordRow.mean_sec.is_not(None)
     base = (select(WorkloadRow.key).join(RecordRow, RecordRow.workload_id == WorkloadRow.id)
-            .where(WorkloadRow.key.in_(keys), RecordRow.device_id == device_id).group_by(WorkloadRow.key))  # fmt: skip
+            .where(WorkloadRow.key.in_(keys), RecordRow.device_id == device_id, RecordRow.timing == timing)
+            .group_by(WorkloadRow.key))  # fmt: skip
     every = base.add_columns(func.count(RecordRow.id), func.count(RecordRow.mean_sec).filter(ok),
                              func.count(distinct(RecordRow.job_id)),
                              func.min(RecordRow.mean_sec).filter(ok))  # fmt: skip

@@ -78,6 +78,42 @@ def test_writes_are_idempotent(db_url, cpu_device):
     assert db.count_records(key, dev) == 6
 
 
+def test_warm_and_cold_timings_are_separate_records_never_ranked_together(db_url, cpu_device):
+    from dataclasses import replace
+
+    from tuner.db.database import measured_results
+    from tuner.reuse import task_histories
+
+    db = TuningDatabase(db_url)
+    mod = add_mod()
+    key = workload_key(mod)
+    db.workload_id(key, "add", mod, 8.0)
+    dev = db.device_id(cpu_device)
+    job = db.start_job("m", dev, {}, 4)
+    warm = [_rec(key, "a", [1e-3]), _rec(key, "b", [5e-4])]
+    cold = [replace(_rec(key, "a", [1.5e-3]), timing="cold"), replace(_rec(key, "b", [2e-3]), timing="cold")]
+    assert db.add_records(dev, job, warm) == 2
+    # The same points timed cold are new records, and a retry of either batch adds nothing.
+    assert db.add_records(dev, job, cold) == 2
+    assert db.add_records(dev, job, [*warm, *cold]) == 0
+    assert db.measured_points(key, dev, "cold") == db.measured_points(key, dev, "warm") == {"a", "b"}
+    assert sorted((p, m) for p, m, _ in measured_results(db, key, dev, "cold")) == [("a", 1.5e-3), ("b", 2e-3)]
+    # Cold first, alone: the warm "b" (0.5 ms) is faster than every cold record but not
+    # ranked with them; "a" wins cold although it loses warm.
+    assert [(r.point, r.timing) for r in db.best(key, dev, k=4)] == [("a", "cold"), ("b", "cold")]
+    assert [(b.row.point, b.row.timing) for b in db.lookup(key, dev, k=4)] == [("a", "cold"), ("b", "cold")]
+    assert [r.point for r in db.best(key, dev, k=4, timing="warm")] == ["b", "a"]
+    [(_, best_row, n)] = db.best_per_workload(dev)
+    assert (best_row.point, best_row.timing, n) == ("a", "cold", 4)
+    h = task_histories(db, dev, job, [key], "cold")[key]
+    assert (h.ok, h.best_sec) == (2, 1.5e-3)
+    assert task_histories(db, dev, job, [key], "warm")[key].best_sec == 5e-4
+    # Pruning keeps the best of each mode.
+    assert db.prune(keep_top=1) == PruneResult(2, 2)
+    assert {(r.point, r.timing) for r in db.best(key, dev, k=4, timing="warm")} == {("b", "warm")}
+    assert {(r.point, r.timing) for r in db.best(key, dev, k=4)} == {("a", "cold")}
+
+
 def test_lookup_fallback_policy(db_url, cpu_device):
     db = TuningDatabase(db_url)
     mod = add_mod()

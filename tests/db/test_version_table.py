@@ -65,23 +65,35 @@ def _url(arg: str) -> str:
     return arg if "://" in arg else f"sqlite:///{arg}"
 
 
-def test_database_of_e085552_moves_its_revision_on_first_use(db_url, tmp_path, capsys):
+def test_database_of_e085552_is_upgraded_with_its_revision_moved(db_url, tmp_path, capsys):
     arg = load_fixture("main_0005", db_url, tmp_path)
     url = _url(arg)
     assert _versions(url) == (None, ["0005"])
     before = _rows(url)
     assert len(before["records"]) == 21
 
-    # A read-only command is a first use: the revision moves, nothing else changes.
-    assert cli.main(["db", "stats", "--db", arg]) == 0
-    assert f"(schema {HEAD})" in capsys.readouterr().out
-    assert _versions(url) == (["0005"], None)  # alembic_version held nothing else: dropped
+    # Its schema (0005) is older than this Nightshift's: a command refuses it, saying how to
+    # upgrade, and touches nothing (the revision stays where that Nightshift kept it).
+    assert cli.main(["db", "stats", "--db", arg]) == 2
+    assert f"schema 0005, older than {HEAD}" in " ".join(capsys.readouterr().err.split())
+    assert _versions(url) == (None, ["0005"])
     assert _rows(url) == before
+
+    # `db upgrade` moves the revision to Nightshift's table and migrates, in one transaction.
+    assert cli.main(["db", "upgrade", "--db", arg]) == 0
+    assert f"upgraded from schema 0005 to {HEAD}" in capsys.readouterr().out
+    assert _versions(url) == ([HEAD], None)  # alembic_version held nothing else: dropped
+    after = _rows(url)
+    # Every row kept; the records gained their timing mode (0006), warm: all 0005 knew.
+    assert [r[:-1] for r in after["records"]] == before["records"]
+    assert {r[-1] for r in after["records"]} == {"warm"}
+    assert {t: rows for t, rows in after.items() if t != "records"} == {
+        t: rows for t, rows in before.items() if t != "records"}  # fmt: skip
 
     # Optuna now gets alembic_version to itself, and Nightshift does not read its revision.
     study = optuna.create_study(study_name="s", storage=optuna_storage(url))
     study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
-    assert _versions(url) == (["0005"], [_optuna_head()])
+    assert _versions(url) == ([HEAD], [_optuna_head()])
     db = TuningDatabase(url, create=False)
     assert db.schema == migrate.SchemaState(HEAD, HEAD)
     db.close()
@@ -177,13 +189,17 @@ def test_db_commands_on_a_database_with_studies(db_url, cpu_device, tmp_path, ca
     assert _versions(db_url) == ([HEAD], [_optuna_head()])
 
 
-def _opener(url: str, index: int, barrier, errors) -> None:
-    """One process's first use of the database: Nightshift's, then Optuna's."""
+def _opener(url: str, index: int, upgrade: bool, barrier, errors) -> None:
+    """One process's first use of the database (after ``db upgrade``, with ``upgrade``):
+    Nightshift's, then Optuna's."""
     try:
+        from tuner import cli
         from tuner.db import TuningDatabase
         from tuner.search.optuna_search import optuna_storage
 
         barrier.wait(timeout=120)
+        if upgrade:
+            assert cli.main(["db", "upgrade", "--db", url]) == 0
         if index % 2:  # half open Optuna's storage first (it opens the tuning database itself)
             TuningDatabase(url).close()
         study = optuna.create_study(study_name=f"proc{index}", storage=optuna_storage(url))
@@ -195,10 +211,10 @@ def _opener(url: str, index: int, barrier, errors) -> None:
 
 @pytest.mark.parametrize("fixture", ["main_0005", None], ids=["e085552-database", "empty"])
 def test_processes_open_a_database_at_once(db_url, tmp_path, fixture):
-    """Each process moves the revision (or creates the schema) and Optuna's tables at once:
-    one of each wins, the others find them made."""
+    """Each process upgrades the old database and moves its revision (or creates the schema)
+    and Optuna's tables at once: one of each wins, the others find them made."""
     url = _url(load_fixture(fixture, db_url, tmp_path)) if fixture else db_url
-    run_at_once(_opener, lambda i: (url, i), PROCS, JOIN_TIMEOUT_S)
+    run_at_once(_opener, lambda i: (url, i, fixture is not None), PROCS, JOIN_TIMEOUT_S)
     assert _versions(url) == ([HEAD], [_optuna_head()])
     summaries = optuna.get_all_study_summaries(optuna_storage(url))
     assert sorted((s.study_name, s.n_trials) for s in summaries) == [(f"proc{i}", 2) for i in range(PROCS)]

@@ -38,7 +38,7 @@ from tuner.db.schema import (
 from tuner.db.validate import device_peak_flops, record_rejection, timing_rejection
 from tuner.device import Device
 from tuner.errors import DatabaseError, UserInputError
-from tuner.measure.results import ErrorClass
+from tuner.measure.results import ErrorClass, Timing
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +48,9 @@ FallbackPolicy = Literal["device", "same-arch"]
 # Where a looked-up record came from: this device's class, another device of its
 # architecture, or an imported (foreign) MetaSchedule database.
 Source = Literal["device", "same-arch", "foreign"]
+# The order in which lookups try the modes: cold timings rank candidates as they run inside a
+# whole model, where the previous operator has evicted this one's weights.
+PREFERRED_TIMINGS: tuple[Timing, ...] = ("cold", "warm")
 # Error class of a timing refused on write (below the roofline, MetaSchedule's failure value).
 IMPLAUSIBLE = "implausible_timing"
 # A running job whose heartbeat is older than this is dead (it writes one at least every minute).
@@ -80,6 +83,7 @@ class NewRecord:
     build_sec: float | None = None
     run_wall_sec: float | None = None
     program_hash: str | None = None
+    timing: Timing = "warm"
 
     @property
     def mean_sec(self) -> float | None:
@@ -467,8 +471,8 @@ class TuningDatabase:
                     source: ImportSource | None = None) -> int:  # fmt: skip
         """Store measurements of one device in one transaction; return how many were new.
 
-        Idempotent: a point already stored for the workload on this device (by any job) is
-        skipped, so a retried batch never duplicates and a candidate is recorded once. Only
+        Idempotent: a point already stored for the workload on this device in the record's
+        timing mode (by any job) is skipped, so a retried batch never duplicates and a candidate is recorded once. Only
         a stored record whose error class is in :data:`RETRIED_ERRORS` (the candidate's node
         was lost) is replaced by the new measurement; it counts as new.
 
@@ -498,7 +502,7 @@ class TuningDatabase:
         rows: dict[str, dict[str, Any]] = {}
         for r in records:
             wid = ids[r.workload_key]
-            rkey = record_key(wid, device_id, r.point)
+            rkey = record_key(wid, device_id, r.point, r.timing)
             if rkey in rows and rows[rkey]["error_class"] not in RETRIED_ERRORS:
                 continue  # the first measurement of a point in the batch stands, as in the table
             mean, error, msg = r.mean_sec, r.error_class, r.error_msg
@@ -512,14 +516,14 @@ class TuningDatabase:
                 "point": r.point, "program_hash": r.program_hash, "record_json": r.record_json,
                 "run_secs": json.dumps(list(r.run_secs)), "mean_sec": mean, "error_class": error,
                 "error_msg": msg, "build_sec": r.build_sec, "run_wall_sec": r.run_wall_sec,
-                "created_at": now, **who,
+                "timing": r.timing, "created_at": now, **who,
             }  # fmt: skip
         # One key order for every writer: PostgreSQL then locks index entries in the same
         # order in every transaction, which rules out deadlocks between batches.
         ordered = [rows[k] for k in sorted(rows)]
         table = RecordRow.__table__
         insert = self._insert(table)
-        replaced = ("id", "record_key", "workload_id", "device_id", "point")
+        replaced = ("id", "record_key", "workload_id", "device_id", "point", "timing")
         stmt = insert.on_conflict_do_update(
             index_elements=["record_key"],
             set_={c.name: insert.excluded[c.name] for c in table.columns if c.name not in replaced},
@@ -533,25 +537,26 @@ class TuningDatabase:
 
         return self._write(work)
 
-    def measured_hashes(self, workload_key: str, device_id: int) -> set[str]:
-        """Program hashes of every candidate of a workload already measured on a device.
+    def measured_hashes(self, workload_key: str, device_id: int, timing: Timing = "warm") -> set[str]:
+        """Program hashes of every candidate of a workload already measured on a device in
+        one timing mode (a program timed warm is not yet measured cold).
 
         By any job or teammate, failed candidates included (a program that failed once
         fails again); records in :data:`RETRIED_ERRORS` and records older than schema 3
         (no hash) are not in it. One SELECT over the ``ix_records_program`` index.
         """
         stmt = select(RecordRow.program_hash).distinct().where(RecordRow.program_hash.is_not(None))
-        return set(self._scalars(self._measured(stmt, workload_key, device_id)))
+        return set(self._scalars(self._measured(stmt, workload_key, device_id, timing)))
 
-    def measured_points(self, workload_key: str, device_id: int) -> set[str]:
+    def measured_points(self, workload_key: str, device_id: int, timing: Timing = "warm") -> set[str]:
         """Point JSONs of every candidate of a workload already measured on a device.
 
         The same records as :meth:`measured_hashes`, old ones included: a point is compared
         by its JSON (``Point.to_json()``), a program by its hash. One SELECT.
         """
-        return set(self._scalars(self._measured(select(RecordRow.point), workload_key, device_id)))
+        return set(self._scalars(self._measured(select(RecordRow.point), workload_key, device_id, timing)))
 
-    def _measured(self, stmt, workload_key: str, device_id: int):
+    def _measured(self, stmt, workload_key: str, device_id: int, timing: Timing):
         wid = self._workload_ids.get(workload_key)
         if wid is not None:
             stmt = stmt.where(RecordRow.workload_id == wid)
@@ -560,7 +565,7 @@ class TuningDatabase:
                 WorkloadRow.key == workload_key)  # fmt: skip
         # NULL error classes must be kept explicitly: NOT IN is unknown for NULL.
         ok = RecordRow.error_class.is_(None) | RecordRow.error_class.not_in(RETRIED_ERRORS)
-        return stmt.where(RecordRow.device_id == device_id, ok)
+        return stmt.where(RecordRow.device_id == device_id, RecordRow.timing == timing, ok)
 
     def _scalars(self, stmt) -> list[Any]:
         with self.session(write=False) as s:
@@ -593,14 +598,21 @@ class TuningDatabase:
             peak = self._peaks[device_id] = device_peak_flops(row.kind if row else "cpu", cores or 1024)
         return peak
 
-    def best(self, workload_key: str, device_id: int, k: int = 1, *, origin: str = "local") -> list[RecordRow]:
+    def best(self, workload_key: str, device_id: int, k: int = 1, *, origin: str = "local",
+             timing: Timing | None = None) -> list[RecordRow]:  # fmt: skip
         """The ``k`` fastest successful records of a workload on one device (any TVM version),
-        measured by Nightshift (``origin="local"``) or imported (``"import"``)."""
+        measured by Nightshift (``origin="local"``) or imported (``"import"``), all of one
+        timing mode: ``timing``, or by default the first of :data:`PREFERRED_TIMINGS` that
+        has any."""
         with self.session(write=False) as s:
             wid = s.scalar(select(WorkloadRow.id).where(WorkloadRow.key == workload_key))
             if wid is None:
                 return []
-            return list(s.scalars(_best_stmt(wid, [device_id], origin).limit(k)))
+            for mode in (timing,) if timing is not None else PREFERRED_TIMINGS:
+                rows = list(s.scalars(_best_stmt(wid, [device_id], origin, mode).limit(k)))
+                if rows:
+                    return rows
+            return []
 
     def lookup(
         self,
@@ -621,6 +633,9 @@ class TuningDatabase:
            architecture (``source="same-arch"``);
         3. imported (foreign) records of those devices (``source="foreign"``), only when
            ``replays(row)`` says they replay cleanly here, whatever TVM version they claim.
+
+        Within a rule, cold-timed records are ranked first, alone; warm ones only where no
+        cold one is usable (:data:`PREFERRED_TIMINGS`). The ``k`` records are of one mode.
 
         A different architecture is never used. A record whose trace fails the allow-list
         (:mod:`tuner.db.validate`) is never returned; the reason is kept in :attr:`rejected`.
@@ -670,12 +685,28 @@ class TuningDatabase:
         source: Source,
         replays: Callable[[RecordRow], bool] | None,
     ) -> list[BestRecord]:
+        for timing in PREFERRED_TIMINGS:
+            out = self._usable_timed(s, wid, devices, k, source, replays, timing)
+            if out:
+                return out
+        return []
+
+    def _usable_timed(
+        self,
+        s: Session,
+        wid: int,
+        devices: dict[int, str],
+        k: int,
+        source: Source,
+        replays: Callable[[RecordRow], bool] | None,
+        timing: Timing,
+    ) -> list[BestRecord]:
         out: list[BestRecord] = []
         origin = "import" if source == "foreign" else "local"
         # Usually every record is usable: fetch k, then more only if some were skipped.
         page, offset = k, 0
         while len(out) < k:
-            rows = list(s.scalars(_best_stmt(wid, list(devices), origin).offset(offset).limit(page)))
+            rows = list(s.scalars(_best_stmt(wid, list(devices), origin, timing).offset(offset).limit(page)))
             for row in rows:
                 if not self.trace_ok(row):
                     continue
@@ -734,7 +765,8 @@ class TuningDatabase:
 
     def training_records(self, device_id: int, *, same_arch: bool = True,
                          limit: int | None = None) -> list[tuple[str, str, RecordRow]]:  # fmt: skip
-        """``(workload key, device fingerprint, record)`` of a device's records, newest first.
+        """``(workload key, device fingerprint, record)`` of a device's records, newest first,
+        of both timing modes (``record.timing`` tells them apart).
 
         With ``same_arch``, records of every device of the same kind and architecture too.
         Failed records are included (a cost model learns from them); ``limit`` caps the count.
@@ -797,7 +829,8 @@ class TuningDatabase:
         """For every workload measured on the device: its best record and its record count.
 
         The best record measured by Nightshift; only where there is none, the best imported
-        (foreign) one (its ``origin`` says so). Records that fail the allow-list are skipped.
+        (foreign) one (its ``origin`` says so). Cold-timed records first, as :meth:`lookup`
+        ranks them; records that fail the allow-list are skipped.
         """
         with self.session(write=False) as s:
             counts = dict(s.execute(select(RecordRow.workload_id, func.count(RecordRow.id))
@@ -805,12 +838,11 @@ class TuningDatabase:
                                     .group_by(RecordRow.workload_id)).all())  # fmt: skip
             out = []
             for wid, n in counts.items():
-                for origin in ("local", "import"):
-                    row = next((r for r in s.scalars(_best_stmt(wid, [device_id], origin).limit(64))
-                                if self.trace_ok(r)), None)  # fmt: skip
-                    if row is not None:
-                        out.append((s.get(WorkloadRow, wid), row, int(n)))
-                        break
+                row = next((r for origin in ("local", "import") for timing in PREFERRED_TIMINGS
+                            for r in s.scalars(_best_stmt(wid, [device_id], origin, timing).limit(64))
+                            if self.trace_ok(r)), None)  # fmt: skip
+                if row is not None:
+                    out.append((s.get(WorkloadRow, wid), row, int(n)))
             out.sort(key=lambda t: t[0].name)
             return out
 
@@ -846,8 +878,8 @@ class TuningDatabase:
 
         The records that may go are those of ``device_id``, written by ``tvm_version`` and
         older than ``older_than`` (each filter only when given). Of those, with ``keep_top``,
-        the ``keep_top`` fastest successful ones of each workload, device, TVM version and
-        origin stay (a schedule that replays on one TVM version may not on another), and
+        the ``keep_top`` fastest successful ones of each workload, device, TVM version,
+        origin and timing mode stay (a schedule that replays on one TVM version may not on another), and
         failed ones go unless ``keep_failed``; without ``keep_top``, all of them go.
 
         Raises:
@@ -871,7 +903,7 @@ class TuningDatabase:
                 RecordRow.id,
                 func.row_number().over(
                     partition_by=(RecordRow.workload_id, RecordRow.device_id, RecordRow.tvm_version,
-                                  RecordRow.origin),
+                                  RecordRow.origin, RecordRow.timing),
                     order_by=(RecordRow.mean_sec, RecordRow.id),
                 ).label("rank"),
             ).where(RecordRow.mean_sec.is_not(None), RecordRow.error_class.is_(None), *scope)  # fmt: skip
@@ -912,11 +944,11 @@ def job_state(job: JobRow, now: datetime) -> str:
     return "dead" if now - seen > DEAD_AFTER else job.state
 
 
-def _best_stmt(workload_id: int, device_ids: list[int], origin: str | None = "local"):
+def _best_stmt(workload_id: int, device_ids: list[int], origin: str | None, timing: Timing):
     stmt = (
         select(RecordRow)
         .where(RecordRow.workload_id == workload_id, RecordRow.device_id.in_(device_ids),
-               RecordRow.error_class.is_(None), RecordRow.mean_sec.is_not(None))
+               RecordRow.timing == timing, RecordRow.error_class.is_(None), RecordRow.mean_sec.is_not(None))
         .order_by(RecordRow.mean_sec, RecordRow.id)
     )  # fmt: skip
     return stmt if origin is None else stmt.where(RecordRow.origin == origin)
@@ -980,11 +1012,11 @@ def _first_line(err: object) -> str:
 
 
 def measured_results(
-    db: TuningDatabase, workload_key: str, device_id: int
+    db: TuningDatabase, workload_key: str, device_id: int, timing: Timing = "warm"
 ) -> list[tuple[str, float | None, str | None]]:
     """The records of :meth:`TuningDatabase.measured_points` with their outcome, as
     ``(point JSON, mean_sec, error_class)``, oldest first: what a search strategy is told
     when a job starts or resumes (read-only)."""
     stmt = select(RecordRow.point, RecordRow.mean_sec, RecordRow.error_class).order_by(RecordRow.id)
     with db.session(write=False) as s:
-        return [(p, m, e) for p, m, e in s.execute(db._measured(stmt, workload_key, device_id))]
+        return [(p, m, e) for p, m, e in s.execute(db._measured(stmt, workload_key, device_id, timing))]

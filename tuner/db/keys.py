@@ -6,14 +6,17 @@ import hashlib
 import json
 
 
-def record_key(workload_id: int, device_id: int, point: str) -> str:
-    """The identity of a record: one candidate (point) of one workload on one device.
+def record_key(workload_id: int, device_id: int, point: str, timing: str = "warm") -> str:
+    """The identity of a record: one candidate (point) of one workload on one device, timed
+    warm or cold (``records.timing``).
 
     The job is not part of it: a point measured by an earlier job or a teammate is the same
-    record, so it is stored (and measured) once. The ``v3`` prefix keeps these keys apart
-    from :func:`record_key_v2` keys, which older records may still carry.
+    record, so it is stored (and measured) once per timing mode. The ``v3`` prefix keeps these
+    keys apart from :func:`record_key_v2` keys, which older records may still carry; a warm
+    record's key is the one schema 5 gave it.
     """
-    return hashlib.sha256(f"v3|{workload_id}|{device_id}|{point}".encode()).hexdigest()
+    suffix = "" if timing == "warm" else f"|{timing}"
+    return hashlib.sha256(f"v3|{workload_id}|{device_id}|{point}{suffix}".encode()).hexdigest()
 
 
 def record_key_v2(workload_id: int, device_id: int, job_id: int | None, point: str) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
@@ -52,6 +52,8 @@ class SchemaState:
     legacy: bool = False
     #: The revision is still in ``alembic_version``, where Nightshift kept it before.
     in_shared_table: bool = False
+    #: After :func:`upgrade`: the revision it found, under its lock (None: an empty database).
+    was: str | None = None
 
     @property
     def current(self) -> bool:
@@ -209,20 +211,21 @@ def upgrade(engine: Engine, url: URL, *, only_if_empty: bool = False, to: str = 
     """
     with _locked(engine) as conn:
         state = schema_state(conn)
+        was = state.revision
         if state.revision is not None and (only_if_empty or state.revision not in known_revisions()):
             return _settle(conn, state, url)
         if state.in_shared_table:
             state = _move_revision(conn, state, url)
         target = state.head if to == "head" else to
         if state.revision == target:
-            return state
+            return replace(state, was=was)
         cfg = _config(conn)
         if state.legacy:
             logger.info("stamping pre-migration database %s as revision %s", _shown(url), _LEGACY_REVISION)
             command.stamp(cfg, _LEGACY_REVISION)
         logger.info("migrating %s from %s to %s", _shown(url), state.revision or "empty", target)
         command.upgrade(cfg, target)
-        return SchemaState(target, state.head)
+        return SchemaState(target, state.head, was=was)
 
 
 def _shown(url: URL) -> str:

@@ -25,7 +25,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # Kept in nightshift_meta by the migrations, for people reading the database; alembic's
 # revision is what Nightshift checks.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 def _now() -> datetime:
@@ -107,9 +107,10 @@ class RecordRow(Base):
     __tablename__ = "records"
     __table_args__ = (
         # The best-schedule lookup reads this index in order and stops after k entries:
-        # only successful records, ordered as the query orders them (mean, then id).
+        # only successful records of one timing mode, ordered as the query orders them
+        # (mean, then id).
         Index(
-            "ix_records_best_ok", "workload_id", "device_id", "mean_sec", "id",
+            "ix_records_best_ok", "workload_id", "device_id", "timing", "mean_sec", "id",
             sqlite_where=text("error_class IS NULL AND mean_sec IS NOT NULL"),
             postgresql_where=text("error_class IS NULL AND mean_sec IS NOT NULL"),
         ),
@@ -137,6 +138,10 @@ class RecordRow(Base):
     run_secs: Mapped[str] = mapped_column(Text, default="[]")
     mean_sec: Mapped[float | None] = mapped_column(Float, nullable=True)
     error_class: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    # How it was timed: "warm" (repeated calls on warm caches) or "cold" (the caches flushed
+    # before every run, TimingConfig.flush_cache). Warm times are lower; the two are never
+    # ranked against each other.
+    timing: Mapped[str] = mapped_column(String(8), default="warm", server_default="warm")
     error_msg: Mapped[str | None] = mapped_column(Text, nullable=True)
     build_sec: Mapped[float | None] = mapped_column(Float, nullable=True)
     # Wall time of the measurement step (upload, warm-up, repeats), not the kernel time.

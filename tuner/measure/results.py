@@ -5,6 +5,12 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Literal
+
+# How a candidate was timed (records.timing): "warm", repeated calls on warm caches, or
+# "cold", the caches flushed before every run (TimingConfig.flush_cache on a CPU). Warm times
+# are lower, so the two are never ranked against each other.
+Timing = Literal["warm", "cold"]
 
 
 class ErrorClass(StrEnum):

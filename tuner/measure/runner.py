@@ -20,7 +20,7 @@ import tvm
 import tvm_ffi
 
 from tuner.measure.cuda import CudaToolchainError, context_fatal, load_cuda_runtime
-from tuner.measure.results import ErrorClass, RunResult, relative_spread
+from tuner.measure.results import ErrorClass, RunResult, Timing, relative_spread
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +62,18 @@ class TimingConfig:
     cooldown_ms: int = 0
     max_timing_s: float = 10.0
     contender_factor: float = 1.25
+
+    @classmethod
+    def of_mode(cls, mode: Timing) -> TimingConfig:
+        """The timing ``tune --timing MODE`` asks for: the defaults, or for ``"cold"`` the
+        caches flushed before each of 10 one-call runs (a flushed run cannot be repeated
+        within one call, so it takes more runs for the same spread)."""
+        return cls(flush_cache=True, repeat=10) if mode == "cold" else cls()
+
+    def mode(self, device_kind: str) -> Timing:
+        """How timings taken with this config on a ``device_kind`` device are recorded:
+        ``"cold"`` only where the caches are flushed (a CPU), else ``"warm"``."""
+        return "cold" if self.flush_cache and device_kind == "cpu" else "warm"
 
 
 @dataclass(frozen=True)

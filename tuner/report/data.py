@@ -62,6 +62,11 @@ class JobInfo:
         return self.name or f"#{self.id}"
 
     @property
+    def timing(self) -> str:
+        """``records.timing`` of the job's measurements (``"warm"`` for jobs older than the column)."""
+        return "cold" if self.config.get("timing") == "cold" else "warm"
+
+    @property
     def last_alive(self) -> datetime:
         """The heartbeat, or the last update for jobs that write no heartbeat."""
         return self.heartbeat_at or self.updated_at
@@ -287,7 +292,9 @@ def _weights(tasks: Any, source: str) -> tuple[dict[str, float], dict[str, str],
 
 
 def _bests(s, tasks: dict[str, TaskData], device_id: int, job: JobInfo) -> None:
-    ok = and_(RecordRow.device_id == device_id, RecordRow.error_class.is_(None), RecordRow.mean_sec.is_not(None))
+    # Bests of the job's timing mode only: a warm time is lower than a cold one of the same program.
+    ok = and_(RecordRow.device_id == device_id, RecordRow.timing == job.timing, RecordRow.error_class.is_(None),
+              RecordRow.mean_sec.is_not(None))  # fmt: skip
     base = (select(WorkloadRow.key, func.min(RecordRow.mean_sec))
             .join(WorkloadRow, WorkloadRow.id == RecordRow.workload_id)
             .where(ok, WorkloadRow.key.in_(list(tasks)))

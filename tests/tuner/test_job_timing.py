@@ -1,0 +1,66 @@
+"""Cold timing in a real job: a job that flushes the caches (``tune --timing cold``) stores its
+records as cold, and a warm job on the same database neither reuses them nor ranks them with
+its own; lookups prefer the cold ones."""
+
+from __future__ import annotations
+
+import json
+
+import tvm
+from tvm import te
+
+from tuner.db import TuningDatabase
+from tuner.job import TuneConfig, TuningJob
+from tuner.measure.ray_measure import MeasureConfig
+from tuner.measure.runner import TimingConfig
+from tuner.report.data import job_data, list_jobs
+from tuner.tasks import Task, workload_key
+
+
+def _matmul(n: int) -> Task:
+    a = te.placeholder((n, n), name="A")
+    b = te.placeholder((n, n), name="B")
+    k = te.reduce_axis((0, n), name="k")
+    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    mod = tvm.IRModule({"main": te.create_prim_func([a, b, c])})
+    return Task(f"matmul{n}", mod, 1, 2.0 * n**3, workload_key(mod))
+
+
+def _run(db: TuningDatabase, device, task: Task, mode: str) -> TuningJob:
+    config = TuneConfig(trials=8, batch_size=4, name=mode, measure=MeasureConfig(timing=TimingConfig.of_mode(mode)))
+    job = TuningJob([task], device, db, config, model_name="m")
+    job.run()
+    return job
+
+
+def test_cold_job_records_stay_apart_from_warm_ones(ray_cluster, cpu_device, tmp_path):
+    db = TuningDatabase(f"sqlite:///{tmp_path / 't.db'}")
+    task = _matmul(64)
+    cold = _run(db, cpu_device, task, "cold")
+    dev = db.device_id(cpu_device)
+    assert cold.timing == "cold"
+    assert db.measured_points(task.workload_key, dev, "cold") and not db.measured_points(
+        task.workload_key, dev, "warm")  # fmt: skip
+
+    # The same seed proposes the same points: the warm job measures them again, for itself.
+    warm = _run(db, cpu_device, task, "warm")
+    assert warm.reuse == ["new"] and warm.done == 8
+    cold_points = db.measured_points(task.workload_key, dev, "cold")
+    warm_points = db.measured_points(task.workload_key, dev, "warm")
+    assert len(cold_points) == len(warm_points) == 8 and cold_points & warm_points
+    assert db.count_records(task.workload_key, dev) == 16
+
+    # Lookups rank the cold records alone; the warm ranking is still there when asked for.
+    found = db.lookup(task.workload_key, dev, k=16)
+    assert found and {b.row.timing for b in found} == {"cold"} and len(found) <= 8
+    assert {r.timing for r in db.best(task.workload_key, dev, k=16, timing="warm")} == {"warm"}
+
+    # Each job's report compares it with records of its own mode only.
+    jobs = {j.name: j for j in list_jobs(db)}
+    assert (jobs["cold"].timing, jobs["warm"].timing) == ("cold", "warm")
+    for mode in ("cold", "warm"):
+        [t] = job_data(db, jobs[mode]).tasks
+        assert t.best_now == db.best(task.workload_key, dev, timing=mode)[0].mean_sec == t.best_job
+    row = db.find_job("cold", dev)
+    assert row is not None and json.loads(row.config)["timing"] == "cold"
+    db.close()
