@@ -156,7 +156,7 @@ DEFAULTS: dict[str, Any] = {
     "device": "cpu", "batch_size": 1, "dtype": "float32", "trials_per_batch": 16, "build_timeout": 60.0,
     "seed": 0, "strategy": "evolutionary", "skip_after": 512, "fresh": False, "no_verify": False,
     "quiet": False, "verbose": False, "precision": "fp32", "accuracy_inputs": 8,
-    "calibration": 32, "timing": "warm",
+    "calibration": 32,
 }  # fmt: skip
 
 _PATHS = ("output", "log_json")
