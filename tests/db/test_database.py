@@ -55,13 +55,18 @@ def test_best_is_per_device_and_skips_failures(db_url, cpu_device):
         db.add_records(dev, job, [_rec("nope", "x", [1.0])])
 
 
-def test_writes_are_idempotent(db_url, cpu_device):
+def _one_job(db_url, cpu_device):
+    """A database with the add workload, the CPU and a job: ``(db, workload key, device id, job id)``."""
     db = TuningDatabase(db_url)
     mod = add_mod()
     key = workload_key(mod)
     db.workload_id(key, "add", mod, 8.0)
     dev = db.device_id(cpu_device)
-    job = db.start_job("m", dev, {}, 4)
+    return db, key, dev, db.start_job("m", dev, {}, 4)
+
+
+def test_writes_are_idempotent(db_url, cpu_device):
+    db, key, dev, job = _one_job(db_url, cpu_device)
     batch = [_rec(key, f"p{i}", [1e-3 * (i + 1)]) for i in range(4)]
     assert db.add_records(dev, job, batch) == 4
     # A retry of the same batch (say, after a lost commit acknowledgement) adds nothing.
@@ -84,12 +89,7 @@ def test_warm_and_cold_timings_are_separate_records_never_ranked_together(db_url
     from tuner.db.database import measured_results
     from tuner.reuse import task_histories
 
-    db = TuningDatabase(db_url)
-    mod = add_mod()
-    key = workload_key(mod)
-    db.workload_id(key, "add", mod, 8.0)
-    dev = db.device_id(cpu_device)
-    job = db.start_job("m", dev, {}, 4)
+    db, key, dev, job = _one_job(db_url, cpu_device)
     warm = [_rec(key, "a", [1e-3]), _rec(key, "b", [5e-4])]
     cold = [replace(_rec(key, "a", [1.5e-3]), timing="cold"), replace(_rec(key, "b", [2e-3]), timing="cold")]
     assert db.add_records(dev, job, warm) == 2

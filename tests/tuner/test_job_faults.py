@@ -15,6 +15,7 @@ import uuid
 import pytest
 import sqlalchemy as sa
 import tvm
+from job_tasks import matmul_task
 from tvm import te
 
 from tuner.db import NewRecord, TuningDatabase
@@ -153,21 +154,12 @@ def test_database_lost_for_good_stops_clearly_and_loses_nothing(proxied_db, cpu_
     assert db.job_trials(job.job_id) == 3
 
 
-def _matmul(n: int) -> Task:
-    a = te.placeholder((n, n), name="A")
-    b = te.placeholder((n, n), name="B")
-    k = te.reduce_axis((0, n), name="k")
-    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
-    mod = tvm.IRModule({"main": te.create_prim_func([a, b, c])})
-    return Task(f"matmul{n}", mod, 1, 2.0 * n**3, workload_key(mod))
-
-
 def test_job_whose_every_candidate_fails_stops_with_the_cause(ray_cluster, cpu_device, tmp_path):
     # A build timeout no build can meet: every candidate of every task fails, as with a target
     # the CPU cannot run or a broken worker, but on any machine. Each timed-out build takes
     # its Ray worker down with it, so the threshold is lowered from 32 to keep the test short.
     db = TuningDatabase(f"sqlite:///{tmp_path / 't.db'}")
-    tasks = [_matmul(n) for n in (16, 24, 32)]
+    tasks = [matmul_task(n) for n in (16, 24, 32)]
     config = TuneConfig(trials=100, batch_size=4, measure=MeasureConfig(build_timeout_s=1e-3), name="hopeless",
                         hopeless_after=12)  # fmt: skip
     job = TuningJob(tasks, cpu_device, db, config, model_name="m")

@@ -6,24 +6,14 @@ from __future__ import annotations
 
 import json
 
-import tvm
-from tvm import te
+from job_tasks import matmul_task
 
 from tuner.db import TuningDatabase
 from tuner.job import TuneConfig, TuningJob
 from tuner.measure.ray_measure import MeasureConfig
 from tuner.measure.runner import TimingConfig
 from tuner.report.data import job_data, list_jobs
-from tuner.tasks import Task, workload_key
-
-
-def _matmul(n: int) -> Task:
-    a = te.placeholder((n, n), name="A")
-    b = te.placeholder((n, n), name="B")
-    k = te.reduce_axis((0, n), name="k")
-    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
-    mod = tvm.IRModule({"main": te.create_prim_func([a, b, c])})
-    return Task(f"matmul{n}", mod, 1, 2.0 * n**3, workload_key(mod))
+from tuner.tasks import Task
 
 
 def _run(db: TuningDatabase, device, task: Task, mode: str) -> TuningJob:
@@ -35,7 +25,7 @@ def _run(db: TuningDatabase, device, task: Task, mode: str) -> TuningJob:
 
 def test_cold_job_records_stay_apart_from_warm_ones(ray_cluster, cpu_device, tmp_path):
     db = TuningDatabase(f"sqlite:///{tmp_path / 't.db'}")
-    task = _matmul(64)
+    task = matmul_task(64)
     cold = _run(db, cpu_device, task, "cold")
     dev = db.device_id(cpu_device)
     assert cold.timing == "cold"

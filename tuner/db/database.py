@@ -685,42 +685,29 @@ class TuningDatabase:
         source: Source,
         replays: Callable[[RecordRow], bool] | None,
     ) -> list[BestRecord]:
-        for timing in PREFERRED_TIMINGS:
-            out = self._usable_timed(s, wid, devices, k, source, replays, timing)
+        origin = "import" if source == "foreign" else "local"
+        for timing in PREFERRED_TIMINGS:  # the k records are of one mode: the first that has any
+            out: list[BestRecord] = []
+            # Usually every record is usable: fetch k, then more only if some were skipped.
+            page, offset = k, 0
+            while len(out) < k:
+                rows = list(s.scalars(_best_stmt(wid, list(devices), origin, timing).offset(offset).limit(page)))
+                for row in rows:
+                    if not self.trace_ok(row):
+                        continue
+                    same = row.tvm_version == tvm.__version__
+                    # A foreign record's version is only what its importer said: always replay it.
+                    if (same and source != "foreign") or (replays is not None and replays(row)):
+                        out.append(BestRecord(row, source, devices[row.device_id], same))
+                        if len(out) == k:
+                            break
+                if len(rows) < page:
+                    break
+                offset += page
+                page = min(page * 4, 1024)
             if out:
                 return out
         return []
-
-    def _usable_timed(
-        self,
-        s: Session,
-        wid: int,
-        devices: dict[int, str],
-        k: int,
-        source: Source,
-        replays: Callable[[RecordRow], bool] | None,
-        timing: Timing,
-    ) -> list[BestRecord]:
-        out: list[BestRecord] = []
-        origin = "import" if source == "foreign" else "local"
-        # Usually every record is usable: fetch k, then more only if some were skipped.
-        page, offset = k, 0
-        while len(out) < k:
-            rows = list(s.scalars(_best_stmt(wid, list(devices), origin, timing).offset(offset).limit(page)))
-            for row in rows:
-                if not self.trace_ok(row):
-                    continue
-                same = row.tvm_version == tvm.__version__
-                # A foreign record's version is only what its importer said: always replay it.
-                if (same and source != "foreign") or (replays is not None and replays(row)):
-                    out.append(BestRecord(row, source, devices[row.device_id], same))
-                    if len(out) == k:
-                        break
-            if len(rows) < page:
-                break
-            offset += page
-            page = min(page * 4, 1024)
-        return out
 
     def trace_ok(self, row: RecordRow) -> bool:
         """Whether a record's trace passes the allow-list; a rejection is logged once and kept."""

@@ -1,0 +1,18 @@
+"""Small real tasks for the job tests (tests/tuner is on sys.path, as for morning_job)."""
+
+from __future__ import annotations
+
+import tvm
+from tvm import te
+
+from tuner.tasks import Task, workload_key
+
+
+def matmul_task(n: int) -> Task:
+    """An n x n x n float32 matmul as a tuning task named ``matmul{n}``."""
+    a = te.placeholder((n, n), name="A")
+    b = te.placeholder((n, n), name="B")
+    k = te.reduce_axis((0, n), name="k")
+    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    mod = tvm.IRModule({"main": te.create_prim_func([a, b, c])})
+    return Task(f"matmul{n}", mod, 1, 2.0 * n**3, workload_key(mod))
