@@ -251,8 +251,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     device, spec = _load(args)
     if args.timing == "cold" and device.kind != "cpu":
         raise UserInputError(f"--timing cold flushes CPU caches; {device.name} is timed warm: drop --timing")
-    # Cold on a CPU: as good a model as warm timing at equal trials, in 40% less tuning time
-    # (benchmarks/README.md, "Cold timing in tune").
+    # Cold on a CPU: ResNet-50 as fast as warm-tuned at equal trials in 40% less tuning time,
+    # BERT-base 11-13% faster (benchmarks/README.md, "Cold timing in tune").
     timing = args.timing or ("cold" if device.kind == "cpu" else "warm")
     config = TuneConfig(
         trials=trials, time_budget_s=budget, batch_size=args.trials_per_batch, seed=args.seed,
