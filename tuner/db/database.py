@@ -472,7 +472,8 @@ class TuningDatabase:
         """Store measurements of one device in one transaction; return how many were new.
 
         Idempotent: a point already stored for the workload on this device in the record's
-        timing mode (by any job) is skipped, so a retried batch never duplicates and a candidate is recorded once. Only
+        timing mode (by any job) is skipped, so a retried batch never duplicates and a
+        candidate is recorded once per mode. Only
         a stored record whose error class is in :data:`RETRIED_ERRORS` (the candidate's node
         was lost) is replaced by the new measurement; it counts as new.
 
@@ -866,7 +867,8 @@ class TuningDatabase:
         The records that may go are those of ``device_id``, written by ``tvm_version`` and
         older than ``older_than`` (each filter only when given). Of those, with ``keep_top``,
         the ``keep_top`` fastest successful ones of each workload, device, TVM version,
-        origin and timing mode stay (a schedule that replays on one TVM version may not on another), and
+        origin and timing mode stay (a schedule that replays on one TVM version may not on
+        another), and
         failed ones go unless ``keep_failed``; without ``keep_top``, all of them go.
 
         Raises:
