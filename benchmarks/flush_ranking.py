@@ -76,8 +76,8 @@ def main() -> None:
     tuned.sort(key=lambda t: -t.weight * rows[t.workload_key][0].mean_sec)
     connect(num_cpus=os.cpu_count())
     # No early stop: every record is timed in full both ways.
-    warm_cfg = MeasureConfig(timing=TimingConfig(hopeless_factor=0))
-    cold_cfg = dataclasses.replace(warm_cfg, timing=TimingConfig(hopeless_factor=0, flush_cache=True, repeat=10))
+    warm_cfg, cold_cfg = (MeasureConfig(timing=dataclasses.replace(TimingConfig.of_mode(mode), hopeless_factor=0))
+                          for mode in ("warm", "cold"))  # as tune --timing times them
     load_before = os.getloadavg()
     out = []
     for task in tuned[: args.tasks]:

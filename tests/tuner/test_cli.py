@@ -37,6 +37,8 @@ def _one_line_error(proc: subprocess.CompletedProcess) -> str:
     (["--model", "tiny", "--db", "/no/such/folder/t.db"], "does not exist"),
     (["--model", "tiny", "--batch-size", "0"], "--batch-size"),
     (["--model", "tiny", "--strategy", "annealing"], "--strategy must be one of evolutionary"),
+    (["--model", "tiny", "--device", "cuda:0", "--target-arch", "sm_90", "--timing", "cold"],
+     "--timing cold flushes CPU caches"),
 ])  # fmt: skip
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, expect):
     line = _one_line_error(run("tune", *args, cwd=tmp_path))
