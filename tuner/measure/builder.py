@@ -76,21 +76,21 @@ def build_candidate(mod_json: str, target_config: dict) -> BuildResult:
             return stop.value
 
 
-def build_task(mod_json: str, target_config: dict) -> Iterator[float | BuildPause | BuildResult | bytes | None]:
-    """The Ray task body, a streaming generator: start time, pauses, metadata, then the bytes.
+def build_task(mod_json: str, target_config: dict) -> Iterator[str | BuildPause | BuildResult | bytes | None]:
+    """The Ray task body, a streaming generator: its node's id, pauses, metadata, then the bytes.
 
-    The start is reported once the process is up, TVM imported and its node's shared lease
-    held (see ``tuner.measure.quiet``: no timing runs on the node while it builds), so the
-    driver's build timeout counts compilation only. Between stages the build lets a timing
-    that waits for the node go first, and says so (``BuildPause``): the driver stops its
-    timeout meanwhile. The driver reads only the small metadata; the bytes go from the object
-    store straight to the device actor.
+    The start (the id of the node it builds on) is reported once the process is up, TVM
+    imported and its node's shared lease held (see ``tuner.measure.quiet``: no timing runs on
+    the node while it builds), so the driver's build timeout counts compilation only. Between
+    stages the build lets a timing that waits for the node go first, and says so
+    (``BuildPause``): the driver stops its timeout meanwhile. The driver reads only the small
+    metadata; the bytes go from the object store straight to the device actor.
     """
     import ray
 
     node_id = ray.get_runtime_context().get_node_id()
     with cpu_work(node_id) as work:
-        yield time.time()
+        yield node_id
         started = time.perf_counter()
         paused = 0.0
         stages = build_stages(mod_json, target_config)

@@ -190,7 +190,8 @@ class _Cand:
     artifact: Any = None
     deadline: float = 0.0
     attempts: int = 0
-    stage: int = 0  # build stream items received: start time, (pauses,) metadata, artifact
+    stage: int = 0  # build stream items received: start (node id), (pauses,) metadata, artifact
+    node_id: str | None = None  # the node that builds it, once started
     ready_at: float = 0.0  # when it joined the candidates to time
 
 
@@ -549,6 +550,7 @@ class RayMeasurer:
             item = BuildResult(None, 0.0, ErrorClass.BUILD_ERROR, _short(err))
         if c.stage == 0 and not isinstance(item, BuildResult):  # started: the timeout counts from now
             c.stage = 1
+            c.node_id = item if isinstance(item, str) else None
             c.deadline = time.monotonic() + self.config.build_timeout_s
             self._building[stream] = c
             return
@@ -723,10 +725,14 @@ class RayMeasurer:
                     ray.cancel(ref, force=True)
                 timeout = self.config.build_timeout_s
                 c.build = BuildResult(None, timeout, ErrorClass.BUILD_TIMEOUT, f"build exceeded {timeout:.0f} s")
+                if c.node_id is not None and not self._node_alive(c.node_id):
+                    # A stream whose node died may never say so: the candidate is not to
+                    # blame (a timeout is never retried, LOST is).
+                    c.build = BuildResult(None, 0.0, ErrorClass.LOST, f"build lost with its node {c.node_id[:12]}")
                 if c.future is None:
                     self._refs[c.task_key].error = f"reference: {c.build.error_msg}"
                 else:
-                    self._finish(c, RunResult(error_class=ErrorClass.BUILD_TIMEOUT, error_msg=c.build.error_msg))
+                    self._finish(c, RunResult(error_class=c.build.error_class, error_msg=c.build.error_msg))
         for d in self._devs:
             if any(call.started and now > call.deadline for call in d.calls):
                 # A hung candidate: only killing the actor's process stops it; Ray restarts it.
