@@ -35,7 +35,7 @@ from tuner.errors import DatabaseError, UserInputError
 from tuner.measure.ray_measure import MeasureConfig, MeasureError, RayMeasurer, device_resource
 from tuner.measure.results import ErrorClass
 from tuner.progress import EventSink, event
-from tuner.reuse import TaskHistory, job_points, task_histories
+from tuner.reuse import SEED_POINTS, TaskHistory, job_points, other_mode, seed_line, task_histories
 from tuner.reuse import rule as reuse_rule
 from tuner.search import Candidate, NoTaskAvailable, Result, SearchStrategy, SpaceBandit, TaskScheduler
 from tuner.search.remote import Applier, SpaceSpec
@@ -251,6 +251,8 @@ class TuningJob:
         self.elapsed_before = 0.0
         #: Per task: ``new``, ``warm``, ``skip`` or ``fresh`` (see tuner.reuse.rule).
         self.reuse: list[str] = ["new"] * len(tasks)
+        #: Tasks seeded from the other timing mode's records (see tuner.reuse).
+        self.seeded: set[int] = set()
         self._start = 0.0
         self._stop_heartbeat = threading.Event()
         self._interrupted = threading.Event()
@@ -470,11 +472,17 @@ class TuningJob:
         assert self.device_id is not None and self.job_id is not None
         histories = task_histories(self.db, self.device_id, self.job_id, [t.workload_key for t in self.tasks],
                                    self.timing)  # fmt: skip
+        others = {} if self.config.fresh else task_histories(
+            self.db, self.device_id, self.job_id, [t.workload_key for t in self.tasks], other_mode(self.timing))
         lines = []
         for i, t in enumerate(self.tasks):
             h = histories.get(t.workload_key, TaskHistory())
             decision, line = reuse_rule(h, skip_after=self.config.skip_after, fresh=self.config.fresh)
             self.reuse[i] = decision
+            seeding = seed_line(others.get(t.workload_key, TaskHistory()), self.timing) if decision == "new" else None
+            if seeding is not None:
+                self.seeded.add(i)
+                line = seeding
             lines.append(line)
             best = h.own_best_sec if decision in ("new", "fresh") else h.best_sec
             # Trials of this job count toward the task's share; the best of earlier jobs sets
@@ -809,6 +817,8 @@ class TuningJob:
         hashes = self._retrying("database", self.db.measured_hashes, task.workload_key, self.device_id, self.timing)
         ts = _TaskSearch(kinds, spaces, strategies, SpaceBandit(kinds), hashes=hashes)
         self._replay(task, ts)
+        if i in self.seeded:
+            self._seed(task, ts)
         self.searches[i] = ts
         return ts
 
@@ -878,6 +888,31 @@ class TuningJob:
         if stale:
             logger.info("task %s: %d stored records are points of an earlier version of their space; "
                         "not told to the search", task.name, stale)
+
+    def _seed(self, task: Task, ts: _TaskSearch) -> None:
+        """Queue the fastest points of the task's records timed in the other mode, per space,
+        to be measured first (a resumed job's strategies drop those it measured already)."""
+        assert self.device_id is not None
+        stored = self._retrying("database", measured_results, self.db, task.workload_key, self.device_id,
+                                other_mode(self.timing))  # fmt: skip
+        by_kind = {kind: k for k, kind in enumerate(ts.kinds)}
+        fastest: list[list[tuple[float, search_spaces.Point]]] = [[] for _ in ts.kinds]
+        for text, mean_sec, error in stored:
+            try:
+                kind, cid = parse_record_point(text)
+            except ValueError:
+                continue
+            k = by_kind.get(kind)
+            if k is None or error is not None or mean_sec is None:
+                continue
+            point = search_spaces.Point.from_json(cid)
+            if ts.spaces[k].static_violation(point) is None:
+                fastest[k].append((mean_sec, point))
+        for k, found in enumerate(fastest):
+            found.sort(key=lambda r: r[0])
+            ts.strategies[k].suggest([point for _, point in found[:SEED_POINTS]])
+        logger.info("task %s: seeded with %s", task.name, ", ".join(
+            f"{kind} {min(len(f), SEED_POINTS)}" for kind, f in zip(ts.kinds, fastest, strict=True)))
 
 
 def tune_tasks(

@@ -3,7 +3,9 @@
 A task the database has many good records of on this device (any job, any teammate) is
 skipped; one with some is warm-started (its strategies told those records, the scheduler its
 best); ``--fresh`` ignores other jobs' records (the job's own, when it resumes, still count).
-Only records of the job's timing mode count: a task tuned warm is not yet tuned cold.
+Only records of the job's timing mode count: a task tuned warm is not yet tuned cold. A
+task with none in the job's mode but good ones in the other is seeded: the fastest points of
+those (``SEED_POINTS`` per space) are measured again first, then the search goes on.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from sqlalchemy import distinct, func, select
 from tuner.db import TuningDatabase
 from tuner.db.schema import RecordRow, WorkloadRow
 from tuner.measure.results import Timing
+
+#: Points of the other timing mode's records measured first, per space of a task.
+SEED_POINTS = 8
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,21 @@ def task_histories(db: TuningDatabase, device_id: int, job_id: int, keys: list[s
             o = mine.get(key, (0, None))
             out[key] = TaskHistory(int(n), int(n_ok), int(jobs), best, o[0], o[1])
     return out
+
+
+def other_mode(timing: Timing) -> Timing:
+    """The timing mode a job of mode ``timing`` may seed its tasks from."""
+    return "warm" if timing == "cold" else "cold"
+
+
+def seed_line(h: TaskHistory, timing: Timing) -> str | None:
+    """The line a ``new`` task prints when it is seeded from ``h``, the records of the other
+    mode than ``timing``; None when they hold nothing to seed from."""
+    if not h.ok or h.best_sec is None:
+        return None
+    other = other_mode(timing)
+    return (f"no {timing}-timed records; {h.ok} good {other}-timed ones (best {h.best_sec * 1e3:.3g} ms): "
+            f"their {SEED_POINTS} fastest points per space are measured {timing} first")
 
 
 def job_points(db: TuningDatabase, job_id: int, workload_key: str) -> set[str]:

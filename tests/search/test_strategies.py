@@ -112,6 +112,28 @@ def test_points_told_from_records_are_never_proposed(name, space):
     assert proposed and not set(proposed) & recorded
 
 
+def test_suggested_points_come_first_once_and_seen_ones_are_dropped(name, space):
+    rng = np.random.default_rng(2)
+    points: dict[str, Point] = {}
+    while len(points) < 6:
+        point = space.sample(rng)
+        try:
+            space.apply(point)
+        except Exception:  # an invalid sample: suggestions come from measured, valid points
+            continue
+        points.setdefault(point.to_json(), point)
+    ordered = list(points.values())
+    strategy = make(name, space, seed=4)
+    told = ordered[0].to_json()
+    strategy.tell(told, Result(synthetic_sec(space, ordered[0])))
+    strategy.suggest([*ordered, ordered[2]])  # one told already, one twice
+    assert [c.id for c in strategy.propose(3).candidates] == [p.to_json() for p in ordered[1:4]]
+    second = [c.id for c in strategy.propose(5).candidates]
+    assert second[:2] == [p.to_json() for p in ordered[4:6]]
+    assert len(second) == 5 and not set(second[2:]) & set(points), "then the strategy's own points"
+    assert not set(run(strategy, 8, 4)) & set(points), "each suggestion is proposed once"
+
+
 def test_exhausts_a_tiny_space(name):
     space = search_tasks.space("sketch", "relu")
     valid = {p.to_json() for p in space.enumerate()}

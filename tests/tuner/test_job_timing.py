@@ -1,6 +1,6 @@
 """Cold timing in a real job: a job that flushes the caches (``tune --timing cold``) stores its
 records as cold, and a warm job on the same database neither reuses them nor ranks them with
-its own; lookups prefer the cold ones."""
+its own, but starts from their fastest points; lookups prefer the cold ones."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from tuner.report.data import job_data, list_jobs
 from tuner.tasks import Task
 
 
-def _run(db: TuningDatabase, device, task: Task, mode: str) -> TuningJob:
+def _run(db: TuningDatabase, device, task: Task, mode: str, **kwargs) -> TuningJob:
     config = TuneConfig(trials=8, batch_size=4, name=mode, measure=MeasureConfig(timing=TimingConfig.of_mode(mode)))
-    job = TuningJob([task], device, db, config, model_name="m")
+    job = TuningJob([task], device, db, config, model_name="m", **kwargs)
     job.run()
     return job
 
@@ -32,12 +32,20 @@ def test_cold_job_records_stay_apart_from_warm_ones(ray_cluster, cpu_device, tmp
     assert db.measured_points(task.workload_key, dev, "cold") and not db.measured_points(
         task.workload_key, dev, "warm")  # fmt: skip
 
-    # The same seed proposes the same points: the warm job measures them again, for itself.
-    warm = _run(db, cpu_device, task, "warm")
-    assert warm.reuse == ["new"] and warm.done == 8
+    # The warm job is seeded: it measures the cold records' fastest points again, for itself,
+    # first (each space's fastest heads its queue, and every space gets a batch).
+    events: list[dict] = []
+    warm = _run(db, cpu_device, task, "warm", on_event=events.append)
+    assert warm.reuse == ["new"] and warm.seeded == {0} and warm.done == 8
+    [start] = [e for e in events if e["event"] == "job_start"]
+    assert "their 8 fastest points per space are measured warm first" in start["tasks"][0]["reuse_rule"]
     cold_points = db.measured_points(task.workload_key, dev, "cold")
     warm_points = db.measured_points(task.workload_key, dev, "warm")
-    assert len(cold_points) == len(warm_points) == 8 and cold_points & warm_points
+    assert len(cold_points) == len(warm_points) == 8
+    for kind in {json.loads(p)["kind"] for p in cold_points}:
+        fastest = min((r for r in db.best(task.workload_key, dev, k=16, timing="cold")
+                       if json.loads(r.point)["kind"] == kind), key=lambda r: r.mean_sec)  # fmt: skip
+        assert fastest.point in warm_points, kind
     assert db.count_records(task.workload_key, dev) == 16
 
     # Lookups rank the cold records alone; the warm ranking is still there when asked for.

@@ -9,8 +9,8 @@ import functools
 import itertools
 import logging
 import time
-from collections import OrderedDict
-from collections.abc import Iterator
+from collections import OrderedDict, deque
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -135,6 +135,9 @@ class SearchStrategy(abc.ABC):
       - The cost model is read (``predict``, ``num_samples``), never updated: training is the
         job's.
       - Not thread-safe: one strategy per task and space, used by one thread.
+      - ``suggest(points)`` queues points that ``propose`` gives first, ahead of the strategy's
+        own, each once (a seen or invalid one is dropped): a job seeded from records timed in
+        the other mode measures their best points again before searching on.
 
     Subclasses implement :meth:`_propose`, and apply points through :meth:`_apply`,
     :meth:`_apply_many` and :meth:`_fresh` only, so that with an ``applier`` all of TVM's work
@@ -165,6 +168,7 @@ class SearchStrategy(abc.ABC):
         self.pending: dict[str, Point] = {}
         self._seconds: dict[str, float] = {}
         self._features: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._suggested: deque[Point] = deque()
 
     # --- the protocol ------------------------------------------------------------------------
 
@@ -177,15 +181,22 @@ class SearchStrategy(abc.ABC):
         if n <= 0:
             raise ValueError(f"batch size must be positive, got {n}")
         self._seconds = {}
-        proposal = self._propose(n, model)
+        first = self._take_suggested(n)
+        for c in first:
+            self.pending[c.id] = c.point
+        proposal = self._propose(n - len(first), model) if len(first) < n else Proposal([])
         for c in proposal.candidates:
             self.pending[c.id] = c.point
-        features = proposal.features
-        if features is None:
-            features = [self._features.get(c.id) for c in proposal.candidates]
-            if all(f is None for f in features):
-                features = None
-        return dataclasses.replace(proposal, features=features, seconds=dict(self._seconds))
+        own = proposal.features or [self._features.get(c.id) for c in proposal.candidates]
+        features: list[np.ndarray | None] | None = [self._features.get(c.id) for c in first] + list(own)
+        if all(f is None for f in features):  # type: ignore[union-attr]
+            features = None
+        return dataclasses.replace(proposal, candidates=first + proposal.candidates, features=features,
+                                   seconds=dict(self._seconds))  # fmt: skip
+
+    def suggest(self, points: Sequence[Point]) -> None:
+        """Queue ``points`` for :meth:`propose` to give first, in order (see the class contract)."""
+        self._suggested.extend(points)
 
     def tell(self, candidate_id: str, result: Result) -> None:
         """Record the result of the candidate ``candidate_id`` (see the class contract)."""
@@ -210,6 +221,21 @@ class SearchStrategy(abc.ABC):
     @abc.abstractmethod
     def _propose(self, n: int, model: CostModel | None) -> Proposal:
         """Candidates for :meth:`propose`: at most ``n``, valid, distinct, not in ``seen``."""
+
+    def _take_suggested(self, n: int) -> list[Candidate]:
+        """Up to ``n`` candidates of the queued suggestions, unseen and valid."""
+        out: dict[str, Candidate] = {}
+        while self._suggested and len(out) < n:
+            batch: dict[str, Point] = {}
+            while self._suggested and len(out) + len(batch) < n:
+                point = self._suggested.popleft()
+                key = point.to_json()
+                if not self._is_seen(key) and key not in out:
+                    batch[key] = point
+            for cand in self._apply_many(list(batch.values())):
+                if cand is not None:
+                    out[cand.id] = cand
+        return list(out.values())
 
     def _on_result(self, candidate_id: str, point: Point, result: Result) -> None:  # noqa: B027
         """Hook: a result arrived (from this job's measurements or a replayed record)."""
