@@ -96,6 +96,9 @@ class TuneConfig:
     #: each task's own limit (TaskScheduler.max_failed_trials) would end it only after every
     #: task had failed 64 times.
     hopeless_after: int = 32
+    #: Points per space a task with no records of the job's timing mode is seeded with from
+    #: the other mode's records (``tuner.reuse``; 0: none, as with ``fresh``).
+    seed_points: int = SEED_POINTS
 
     def __post_init__(self) -> None:
         if self.trials is None and self.time_budget_s is None:
@@ -110,6 +113,8 @@ class TuneConfig:
             raise UserInputError(f"--skip-after must be 0 or more, got {self.skip_after}")
         if self.hopeless_after < 0:
             raise UserInputError(f"hopeless_after must be 0 or more, got {self.hopeless_after}")
+        if self.seed_points < 0:
+            raise UserInputError(f"seed_points must be 0 or more, got {self.seed_points}")
         if self.propose_on not in ("cluster", "driver"):
             raise UserInputError(f"propose_on must be cluster or driver, got {self.propose_on!r}")
         if self.strategy not in search.strategies():
@@ -472,14 +477,16 @@ class TuningJob:
         assert self.device_id is not None and self.job_id is not None
         histories = task_histories(self.db, self.device_id, self.job_id, [t.workload_key for t in self.tasks],
                                    self.timing)  # fmt: skip
-        others = {} if self.config.fresh else task_histories(
+        others = {} if self.config.fresh or not self.config.seed_points else task_histories(
             self.db, self.device_id, self.job_id, [t.workload_key for t in self.tasks], other_mode(self.timing))
         lines = []
         for i, t in enumerate(self.tasks):
             h = histories.get(t.workload_key, TaskHistory())
             decision, line = reuse_rule(h, skip_after=self.config.skip_after, fresh=self.config.fresh)
             self.reuse[i] = decision
-            seeding = seed_line(others.get(t.workload_key, TaskHistory()), self.timing) if decision == "new" else None
+            seeding = None
+            if decision == "new":
+                seeding = seed_line(others.get(t.workload_key, TaskHistory()), self.timing, self.config.seed_points)
             if seeding is not None:
                 self.seeded.add(i)
                 line = seeding
@@ -910,9 +917,9 @@ class TuningJob:
                 fastest[k].append((mean_sec, point))
         for k, found in enumerate(fastest):
             found.sort(key=lambda r: r[0])
-            ts.strategies[k].suggest([point for _, point in found[:SEED_POINTS]])
+            ts.strategies[k].suggest([point for _, point in found[: self.config.seed_points]])
         logger.info("task %s: seeded with %s", task.name, ", ".join(
-            f"{kind} {min(len(f), SEED_POINTS)}" for kind, f in zip(ts.kinds, fastest, strict=True)))
+            f"{kind} {min(len(f), self.config.seed_points)}" for kind, f in zip(ts.kinds, fastest, strict=True)))
 
 
 def tune_tasks(

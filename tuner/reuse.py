@@ -62,14 +62,15 @@ def other_mode(timing: Timing) -> Timing:
     return "warm" if timing == "cold" else "cold"
 
 
-def seed_line(h: TaskHistory, timing: Timing) -> str | None:
-    """The line a ``new`` task prints when it is seeded from ``h``, the records of the other
-    mode than ``timing``; None when they hold nothing to seed from."""
+def seed_line(h: TaskHistory, timing: Timing, points: int = SEED_POINTS) -> str | None:
+    """The line a ``new`` task prints when it is seeded with ``points`` points per space from
+    ``h``, the records of the other mode than ``timing``; None when they hold nothing to seed
+    from."""
     if not h.ok or h.best_sec is None:
         return None
     other = other_mode(timing)
     return (f"no {timing}-timed records; {h.ok} good {other}-timed ones (best {h.best_sec * 1e3:.3g} ms): "
-            f"their {SEED_POINTS} fastest points per space are measured {timing} first")
+            f"their {points} fastest points per space are measured {timing} first")
 
 
 def job_points(db: TuningDatabase, job_id: int, workload_key: str) -> set[str]:
