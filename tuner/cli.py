@@ -191,7 +191,10 @@ def choose_layout(spec, device, db, layouts: Sequence[str], precision: str = "fp
 
 
 def print_layout_choice(choice, layouts: Sequence[str]) -> None:
-    """Each conv's layout and the measured bests it was chosen from, then the plans weighed."""
+    """Each conv's layout and the measured bests it was chosen from, then the plans weighed;
+    nothing for a model without convs (BERT), which no layout changes."""
+    if not choice.convs:
+        return
     table = Table(title="--layout auto: each conv's layout from the measured bests (ms)")
     for col in ("#", "conv", "layout", *layouts):
         table.add_column(col, justify="left" if col in ("conv", "layout") else "right")

@@ -442,3 +442,19 @@ def test_a_conv_measured_in_no_layout_leaves_the_choice_to_the_others(tiny, cpu_
     _store(db, cpu_device, [t for t in tasks if t.workload_key not in first], _conv_seconds({0: "NCHW", 1: "NCHW"}))
     choice = choose_layout(spec, cpu_device, db, ("NCHW8c", "NCHW"))
     assert choice.measured and choice.convs[0].seconds == {} and choice.convs[1].layout == "NCHW"
+
+
+def test_layout_choice_is_printed_only_for_a_model_with_convs(capsys):
+    """BERT has no conv: ``tune`` and ``compile`` print no empty layout table for it."""
+    from tuner.cli import print_layout_choice
+    from tuner.layout import ConvDecision, PlanChoice
+
+    def choice(convs: list[ConvDecision]) -> PlanChoice:
+        return PlanChoice(LayoutPlan("NCHW8c"), 1e-3, {"NCHW8c": 1e-3}, convs, 10e9, False)
+
+    print_layout_choice(choice([]), ["NCHW8c", "NCHW"])
+    assert capsys.readouterr().out == ""
+    print_layout_choice(choice([ConvDecision(0, "NCHW8c", {"NCHW8c": 1e-3, "NCHW": 2e-3}, "3x3 8->8 8x8")]),
+                        ["NCHW8c", "NCHW"])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "3x3 8->8 8x8" in printed and "layout plan NCHW8c" in printed
