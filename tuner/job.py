@@ -856,7 +856,6 @@ class TuningJob:
         the bandit how each space has done: the population, the seen-set and the studies
         rebuild from the database."""
         assert self.device_id is not None
-        by_kind = {kind: k for k, kind in enumerate(ts.kinds)}
         counts = [0] * len(ts.kinds)
         best: list[float | None] = [None] * len(ts.kinds)
         stored = self._retrying("database", measured_results, self.db, task.workload_key, self.device_id,
@@ -866,21 +865,8 @@ class TuningJob:
             assert self.job_id is not None
             own = job_points(self.db, self.job_id, task.workload_key)
             stored = [r for r in stored if r[0] in own]
-        stale = 0
-        for text, mean_sec, error in stored:
-            try:
-                kind, cid = parse_record_point(text)
-            except ValueError:
-                continue
-            k = by_kind.get(kind)
-            if k is None:
-                continue  # a template no longer registered or not applicable
-            if ts.spaces[k].static_violation(search_spaces.Point.from_json(cid)) is not None:
-                # Measured in an earlier version of the space (a template gained a knob or a
-                # tighter constraint): a population or study built on it would breed points
-                # of the wrong shape. Its schedule stays usable by the compiler (traces).
-                stale += 1
-                continue
+        rows, stale = _space_records(ts, stored)
+        for k, cid, _, mean_sec, error in rows:
             ok = error is None and mean_sec is not None
             ts.strategies[k].tell(cid, Result(mean_sec if ok else None, error or (None if ok else "no time")))
             counts[k] += 1
@@ -902,24 +888,43 @@ class TuningJob:
         assert self.device_id is not None
         stored = self._retrying("database", measured_results, self.db, task.workload_key, self.device_id,
                                 other_mode(self.timing))  # fmt: skip
-        by_kind = {kind: k for k, kind in enumerate(ts.kinds)}
         fastest: list[list[tuple[float, search_spaces.Point]]] = [[] for _ in ts.kinds]
-        for text, mean_sec, error in stored:
-            try:
-                kind, cid = parse_record_point(text)
-            except ValueError:
-                continue
-            k = by_kind.get(kind)
-            if k is None or error is not None or mean_sec is None:
-                continue
-            point = search_spaces.Point.from_json(cid)
-            if ts.spaces[k].static_violation(point) is None:
+        for k, _, point, mean_sec, error in _space_records(ts, stored)[0]:
+            if error is None and mean_sec is not None:
                 fastest[k].append((mean_sec, point))
         for k, found in enumerate(fastest):
             found.sort(key=lambda r: r[0])
             ts.strategies[k].suggest([point for _, point in found[: self.config.seed_points]])
         logger.info("task %s: seeded with %s", task.name, ", ".join(
             f"{kind} {min(len(f), self.config.seed_points)}" for kind, f in zip(ts.kinds, fastest, strict=True)))
+
+
+def _space_records(
+    ts: _TaskSearch, stored: list[tuple[str, float | None, str | None]]
+) -> tuple[list[tuple[int, str, search_spaces.Point, float | None, str | None]], int]:
+    """Stored records (point JSON, mean_sec, error_class) as ``(space index, candidate id,
+    point, mean_sec, error_class)`` for the spaces of ``ts``, and how many were points of an
+    earlier version of their space (left out)."""
+    by_kind = {kind: k for k, kind in enumerate(ts.kinds)}
+    rows = []
+    stale = 0
+    for text, mean_sec, error in stored:
+        try:
+            kind, cid = parse_record_point(text)
+        except ValueError:
+            continue
+        k = by_kind.get(kind)
+        if k is None:
+            continue  # a template no longer registered or not applicable
+        point = search_spaces.Point.from_json(cid)
+        if ts.spaces[k].static_violation(point) is not None:
+            # Measured in an earlier version of the space (a template gained a knob or a
+            # tighter constraint): a population or study built on it would breed points of
+            # the wrong shape. Its schedule stays usable by the compiler (traces).
+            stale += 1
+            continue
+        rows.append((k, cid, point, mean_sec, error))
+    return rows, stale
 
 
 def tune_tasks(
