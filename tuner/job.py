@@ -485,7 +485,7 @@ class TuningJob:
             decision, line = reuse_rule(h, skip_after=self.config.skip_after, fresh=self.config.fresh)
             self.reuse[i] = decision
             seeding = None
-            if decision == "new":
+            if decision == "new" and not h.records:  # a resumed job goes on from its own records
                 seeding = seed_line(others.get(t.workload_key, TaskHistory()), self.timing, self.config.seed_points)
             if seeding is not None:
                 self.seeded.add(i)
