@@ -255,7 +255,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.timing == "cold" and device.kind != "cpu":
         raise UserInputError(f"--timing cold flushes CPU caches; {device.name} is timed warm: drop --timing")
     # Cold on a CPU: ResNet-50 as fast as warm-tuned at equal trials in 40% less tuning time,
-    # BERT-base 11-13% faster (benchmarks/README.md, "Cold timing in tune").
+    # BERT-base 11-13% faster, on a Zen 4 (benchmarks/README.md, "Cold timing in tune").
     timing = args.timing or ("cold" if device.kind == "cpu" else "warm")
     config = TuneConfig(
         trials=trials, time_budget_s=budget, batch_size=args.trials_per_batch, seed=args.seed,

@@ -473,9 +473,9 @@ class TuningDatabase:
 
         Idempotent: a point already stored for the workload on this device in the record's
         timing mode (by any job) is skipped, so a retried batch never duplicates and a
-        candidate is recorded once per mode. Only
-        a stored record whose error class is in :data:`RETRIED_ERRORS` (the candidate's node
-        was lost) is replaced by the new measurement; it counts as new.
+        candidate is recorded once per mode. Only a stored record whose error class is in
+        :data:`RETRIED_ERRORS` (the candidate's node was lost) is replaced by the new
+        measurement; it counts as new.
 
         Every record keeps who wrote it (host, OS user, Nightshift and TVM versions, job).
         With ``source`` the records are an import: stored as foreign, with the file, device
@@ -868,8 +868,8 @@ class TuningDatabase:
         older than ``older_than`` (each filter only when given). Of those, with ``keep_top``,
         the ``keep_top`` fastest successful ones of each workload, device, TVM version,
         origin and timing mode stay (a schedule that replays on one TVM version may not on
-        another), and
-        failed ones go unless ``keep_failed``; without ``keep_top``, all of them go.
+        another), and failed ones go unless ``keep_failed``; without ``keep_top``, all of
+        them go.
 
         Raises:
             UserInputError: ``keep_top`` is negative, or nothing says what to delete.
