@@ -20,6 +20,7 @@ import logging
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -42,7 +43,12 @@ def main() -> None:
     p.add_argument("--num-cores", type=int, default=None)
     p.add_argument("--peers", nargs="+", default=list(DEFAULT_PEERS))
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--settle", type=float, default=600.0,
+                   help="wait up to this many seconds for the 1-minute load to fall below 1 before timing "
+                        "(right after a job its Ray cluster is still shutting down); 0: start at once")
     args = p.parse_args()
+    if args.settle:
+        _settle(args.settle)
     device = parse_device("cpu", num_cores=args.num_cores)
     db = TuningDatabase(args.db)
     config = BenchConfig(rounds=args.rounds, peers=tuple(args.peers))
@@ -66,6 +72,17 @@ def main() -> None:
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     console.print(f"wrote {args.out}")
     _plot(results, args.out.with_suffix(".png"))
+
+
+def _settle(limit_s: float, below: float = 1.0) -> None:
+    """Wait until the 1-minute load average is under ``below`` or ``limit_s`` has passed."""
+    start = time.monotonic()
+    with console.status("waiting for the load to settle") as status:
+        while (load := os.getloadavg()[0]) >= below and time.monotonic() - start < limit_s:
+            status.update(f"waiting for the load to settle: {load:.2f} (1 min), {time.monotonic() - start:.0f} s")
+            time.sleep(5)
+    if load >= below:
+        logger.warning("load still %.2f after %.0f s; timing anyway (the JSON records it)", load, limit_s)
 
 
 def _plot(results: list[dict], path: Path) -> None:

@@ -40,9 +40,19 @@ _MAX_UNROLLED_FMAS = 512
 
 
 def _last_index_var(region: Any) -> Any:
-    """The variable of the last (innermost) index of a read region, or None."""
+    """The variable of the last (innermost) index of a read region, or None. A packed B
+    (:func:`tuner.layout.matmul_packed`: ``B[n // nb, k, n % nb]``) counts as indexed by n."""
     last = region.region[-1].min
+    if isinstance(last, tvm.tirx.FloorMod) and isinstance(last.b, tvm.tirx.IntImm):
+        last = last.a
     return last if isinstance(last, tvm.tirx.Var) else None
+
+
+def _packed_block(sch: Schedule, block: Any) -> int | None:
+    """Columns per block of a packed B (``B[n // nb, k, n % nb]``), or None for a plain one."""
+    stmt = sch.get(block)
+    last = stmt.reads[_b_read_index(sch, block)].region[-1].min
+    return int(last.b) if isinstance(last, tvm.tirx.FloorMod) else None
 
 
 def _matmul_block(sch: Schedule) -> Any | None:
@@ -90,11 +100,20 @@ def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tupl
     if n % lanes:
         return None
     tile_n = tuple(lanes * r for r in (1, 2, 3, 4) if n % (lanes * r) == 0)
+    packed = _packed_block(sch, block)
+    if packed is not None:
+        # A panel is one block of the packed B: contiguous K x nb, nothing left to copy.
+        if packed % lanes:
+            return None
+        tile_n = tuple(t for t in tile_n if packed % t == 0)
+        panels: tuple[int, ...] = (packed // lanes,)
+    else:
+        panels = tuple(d for d in divisors(n // lanes) if d <= 16)
     return (
         Knob("tile_m", "choice", tuple(d for d in divisors(m) if d <= _ACC_REGISTERS)),
         Knob("tile_n", "choice", tile_n),
         # Column tiles per panel of B kept in cache (a divisor of the tiles in a row).
-        Knob("panel", "choice", tuple(d for d in divisors(n // lanes) if d <= 16)),
+        Knob("panel", "choice", panels),
         Knob("unroll_k", "choice", tuple(d for d in divisors(k) if d <= 8)),
         # 0: panels outermost (a panel of B is reused by every row tile);
         # 1: row tiles outermost (a row tile of A is reused by every panel).
@@ -104,7 +123,7 @@ def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tupl
         # 1: copy each panel of B into a compact buffer before its row tiles read it.
         # Rows of B a multiple of 4 KiB apart (N = 3072) fall into the same cache sets;
         # the copy's rows are a panel apart, so the panel stays in cache.
-        Knob("pack_b", "choice", (0, 1)),
+        Knob("pack_b", "choice", (0,) if packed else (0, 1)),
         # Fixed by the target; a knob so the register constraint can read it.
         Knob("lanes", "choice", (lanes,)),
     )

@@ -84,6 +84,18 @@ def dense(batch: tuple[int, ...] = (1,), m: int = 32, k: int = 64, n: int = 48, 
     return tvm.IRModule({"main": te.create_prim_func([a, b, bias, out])})
 
 
+def dense_packed(m: int = 32, k: int = 64, n: int = 64, block: int = 32) -> tvm.IRModule:
+    """A dense layer as ``tuner.layout`` legalizes it on CPUs: the weight packed [n/block, k,
+    block] (block ``matmul``), + bias + relu."""
+    from tuner.layout import matmul_packed
+
+    a = te.placeholder((1, m, k), name="A")
+    w = te.placeholder((n // block, k, block), name="W")
+    bias = te.placeholder((n,), name="bias")
+    out = topi.nn.relu(topi.add(matmul_packed(a, w), bias))
+    return tvm.IRModule({"main": te.create_prim_func([a, w, bias, out])})
+
+
 def batch_matmul() -> tvm.IRModule:
     """Attention's context, smaller: 2 heads of (16 x 32) @ (32 x 32), no epilogue."""
     return dense((1, 2), 16, 32, 32, batched_b=True, epilogue=False)
@@ -180,6 +192,7 @@ def relu() -> tvm.IRModule:
 TASKS: dict[str, Callable[[], tvm.IRModule]] = {
     "matmul": matmul, "conv": conv_bias_relu, "relu": relu, "conv_nchwc": conv_nchwc,
     "conv_nchwc_first": conv_nchwc_first, "conv_nchwc_bare": conv_nchwc_bare, "dense": dense,
+    "dense_packed": dense_packed,
     "batch_matmul": batch_matmul, "depthwise": depthwise, "depthwise_s2": lambda: depthwise(2),
     "dense_bf16": dense_bf16, "depthwise_nchwc": depthwise_nchwc, "depthwise_nchwc_s2": lambda: depthwise_nchwc(2),
     "depthwise_nchwc16": lambda: depthwise_nchwc(block=16),
@@ -201,7 +214,8 @@ TARGETS: dict[str, dict] = {
 }
 # The (task, target) pairs the suite covers; CUDA keeps to the two heavy patterns.
 TASK_TARGETS = [("matmul", "llvm"), ("conv", "llvm"), ("relu", "llvm"), ("conv_nchwc", "llvm"),
-                ("dense", "llvm"), ("depthwise", "llvm"), ("depthwise_nchwc", "llvm"), ("dense_bf16", "llvm"),
+                ("dense", "llvm"), ("dense_packed", "llvm"), ("depthwise", "llvm"), ("depthwise_nchwc", "llvm"),
+                ("dense_bf16", "llvm"),
                 ("conv_nchwc_bf16", "llvm"), ("conv_nchwc_u8", "llvm"), ("dense_u8s8", "llvm"),
                 ("matmul", "cuda-sm90"), ("conv", "cuda-sm90")]  # fmt: skip
 

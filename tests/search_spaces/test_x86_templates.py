@@ -28,7 +28,8 @@ def _regs(kind: str, values: dict, lanes: int) -> int:
 
 
 @pytest.mark.parametrize(("kind", "task_name", "fewest"), [
-    ("x86-conv2d-nchwc", "conv_nchwc", 4), ("x86-dense", "dense", 4), ("x86-depthwise-conv2d-nchw", "depthwise", 1),
+    ("x86-conv2d-nchwc", "conv_nchwc", 4), ("x86-dense", "dense", 4), ("x86-dense", "dense_packed", 4),
+    ("x86-depthwise-conv2d-nchw", "depthwise", 1),
     ("x86-depthwise-conv2d-nchwc", "depthwise_nchwc16", 4),
 ])
 @pytest.mark.parametrize("vector_bits", [512, 256])
@@ -78,6 +79,7 @@ def test_templates_take_only_their_pattern():
 
 @pytest.mark.parametrize(("kind", "task_name", "acc"), [("x86-conv2d-nchwc", "conv_nchwc", "conv2d_NCHWc_local"),
                                                         ("x86-dense", "dense", "matmul_local"),
+                                                        ("x86-dense", "dense_packed", "matmul_local"),
                                                         ("x86-depthwise-conv2d-nchw", "depthwise",
                                                          "group_conv2d_nchw_local"),
                                                         ("x86-depthwise-conv2d-nchwc", "depthwise_nchwc",

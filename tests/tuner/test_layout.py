@@ -8,6 +8,7 @@ import pytest
 import tvm
 from sqlalchemy import text
 from tvm import relax
+from tvm.ir.expr import Constant
 from tvm.relax.frontend import nn
 
 import search_spaces
@@ -458,3 +459,37 @@ def test_layout_choice_is_printed_only_for_a_model_with_convs(capsys):
                         ["NCHW8c", "NCHW"])  # fmt: skip
     printed = capsys.readouterr().out
     assert "3x3 8->8 8x8" in printed and "layout plan NCHW8c" in printed
+
+
+@pytest.mark.parametrize(("n", "packed"), [(64, True), (40, False)])
+def test_dense_weights_are_packed_at_compile_time_and_compute_the_same(n, packed) -> None:
+    """A float32 matmul by a constant weight reads it as [N/b, K, b] with b four vectors
+    (a weight whose columns b does not divide stays [K, N]); either way it computes x @ W."""
+    from tuner.layout import dense_block, prepare
+
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})  # 8 lanes: b = 32
+    rng = np.random.default_rng(0)
+    weight = rng.normal(size=(48, n)).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16, 48), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(x, relax.const(weight)))
+        bb.emit_func_output(out)
+    mod = prepare(bb.get(), target, LayoutPlan.parse("NCHW", target))
+    assert dense_block(n, 8) == (32 if packed else None)
+    shapes = {c.value.numpy().shape for c in _constants(mod)}
+    assert ((n // 32, 48, 32) in shapes) is packed and ((48, n) in shapes) is not packed
+    data = rng.normal(size=(1, 16, 48)).astype("float32")
+    ex = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"}))
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(data)).numpy()
+    np.testing.assert_allclose(got, data @ weight, rtol=1e-5, atol=1e-5)
+
+
+def _constants(mod: tvm.IRModule) -> list[Constant]:
+    found: list[Constant] = []
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(
+                func, lambda e: found.append(e) if isinstance(e, Constant) and hasattr(e.value, "numpy") else None)
+    return found
