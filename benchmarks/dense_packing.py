@@ -103,6 +103,8 @@ def main() -> None:
     parser.add_argument("--points", type=int, default=16)
     parser.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--block", type=int, default=None,
+                        help="columns per packed block (default: tuner.layout.dense_block's, four vectors)")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -123,8 +125,8 @@ def main() -> None:
     }
     for name in args.shapes:
         k, n, epilogue, calls = SHAPES[name]
-        block = dense_block(n, lanes)
-        assert block is not None, (name, n, lanes)
+        block = args.block or dense_block(n, lanes)
+        assert block is not None and n % block == 0 and block % lanes == 0, (name, n, lanes, block)
         mods = {"packed": build(k, n, epilogue, block), "plain": build(k, n, epilogue, None)}
         spaces = {v: TemplateSpace(m, target, "x86-dense") for v, m in mods.items()}
         refs = {v: reference(m, target) for v, m in mods.items()}
