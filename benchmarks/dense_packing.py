@@ -32,14 +32,13 @@ from pathlib import Path
 
 import numpy as np
 import tvm
-from op_ceiling import time_call
+from op_ceiling import cpu_threads, time_call
 from space_vs_metaschedule import measure
 from tvm import te, topi
 
 from search_spaces.base import Point
 from search_spaces.template_space import TemplateSpace
 from search_spaces.verify import reference
-from tuner.device import parse_device
 from tuner.layout import dense_block, matmul_packed, vector_lanes
 
 logger = logging.getLogger("dense_packing")
@@ -110,11 +109,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     import torch
 
-    device = parse_device("cpu")
-    device.use_threads()
+    device, threads = cpu_threads()
     target = device.target
-    threads = int(device.target_config.get("num-cores", 1))
-    torch.set_num_threads(threads)
     lanes = vector_lanes(target)
     report: dict = {
         "benchmark": "dense_packing", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -36,7 +36,7 @@ from tvm import te, topi
 
 import search_spaces
 from search_spaces.verify import reference
-from tuner.device import parse_device
+from tuner.device import Device, parse_device
 
 logger = logging.getLogger("op_ceiling")
 RESULTS = Path(__file__).parent / "results" / "op_ceiling.json"
@@ -158,6 +158,18 @@ def time_call(fn: Callable[[], object], *, repeat: int = 5, min_ms: float = 10.0
     return float(np.median(runs))
 
 
+def cpu_threads() -> tuple[Device, int]:
+    """The CPU device with TVM and PyTorch both on its target's ``num-cores`` threads, as the
+    tuner times (and that thread count)."""
+    import torch
+
+    device = parse_device("cpu")
+    device.use_threads()
+    threads = int(device.target_config.get("num-cores", 1))
+    torch.set_num_threads(threads)
+    return device, threads
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--points", type=int, default=32)
@@ -171,12 +183,10 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     import torch
 
-    device = parse_device("cpu")
-    device.use_threads()  # TVM on the target's num-cores threads, as the tuner times
-    target = device.target
-    threads = int(device.target_config.get("num-cores", 1))
-    torch.set_num_threads(threads)
     from tuner.layout import vector_lanes
+
+    device, threads = cpu_threads()
+    target = device.target
 
     block = args.block or vector_lanes(target)
     gemm = np.random.default_rng(0).random((1024, 1024), dtype=np.float32)
