@@ -7,9 +7,11 @@ registers for the whole of K. Columns are grouped in panels of ``panel`` tiles s
 panel of B (K x panel * tile_n) stays in cache while every row tile of A streams past it.
 The epilogue (bias, gelu, residual add...) is applied to the tile in registers.
 
-The task is what Relax legalizes ``matmul`` to (BERT's dense layers and attention): a block
+The task is what Relax legalizes ``matmul`` to (attention's batched products): a block
 ``matmul*`` with spatial iters (batch..., m, n) and one reduce iter k, reading A[..., m, k]
-and B[..., k, n] (B's rows contiguous along n), then elementwise epilogue blocks over C.
+and B[..., k, n] (B's rows contiguous along n), then elementwise epilogue blocks over C. A
+dense layer's constant weight comes packed (``tuner.layout.matmul_packed``: B[n // nb, k,
+n % nb]); a panel is then one packed block, contiguous, and nothing is copied at run time.
 """
 
 from __future__ import annotations
