@@ -370,8 +370,10 @@ def bench(
             accuracy = measure_accuracy(spec, device, fp32, compiled, num_inputs=config.accuracy_inputs)
         tuned_any = bool(compiled.tuned)
         label = "TVM, database" if tuned_any else "TVM fallback (no records for this device)"
+        stale = compiled.tuned_in_another_form(db) if db is not None else []
+        older = f" ({len(stale)} tuned in an older form: re-tune)" if stale else ""
         db_entry = Entry(TVM_DB, label, "tvm", tvm_precision,
-                         note=f"{len(compiled.tuned)} ops tuned, {len(compiled.fallback)} untuned, "
+                         note=f"{len(compiled.tuned)} ops tuned, {len(compiled.fallback)} untuned{older}, "
                               f"compiled in {compiled.compile_s:.1f} s")  # fmt: skip
         entries.append(db_entry)
         first_run(db_entry, TvmRunner(compiled, device, label, tvm_precision))

@@ -487,6 +487,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
               f"{kinds.count('fallback')} with the fallback schedule, {kinds.count('tvm-default')} with TVM's "
               "default lowering")
     out.print(table)
+    stale = compiled.tuned_in_another_form(db)
+    if stale:
+        from tuner.compile import retune_hint
+
+        console.print(f"[yellow]warning:[/] {retune_hint(stale)}", soft_wrap=True, highlight=False)
     if db.rejected:
         console.print(f"[yellow]warning:[/] {len(db.rejected)} record(s) rejected by the trace allow-list: "
                       + "; ".join(f"record {i}: {r}" for i, r in sorted(db.rejected.items())[:5]),

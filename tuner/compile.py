@@ -60,6 +60,21 @@ class Compiled:
     compile_s: float
     decisions: dict[str, Decision] = field(default_factory=dict)
 
+    def tuned_in_another_form(self, db: TuningDatabase) -> list[str]:
+        """Names of the functions that got no record although ``db`` has records of another
+        form of them (:meth:`TuningDatabase.other_forms`): tuned before their code changed."""
+        untuned = {k: d.summary for k, d in self.decisions.items()
+                   if d.kind in ("fallback", "tvm-default") and d.summary}  # fmt: skip
+        return sorted(self.decisions[k].name for k in db.other_forms(untuned)) if untuned else []
+
+
+def retune_hint(names: list[str]) -> str:
+    """What to tell a user whose database tuned ``names`` in an older form."""
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    return (f"{len(names)} operator(s) have records only for an older form of themselves ({shown}); the "
+            "operator changed since it was tuned (dense weights are packed since the eleventh session) and "
+            "got the fallback schedule: run `tune` on this model to tune its current form")
+
 
 def compile_model(
     spec: ModelSpec,

@@ -48,6 +48,10 @@ def test_compile_uses_tuned_records_and_falls_back(tuned_tiny, cpu_device, tmp_p
     assert set(kinds.values()) == {"tuned", "fallback"}
     assert {t.workload_key for t in tasks[2:]} <= {k for k, v in kinds.items() if v == "fallback"}
     assert {d.detail for d in compiled.decisions.values() if d.kind == "fallback"} <= {FALLBACK_DESCRIPTION}
+    # Untuned functions are reported by their fused name (their workload's module says "main"),
+    # and the database holds no older form of them.
+    assert {t.name for t in tasks[2:]} <= {d.name for d in compiled.decisions.values() if d.kind == "fallback"}
+    assert compiled.tuned_in_another_form(db) == []
     for key in summary.best_sec:
         best = db.best(key, db.device_id(cpu_device))[0]
         assert compiled.decisions[key].detail == f"{best.mean_sec * 1e3:.3f} ms"

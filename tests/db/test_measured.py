@@ -2,6 +2,7 @@
 
 import pytest
 import sqlalchemy as sa
+import tvm
 from alembic import command
 from dbtest_utils import add_mod, fake_cpu, matmul_mod
 
@@ -192,3 +193,40 @@ def test_metaschedule_records_carry_the_program_hash(db, cpu_device):
     workload = adapter.commit_workload(mod)
     adapter.commit_tuning_record(TuningRecord(sch.trace, workload, [1e-3], cpu_device.target, None))
     assert db.measured_hashes(workload_key(mod), dev) == {program_hash(sch.mod)}
+
+
+def test_an_operator_tuned_in_an_older_form_is_found_by_name_and_shapes(db, cpu_device):
+    """A compiled function without records whose name, first input and output match a
+    workload measured in another form (a dense weight packed since it was tuned) is named;
+    one with other shapes, or whose namesake has only failed records, is not."""
+    from tvm import te
+
+    from tuner.db.database import workload_summary
+    from tuner.layout import matmul_packed
+
+    def dense(packed: bool, n: int = 32) -> tvm.IRModule:
+        a = te.placeholder((1, 4, 8), name="A")
+        w = te.placeholder((n // 32, 8, 32) if packed else (8, n), name="W")
+        if packed:
+            c = matmul_packed(a, w)
+        else:
+            k = te.reduce_axis((0, 8), name="k")
+            c = te.compute((1, 4, n), lambda z, i, j: te.sum(a[z, i, k] * w[k, j], axis=k), name="matmul")
+        return tvm.IRModule({"main": te.create_prim_func([a, w, c])})
+
+    row_major, packed, wider = dense(False), dense(True), dense(True, 64)
+    dev = db.device_id(cpu_device)
+    db.workload_id(workload_key(row_major), "fused_matmul", row_major, 1.0)
+    db.add_records(dev, None, [_rec(workload_key(row_major), "p1", [1e-3])])
+    # The wider dense's row-major form failed to build: nothing to re-tune from.
+    failed = dense(False, 64)
+    db.workload_id(workload_key(failed), "fused_matmul", failed, 1.0)
+    db.add_records(dev, None, [_rec(workload_key(failed), "p1", [], "build_error")])
+    added = add_mod(8)  # measured, but another operator
+    db.workload_id(workload_key(added), "add", added, 1.0)
+    db.add_records(dev, None, [_rec(workload_key(added), "p1", [1e-3])])
+    untuned = {workload_key(m): workload_summary(name, m)
+               for name, m in (("fused_matmul", packed), ("fused_matmul", wider), ("add", add_mod(16)))}
+    found = db.other_forms(untuned)
+    assert found == {workload_key(packed): workload_summary("fused_matmul", row_major)}
+    assert db.other_forms({}) == {}

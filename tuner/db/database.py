@@ -11,7 +11,7 @@ import socket
 import sqlite3
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -834,6 +834,29 @@ class TuningDatabase:
             out.sort(key=lambda t: t[0].name)
             return out
 
+    def other_forms(self, untuned: Mapping[str, str]) -> dict[str, str]:
+        """Of ``untuned`` (workload key -> summary of a function without records), those
+        whose operator has successful records in another form: a workload of the same name
+        with the same first input and output, but another key (its code changed since it was
+        tuned, e.g. a dense weight packed since the eleventh session). Key -> the stored
+        summary."""
+        by_name: dict[str, list[tuple[str, str]]] = {}
+        for key, summary in untuned.items():
+            by_name.setdefault(summary.split("(", 1)[0], []).append((key, summary))
+        if not by_name:
+            return {}
+        measured = select(RecordRow.id).where(RecordRow.workload_id == WorkloadRow.id, RecordRow.error_class.is_(None))
+        with self.session(write=False) as s:
+            stored = s.execute(select(WorkloadRow.key, WorkloadRow.summary)
+                               .where(WorkloadRow.name.in_(list(by_name)), measured.exists())).all()  # fmt: skip
+        found: dict[str, str] = {}
+        for stored_key, stored_summary in stored:
+            ends = _outer_args(stored_summary or "")
+            for key, summary in by_name.get((stored_summary or "").split("(", 1)[0], []):
+                if key != stored_key and ends is not None and ends == _outer_args(summary):
+                    found.setdefault(key, stored_summary)
+        return found
+
     def successful_records(self, device_id: int) -> list[tuple[str, RecordRow]]:
         """``(workload JSON, record)`` of every successful record Nightshift measured on the
         device with this TVM version and whose trace passes the allow-list."""
@@ -965,6 +988,15 @@ def workload_summary(name: str, mod: tvm.IRModule) -> str:
         # Dynamic shapes or a non-tensor argument: the name alone still says what it is.
         return name + suffix
     return f"{name}({shown}){suffix}"
+
+
+_SUMMARY_ARG = re.compile(r"\w+\[[\d, ]*\]")
+
+
+def _outer_args(summary: str) -> tuple[str, str] | None:
+    """The first and last argument (``float32[1, 128, 768]``) of a workload summary."""
+    args = _SUMMARY_ARG.findall(summary)
+    return (args[0], args[-1]) if len(args) >= 2 else None
 
 
 def _utcnow() -> datetime:

@@ -22,7 +22,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import Schedule
 from tvm.s_tir.meta_schedule.database import PyDatabase, TuningRecord, Workload
 
-from tuner.db.database import FallbackPolicy, NewRecord, TuningDatabase
+from tuner.db.database import FallbackPolicy, NewRecord, TuningDatabase, workload_summary
 from tuner.db.schema import RecordRow
 from tuner.db.validate import record_rejection
 from tuner.tasks import trace_program_hash, workload_key
@@ -49,11 +49,15 @@ class Decision:
             MetaSchedule record, replayed and checked, never measured here), ``"fallback"`` (no record; the fallback
             schedule), or ``"tvm-default"`` (no record and no fallback: TVM's lowering).
         detail: the record's time, the other device, or the fallback's description.
+        summary: for a function without records, its workload summary
+            (:func:`tuner.db.database.workload_summary`), to find records of another form
+            of it (:meth:`TuningDatabase.other_forms`).
     """
 
     name: str
     kind: str
     detail: str
+    summary: str = ""
 
 
 @derived_object
@@ -93,6 +97,7 @@ class MetaScheduleDatabase(PyDatabase):
         self.precision = precision
         self.untuned = untuned
         self.decisions: dict[str, Decision] = {}  # workload key -> what was used
+        self._query_name: str | None = None
         self._replays: dict[int, bool] = {}
 
     # Kept for callers of the first version: workload key -> name, tuned or not.
@@ -128,10 +133,21 @@ class MetaScheduleDatabase(PyDatabase):
                       program_hash=trace_program_hash(record.trace, record.workload.mod))
         ])
 
+    def query_tuning_record(self, mod: tvm.IRModule, target: tvm.target.Target,
+                            workload_name: str | None = None) -> TuningRecord | None:
+        """MetaSchedule's own query (the best record, if any), keeping the fused function's
+        name: the workload's module (its one function is "main") no longer carries it, and
+        the decision of an untuned function reports it. (``super()`` would call back here.)"""
+        self._query_name = workload_name
+        if not self.has_workload(mod):
+            return None
+        records = self.get_top_k(self.commit_workload(mod), 1)
+        return records[0] if records else None
+
     def get_top_k(self, workload: Workload, top_k: int) -> list[TuningRecord]:
         key = workload_key(workload.mod, self.precision)
         stored = self.db.get_workload(key)
-        name = stored.name if stored is not None else _func_name(workload.mod)
+        name = stored.name if stored is not None else (self._query_name or _func_name(workload.mod))
         found = self.db.lookup(key, self.device_id, top_k, policy=self.policy,
                                replays=lambda row: self._replays_cleanly(row, workload))  # fmt: skip
         if found:
@@ -146,11 +162,12 @@ class MetaScheduleDatabase(PyDatabase):
             self.decisions[key] = Decision(name, _KIND[first.source], detail)
             return [TuningRecord.from_json(json.loads(b.row.record_json), workload) for b in found]
         made = self.fallback(workload) if self.fallback is not None else None
+        summary = workload_summary(name, workload.mod)
         if made is None:
-            self.decisions[key] = Decision(name, "tvm-default", self.untuned)
+            self.decisions[key] = Decision(name, "tvm-default", self.untuned, summary)
             return []
         record, what = made
-        self.decisions[key] = Decision(name, "fallback", what)
+        self.decisions[key] = Decision(name, "fallback", what, summary)
         return [record]
 
     def _fingerprint(self) -> str:
