@@ -72,7 +72,7 @@ def retune_hint(names: list[str]) -> str:
     """What to tell a user whose database tuned ``names`` in an older form."""
     shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
     return (f"{len(names)} operator(s) have records only for an older form of themselves ({shown}); the "
-            "operator changed since it was tuned (dense weights are packed since the eleventh session) and "
+            "operator changed since it was tuned (e.g. dense weights are packed since 2026-11-25) and "
             "got the fallback schedule: run `tune` on this model to tune its current form")
 
 

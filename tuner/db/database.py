@@ -838,7 +838,7 @@ class TuningDatabase:
         """Of ``untuned`` (workload key -> summary of a function without records), those
         whose operator has successful records in another form: a workload of the same name
         with the same first input and output, but another key (its code changed since it was
-        tuned, e.g. a dense weight packed since the eleventh session). Key -> the stored
+        tuned, e.g. a dense weight packed since 2026-11-25). Key -> the stored
         summary."""
         by_name: dict[str, list[tuple[str, str]]] = {}
         for key, summary in untuned.items():
