@@ -342,19 +342,18 @@ def _legalize_matmul(lanes: int) -> Callable[[relax.BlockBuilder, relax.Call], r
     packed (:func:`pack_dense_weight`, converted once, now); other matmuls legalize as TVM
     does. Row-major, a tile's K steps are a row of the weight apart (12 KiB in BERT's FFN);
     packed, they are adjacent. On BERT-base's dense shapes the best of 16 x86-dense points
-    was 1-7% faster packed than row-major (copying panels at run time or not), the same tile
-    16-39% faster than copying its panels at run time (benchmarks/dense_packing.py)."""
+    took 1-7% less time packed than row-major (copying panels at run time or not), and the
+    same tile 16-39% less than copying its panels at run time (benchmarks/dense_packing.py)."""
 
     def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
         weight = _constant(bb, call.args[1])
         shape = _static_shape(call.args[0])
         out_dtype = str(call.attrs.out_dtype) if call.attrs.out_dtype not in (None, "", "void") else "float32"
-        if (weight is None or len(weight.ty.shape.values) != 2 or shape is None or len(shape) < 2
-                or str(weight.ty.dtype) != "float32" or str(call.args[0].ty.dtype) != "float32"
-                or out_dtype != "float32"):  # fmt: skip
-            return relax.transform.legalize_ops.linear_algebra._matmul(bb, call)
-        block = dense_block(int(weight.ty.shape.values[1]), lanes)
-        if block is None:
+        block = None
+        if (weight is not None and len(weight.ty.shape.values) == 2 and shape is not None and len(shape) >= 2
+                and str(weight.ty.dtype) == str(call.args[0].ty.dtype) == out_dtype == "float32"):  # fmt: skip
+            block = dense_block(int(weight.ty.shape.values[1]), lanes)
+        if weight is None or block is None:
             return relax.transform.legalize_ops.linear_algebra._matmul(bb, call)
         packed = relax.const(pack_dense_weight(weight.value.numpy(), block), "float32")
         return bb.call_te(matmul_packed, call.args[0], packed, primfunc_name_hint="matmul")
