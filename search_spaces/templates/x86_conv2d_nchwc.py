@@ -10,6 +10,15 @@ multiplied into ``tile_oc`` weight vectors (oneDNN's ``nb_oc_blocking``): with A
 The epilogue (bias, residual add, relu...) is applied to the tile while it is still in
 registers.
 
+The pixels of the tile are either a ``tile_oh x reg_n`` rectangle (``reg_n`` dividing the
+row) or, with ``fuse_pixels``, ``reg_n`` consecutive pixels of the fused (oh, ow) axis, any
+count, the last tile peeled off by TIR's loop partitioning. ResNet's rows are 56, 28, 14 and
+7 wide, so rectangles give 4, 7, 8 or 14 pixels; oneDNN and MLAS tile 3-6 pixels of a row
+and finish it with a shorter tile. On AVX2 (2026-11-25) fused tiles of 4-6 pixels x 2 channel
+blocks took 0.72x the time of the best rectangle tried on 1x1 512->2048 7x7, 0.91x on 3x3
+256->256 14x14, 0.95x on 3x3 512->512 7x7; on 1x1 256->1024 14x14 a 2x2 rectangle stayed
+best (benchmarks/README.md, "Pixel tiles across rows").
+
 The task is what ``topi.nn.conv2d_NCHWc`` gives: a block ``conv2d_NCHWc`` with spatial
 iters (n, oc_chunk, oh, ow, oc_block) and reduce iters (ic, kh, kw), ``ic`` the fused
 input channel (chunk * ic_block + lane); an optional ``data_pad`` block before it;
@@ -79,13 +88,14 @@ def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tupl
     ic_block = _ic_block(sch, conv)
     if ic_block is None:
         return None
-    max_pixels = _acc_budget(limits) // _regs_per_pixel(oc_block, limits)
+    max_pixels = min(_acc_budget(limits) // _regs_per_pixel(oc_block, limits), oh * ow)
     if max_pixels < 1:
         return None
     oc_chunks = int(sch.get(sch.get_loops(conv)[1]).extent)
     return (
-        # Output pixels of the register tile: reg_n along the row, tile_oh rows.
-        Knob("reg_n", "choice", tuple(d for d in divisors(ow) if d <= max_pixels)),
+        # Output pixels of the register tile: reg_n along the row (dividing it), tile_oh
+        # rows; or, with fuse_pixels, reg_n along the fused (oh, ow) axis.
+        Knob("reg_n", "choice", tuple(range(1, max_pixels + 1))),
         Knob("tile_oh", "choice", tuple(d for d in divisors(oh) if d <= 4)),
         # Output channel blocks of the register tile: each broadcast feeds tile_oc FMAs.
         Knob("tile_oc", "choice", tuple(d for d in divisors(oc_chunks) if d <= 4)),
@@ -100,6 +110,11 @@ def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tupl
         Knob("parallel_depth", "choice", (2, 3, 4)),
         # 0: padding is its own parallel pass; 1: inlined into the conv's loads.
         Knob("pad_inline", "choice", (0, 1) if _has_pad(sch) else (0,)),
+        # 1: the pixel tile runs along the fused (oh, ow) axis (see the module's docstring).
+        Knob("fuse_pixels", "choice", (0, 1)),
+        # Fixed by the task; knobs so the constraint can read them.
+        Knob("out_h", "choice", (oh,)),
+        Knob("out_w", "choice", (ow,)),
     )
 
 
@@ -128,6 +143,21 @@ def _acc_budget(limits: Limits) -> int:
     return min(_ACC_REGISTERS, limits.vector_registers - 2)
 
 
+def _pixel_violation(values: dict[str, Any]) -> str | None:
+    reg_n, ow = values["reg_n"], values["out_w"]
+    if not values["fuse_pixels"]:
+        return None if ow % reg_n == 0 else f"reg_n {reg_n} does not divide the row of {ow} pixels"
+    if values["tile_oh"] != 1:
+        return "a fused pixel tile has no tile_oh"
+    if values["parallel_depth"] == 4:
+        return "a fused pixel tile has no ow loop to parallelize"
+    if values["parallel_depth"] == 3 and (values["out_h"] * ow) % reg_n:
+        # The last, shorter tile is peeled off the serial pixel loop; fused into the
+        # parallel loop it would stay a guard in every tile.
+        return "a pixel tile with a remainder keeps its pixel loop serial"
+    return None
+
+
 def _constraint(values: dict[str, Any], limits: Limits) -> str | None:
     pixels = values["reg_n"] * values["tile_oh"]
     per_pixel = _regs_per_pixel(values["oc_block"], limits) * values["tile_oc"]
@@ -137,6 +167,9 @@ def _constraint(values: dict[str, Any], limits: Limits) -> str | None:
         return f"register tile needs {regs} vector registers, more than {budget}"
     if regs < _MIN_ACC_REGISTERS:
         return f"register tile of {regs} vector registers, fewer than {_MIN_ACC_REGISTERS}"
+    pixels_wrong = _pixel_violation(values)
+    if pixels_wrong:
+        return pixels_wrong
     body = regs * values["tile_ic"] * values["unroll_kw"]
     if body > _MAX_UNROLLED_FMAS:
         return f"unrolled reduction body of ~{body} vector FMAs, more than {_MAX_UNROLLED_FMAS}"
@@ -159,10 +192,20 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
         sch.compute_inline(sch.get_sblock(_PAD))
 
     conv, store = accumulate_locally(sch, conv_name, tail)
-    n, oc_chunk, oh, ow, oc_block, ic, kh, kw = sch.get_loops(conv)
-    oc_o, oc_t = sch.split(oc_chunk, [None, values["tile_oc"]])
-    oh_o, oh_i = sch.split(oh, [None, values["tile_oh"]])
-    ow_o, ow_i = sch.split(ow, [None, values["reg_n"]])
+    if values["fuse_pixels"]:
+        _fuse_pixel_axis(sch, conv, store, values["out_w"])
+        n, oc_chunk, pix, oc_block, ic, kh, kw = sch.get_loops(conv)
+        oc_o, oc_t = sch.split(oc_chunk, [None, values["tile_oc"]])
+        pix_o, pix_i = sch.split(pix, [None, values["reg_n"]])
+        outer_loops, tile_loops = [n, oc_o, pix_o], [pix_i]
+        if (values["out_h"] * values["out_w"]) % values["reg_n"]:
+            sch.annotate(pix_o, "pragma_loop_partition_hint", 1)
+    else:
+        n, oc_chunk, oh, ow, oc_block, ic, kh, kw = sch.get_loops(conv)
+        oc_o, oc_t = sch.split(oc_chunk, [None, values["tile_oc"]])
+        oh_o, oh_i = sch.split(oh, [None, values["tile_oh"]])
+        ow_o, ow_i = sch.split(ow, [None, values["reg_n"]])
+        outer_loops, tile_loops = [n, oc_o, oh_o, ow_o], [oh_i, ow_i]
     ic_o, ic_i = sch.split(ic, [None, values["tile_ic"]])
     order = values["order"]
     if order == 0:
@@ -172,15 +215,14 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     else:
         reduction = [kh, kw, ic_o, ic_i]
     # Pixels outside the channel blocks: one broadcast, then its tile_oc FMAs.
-    sch.reorder(n, oc_o, oh_o, ow_o, *reduction, oh_i, ow_i, oc_t, oc_block)
-    sch.reverse_compute_at(store, ow_o)
-    outer_loops = [n, oc_o, oh_o, ow_o]
+    sch.reorder(*outer_loops, *reduction, *tile_loops, oc_t, oc_block)
+    sch.reverse_compute_at(store, outer_loops[-1])
     sch.parallel(sch.fuse(*outer_loops[:values["parallel_depth"]]))
     sch.unroll(ic_i)
     if values["unroll_kw"] > 1:
         sch.unroll(kw)
-    sch.unroll(oh_i)
-    sch.unroll(ow_i)
+    for loop in tile_loops:
+        sch.unroll(loop)
     sch.unroll(oc_t)
     sch.vectorize(oc_block)
     # The store's own loops follow the fused parallel loop and the unfused outer ones.
@@ -197,6 +239,15 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
         sch.parallel(sch.fuse(*pad_loops[:3]))
         sch.vectorize(pad_loops[-1])
     logger.debug("scheduled %s with %s", conv_name, values)
+
+
+def _fuse_pixel_axis(sch: Schedule, conv: Any, store: Any, ow: int) -> None:
+    """Give the conv, its accumulators and the store one pixel axis ``h * ow + w``, so that a
+    split of it is an exact tile of every block (a split of fused loops alone would leave
+    the accumulator buffer and the store's loops spanning whole rows)."""
+    sch.transform_layout(conv, ("write", 0), lambda n, c, h, w, b: (n, c, h * ow + w, b))
+    sch.transform_block_layout(conv, lambda n, c, h, w, b, i, kh, kw: (n, c, h * ow + w, b, i, kh, kw))
+    sch.transform_block_layout(store, lambda n, c, h, w, b: (n, c, h * ow + w, b))
 
 
 X86_CONV2D_NCHWC = register_template(Template(
