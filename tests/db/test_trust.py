@@ -202,3 +202,82 @@ def test_prune_by_tvm_version_and_age_asks_first(db_url, cpu_device, capsys):
     assert "deleted 1 records; 4 kept" in capsys.readouterr().out
     assert cli.main(["db", "prune", "--db", db_arg, "--keep-top", "0", "--yes"]) == 0
     assert db.count_records() == 0
+
+
+
+def _fused_pixel_point(target) -> tuple:
+    """A small conv and a template point of it whose trace carries index maps (the
+    ``transform_layout`` and ``transform_block_layout`` of the fused pixel axis)."""
+    import tvm
+    from tvm import te, topi
+
+    from search_spaces import Point, TemplateSpace
+
+    data = te.placeholder((1, 2, 7, 7, 8), name="data")
+    kernel = te.placeholder((2, 2, 3, 3, 8, 8), name="kernel")
+    with tvm.target.Target({"kind": "llvm"}):
+        conv = topi.nn.conv2d_NCHWc(data, kernel, 1, 1, 1, layout="NCHW8c", out_layout="NCHW8c")
+    mod = tvm.IRModule({"main": te.create_prim_func([data, kernel, topi.nn.relu(conv)])})
+    space = TemplateSpace(mod, target, "x86-conv2d-nchwc")
+    named = {"reg_n": 5, "tile_oh": 1, "tile_oc": 1, "tile_ic": 8, "order": 0, "unroll_kw": 1,
+             "parallel_depth": 2, "pad_inline": 0, "fuse_pixels": 1}
+    return mod, space.apply(Point(0, tuple(named.get(k.name, k.choices[0]) for k in space.knobs(0))))
+
+
+def test_traces_with_index_maps_are_stored_and_replayed(db_url, cpu_device):
+    """A trace with index maps is written as TVM's own JSON database writes it, passes the
+    allow-list, and replays from the tuning database into the same program."""
+    import tvm
+
+    from tuner.search.remote import trace_json
+    from tuner.trace_json import record_as_json
+
+    mod, sch = _fused_pixel_point(cpu_device.target)
+    record = TuningRecord(sch.trace, Workload(mod), [2e-5], cpu_device.target, None)
+    text = json.dumps(record_as_json(record))
+    assert json.dumps(trace_json(sch)) == json.dumps(json.loads(text)[0])  # what a job stores
+    assert '"TransformBlockLayout"' in text and "tirx.IndexMap" in text
+    assert record_rejection(text) is None
+    db = TuningDatabase(db_url)
+    dev = db.device_id(cpu_device)
+    key = workload_key(mod)
+    db.workload_id(key, "conv", mod, 1.0)
+    db.add_records(dev, None, [NewRecord(key, "fused", text, [2e-5])])
+    adapter = MetaScheduleDatabase(db, dev, read_only=True)
+    (got,) = adapter.get_top_k(Workload(mod), 1)
+    replayed = Schedule(mod)
+    got.trace.apply_to_schedule(replayed, remove_postproc=False)
+    tvm.ir.assert_structural_equal(replayed.mod, sch.mod)
+
+
+def test_tvm_json_inputs_are_index_maps_of_integer_arithmetic_only(cpu_device):
+    """TVM loads an input string that starts with "{" as any object of TVM JSON: only an
+    index map of variables and integer arithmetic, in a layout instruction, gets through."""
+    from tuner.trace_json import record_as_json
+
+    mod, sch = _fused_pixel_point(cpu_device.target)
+    data = record_as_json(TuningRecord(sch.trace, Workload(mod), [2e-5], cpu_device.target, None))
+    layout = next(inst for inst in data[0][0] if inst[0] == "TransformLayout")
+    n, text = next((n, x) for n, x in enumerate(layout[1]) if isinstance(x, str) and x.startswith("{"))
+    graph = json.loads(text)
+
+    def with_map(new: str, kind: str = "TransformLayout") -> str:
+        bad = json.loads(json.dumps(data))
+        inst = next(i for i in bad[0][0] if i[0] == "TransformLayout")
+        inst[0], inst[1][n] = kind, new
+        return json.dumps(bad)
+
+    call = json.loads(text)
+    call["nodes"].append({"type": "tirx.Call", "data": {}})
+    assert "tirx.Call" in record_rejection(with_map(json.dumps(call)))
+    named = json.loads(text)
+    next(x for x in named["nodes"] if x["type"] == "ffi.String")["data"] = "x; import os"
+    assert "disallowed name" in record_rejection(with_map(json.dumps(named)))
+    not_a_map = dict(graph, root_index=next(i for i, x in enumerate(graph["nodes"]) if x["type"] == "ir.Var"))
+    assert "not an index map" in record_rejection(with_map(json.dumps(not_a_map)))
+    assert "only an index map" in record_rejection(with_map(text, kind="Split"))
+    assert record_rejection(with_map(text)) is None
+    block_layout = next(inst for inst in data[0][0] if inst[0] == "TransformBlockLayout")
+    assert block_layout[2][0].lstrip().startswith("{")  # TVM writes this one's map as an attribute
+    block_layout[2][0] = json.dumps(call)
+    assert "tirx.Call" in record_rejection(json.dumps(data))

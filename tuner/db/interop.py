@@ -21,6 +21,7 @@ from tuner.db.database import ImportSource, NewRecord, TuningDatabase
 from tuner.db.validate import record_rejection
 from tuner.errors import UserInputError
 from tuner.tasks import trace_program_hash, workload_key
+from tuner.trace_json import record_as_json
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +154,7 @@ def import_json(db: TuningDatabase, device_id: int, device_kind: str, folder: Pa
                 flops = 0.0
             db.workload_id(key, _name(mod), mod, flops)
             keys.add(key)
-        record_json = json.dumps(rec.as_json())
+        record_json = json.dumps(record_as_json(rec))
         secs = [float(x) for x in (rec.run_secs or [])]
         failed = not secs or min(secs) >= _MS_FAILED_SEC
         if not secs:

@@ -26,6 +26,7 @@ from tuner.db.database import FallbackPolicy, NewRecord, TuningDatabase, workloa
 from tuner.db.schema import RecordRow
 from tuner.db.validate import record_rejection
 from tuner.tasks import trace_program_hash, workload_key
+from tuner.trace_json import record_as_json
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +126,7 @@ class MetaScheduleDatabase(PyDatabase):
         key = workload_key(record.workload.mod, self.precision)
         self.db.workload_id(key, _func_name(record.workload.mod), record.workload.mod, 0.0)
         run_secs = [float(x) for x in (record.run_secs or [])]
-        record_json = json.dumps(record.as_json())
+        record_json = json.dumps(record_as_json(record))
         # A record from TVM has no knobs; its trace's digest stands in as its point.
         point = json.dumps({"trace_sha256": hashlib.sha256(record_json.encode()).hexdigest()})
         self.db.add_records(self.device_id, None, [

@@ -31,8 +31,9 @@ ALLOWED_INSTRUCTIONS: frozenset[str] = frozenset({
     "EnterPostproc",
 })  # fmt: skip
 
-# Annotation keys MetaSchedule's rules and postprocessors write. No pragma that passes text to
-# a code generator (pragma_import_llvm, pragma_import_c, pragma_debug_*) is here.
+# Annotation keys MetaSchedule's rules and postprocessors write, and Nightshift's templates.
+# No pragma that passes text to a code generator (pragma_import_llvm, pragma_import_c,
+# pragma_debug_*) is here.
 ALLOWED_ANNOTATIONS: frozenset[str] = frozenset({
     "meta_schedule.tiling_structure", "meta_schedule.parallel", "meta_schedule.vectorize",
     "meta_schedule.unroll_explicit", "meta_schedule.unroll_implicit", "meta_schedule.cooperative_fetch",
@@ -41,6 +42,8 @@ ALLOWED_ANNOTATIONS: frozenset[str] = frozenset({
     "meta_schedule.layout_rewrite_preproc", "meta_schedule.write_cache_level", "meta_schedule.inline_rule",
     "meta_schedule.cache_type",
     "pragma_auto_unroll_max_step", "pragma_unroll_explicit",
+    # Nightshift's conv template: peel the last, shorter pixel tile (TIR's LoopPartition).
+    "pragma_loop_partition_hint",
     "software_pipeline_stage", "software_pipeline_order", "software_pipeline_async_stages", "double_buffer_scope",
 })  # fmt: skip
 
@@ -50,6 +53,15 @@ _NAME_VALUE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 _RV = re.compile(r"[blv]\d{1,9}")
 # No legitimate instruction argument is this long; IR or source text would be.
 _MAX_STRING = 1024
+# TVM replays an input string that starts with "{" as an object of TVM JSON (LoadJSON), and
+# so do some instructions' attributes. Only these instructions take one, an IndexMap (as
+# TVM's database writes traces), and it may hold only variables and integer arithmetic.
+_INDEX_MAP_INSTRUCTIONS = frozenset({"TransformLayout", "TransformBlockLayout"})
+_INDEX_MAP_NODES = frozenset({
+    "None", "int", "ffi.String", "ffi.Array", "ir.PrimType", "ir.Var", "ir.IntImm", "tirx.IndexMap",
+    "prim.Add", "prim.Sub", "prim.Mul", "prim.FloorDiv", "prim.FloorMod", "prim.Min", "prim.Max",
+})  # fmt: skip
+_MAX_INDEX_MAP = 16384
 
 
 def trace_rejection(trace: Any) -> str | None:
@@ -63,7 +75,13 @@ def trace_rejection(trace: Any) -> str | None:
         kind, inputs, attrs, _outputs = inst
         if kind not in ALLOWED_INSTRUCTIONS:
             return f"instruction {n} {kind[:64]!r} is not an allowed schedule instruction"
-        long = _long_string(inst)
+        objects = [x for x in (*inputs, *attrs) if isinstance(x, str) and x.startswith("{")]
+        for text in objects:
+            reason = (_index_map_rejection(text) if kind in _INDEX_MAP_INSTRUCTIONS
+                      else "an argument of TVM JSON, which only an index map may be")
+            if reason is not None:
+                return f"instruction {n} {kind}: {reason}"
+        long = _long_string([[x for x in inputs if x not in objects], [x for x in attrs if x not in objects]])
         if long is not None:
             return f"instruction {n} {kind} carries a {long}-character string"
         if kind == "Annotate":
@@ -95,6 +113,29 @@ def _annotation_rejection(inputs: list, attrs: list) -> str | None:
     if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         return None  # software pipeline stages and orders
     return f"annotation {key} has a disallowed value of type {type(value).__name__}"
+
+
+def _index_map_rejection(text: str) -> str | None:
+    """Why an index map's TVM JSON must not be loaded, or None if it may."""
+    if len(text) > _MAX_INDEX_MAP:
+        return f"an index map of {len(text)} characters"
+    try:
+        graph = json.loads(text)
+    except ValueError:
+        return "a malformed index map"
+    nodes = graph.get("nodes") if isinstance(graph, dict) else None
+    root = graph.get("root_index") if isinstance(graph, dict) else None
+    if not (isinstance(nodes, list) and isinstance(root, int) and 0 <= root < len(nodes)):
+        return "a malformed index map"
+    for node in nodes:
+        kind = node.get("type") if isinstance(node, dict) else None
+        if kind not in _INDEX_MAP_NODES:
+            return f"an index map holding {str(kind)[:40]!r}"
+        if kind == "ffi.String" and not (isinstance(node.get("data"), str) and _NAME_VALUE.fullmatch(node["data"])):
+            return "an index map with a disallowed name"
+    if nodes[root].get("type") != "tirx.IndexMap":
+        return "TVM JSON that is not an index map"
+    return None
 
 
 def _long_string(obj: Any) -> int | None:

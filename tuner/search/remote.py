@@ -75,7 +75,9 @@ def trace_json(sch: Any) -> Any:
     """A schedule's trace as plain JSON, exactly as a ``TuningRecord`` stores it."""
     from tvm.s_tir import meta_schedule as ms
 
-    return ms.database.TuningRecord(sch.trace, ms.database.Workload(sch.mod)).as_json()[0]
+    from tuner.trace_json import record_as_json
+
+    return record_as_json(ms.database.TuningRecord(sch.trace, ms.database.Workload(sch.mod)))[0]
 
 
 def _space(spec: SpaceSpec) -> Any:
