@@ -77,6 +77,14 @@ def test_templates_take_only_their_pattern():
     assert "x86-dense" not in search_spaces.applicable_kinds(dense(n=20), llvm)
 
 
+def _compacted(mod: tvm.IRModule, *then: tvm.transform.Pass) -> str:
+    """``mod`` lowered through TVM's buffer planning (and the passes ``then``), as TVMScript."""
+    st = tvm.s_tir.transform
+    passes = [st.LowerInitBlock(), st.PlanAndUpdateBufferAllocationLocation(), st.ConvertBlocksToOpaque(),
+              st.CompactBufferAllocation(), *then]
+    return tvm.transform.Sequential(passes)(mod).script()
+
+
 @pytest.mark.parametrize(("kind", "task_name", "acc"), [("x86-conv2d-nchwc", "conv_nchwc", "conv2d_NCHWc_local"),
                                                         ("x86-dense", "dense", "matmul_local"),
                                                         ("x86-dense", "dense_packed", "matmul_local"),
@@ -90,12 +98,7 @@ def test_accumulators_are_one_register_tile(kind, task_name, acc):
     sp = space(kind, task_name, "llvm")
     point = sp.sample(np.random.default_rng(3))
     values = sp.values(point)
-    st = tvm.s_tir.transform
-    lowered = tvm.transform.Sequential([
-        st.LowerInitBlock(), st.PlanAndUpdateBufferAllocationLocation(), st.ConvertBlocksToOpaque(),
-        st.CompactBufferAllocation(),
-    ])(sp.apply(point).mod)  # fmt: skip
-    found = re.findall(rf"{acc} = T\.\w*alloc_buffer\(\(([^)]*)\)", lowered.script())
+    found = re.findall(rf"{acc} = T\.\w*alloc_buffer\(\(([^)]*)\)", _compacted(sp.apply(point).mod))
     assert len(found) == 1, found
     shapes = [[int(d) for d in found[0].split(",") if d.strip()]]
     if kind == "x86-conv2d-nchwc":
@@ -133,12 +136,7 @@ def test_fused_pixel_tiles_compute_the_reference(task_name, values):
     assert sp.static_violation(point) is None
     check = check_point(sp, point, reference(task(task_name), target("llvm")))
     assert check.error is None, (check.error, check.detail)
-    st = tvm.s_tir.transform
-    lowered = tvm.transform.Sequential([
-        st.LowerInitBlock(), st.PlanAndUpdateBufferAllocationLocation(), st.ConvertBlocksToOpaque(),
-        st.CompactBufferAllocation(),
-    ])(sp.apply(point).mod)  # fmt: skip
-    found = re.findall(r"conv2d_NCHWc_local = T\.\w*alloc_buffer\(\(([^)]*)\)", lowered.script())
+    found = re.findall(r"conv2d_NCHWc_local = T\.\w*alloc_buffer\(\(([^)]*)\)", _compacted(sp.apply(point).mod))
     named = sp.values(point)
     assert [math.prod(int(d) for d in f.split(",") if d.strip()) for f in found] == [
         named["reg_n"] * named["tile_oc"] * named["oc_block"]]
@@ -149,10 +147,8 @@ def test_the_last_shorter_pixel_tile_is_peeled_off():
     bounds check and the last one apart; a guard in every tile would cost each FMA a branch."""
     sp = space("x86-conv2d-nchwc", "conv_nchwc", "llvm")
     st, tt = tvm.s_tir.transform, tvm.tirx.transform
-    lowered = tvm.transform.Sequential([
-        st.LowerInitBlock(), st.PlanAndUpdateBufferAllocationLocation(), st.ConvertBlocksToOpaque(),
-        st.CompactBufferAllocation(), st.LowerOpaqueBlock(), tt.FlattenBuffer(), st.LoopPartition(), tt.StmtSimplify(),
-    ])(sp.apply(_nchwc_point(sp, reg_n=5)).mod).script()  # fmt: skip
+    lowered = _compacted(sp.apply(_nchwc_point(sp, reg_n=5)).mod,
+                         st.LowerOpaqueBlock(), tt.FlattenBuffer(), st.LoopPartition(), tt.StmtSimplify())
     main = re.search(r"for (\w+) in range\(39\):", lowered)
     assert main, lowered
     guards = [line for line in lowered.splitlines() if re.match(r"\s*if ", line)]
