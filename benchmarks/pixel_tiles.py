@@ -8,8 +8,10 @@ orders with the input-channel block unrolled whole (the window outside or inside
 kernel window as a loop or unrolled, the parallel loop over (n, oc) tiles; padding as its
 own pass. Each point is built, checked
 against the unscheduled operator and then timed in rounds, interleaved with PyTorch's conv
-(oneDNN) on the same inputs and threads, so machine noise hits all of them alike. Writes
-benchmarks/results/pixel_tiles.json.
+(oneDNN) on the same inputs and threads, so machine noise hits all of them alike. Each
+point is timed warm (inputs and weights left in cache between runs) and cold (caches flushed
+before each run, as ``tune`` times by default and as a model's layers run: ResNet-50's
+weights do not fit in cache). Writes benchmarks/results/pixel_tiles.json.
 
     .venv/bin/python benchmarks/pixel_tiles.py --rounds 3
 """
@@ -33,6 +35,7 @@ from tuner.layout import vector_lanes
 
 logger = logging.getLogger("pixel_tiles")
 RESULTS = Path(__file__).parent / "results" / "pixel_tiles.json"
+MODES = ("warm", "cold")
 
 # (name, in channels, input size, out channels, kernel, stride, pad): ResNet-50's convs whose
 # output rows are 14 or 7 wide, where row tiles are 1, 2, 7 or 14 pixels.
@@ -82,7 +85,7 @@ def main() -> None:
         wl = conv_nchwc(name, c, hw, o, k, stride, pad, block, block)
         ref = reference(wl.mod, target)
         space = search_spaces.create(wl.mod, target, kind="x86-conv2d-nchwc")
-        timers: list[tuple[int, Point, object, list]] = []
+        timers: list[tuple[int, Point, dict[str, object], list]] = []
         failed = 0
         for fused, points in grid(space).items():
             for point in points:
@@ -92,29 +95,34 @@ def main() -> None:
                 if compare([a.numpy() for a in arrays], ref.outputs).wrong:
                     failed += 1
                     continue
-                timers.append((fused, point, lib.time_evaluator("main", dev, number=1, repeat=3, min_repeat_ms=20),
-                               arrays))
+                timers.append((fused, point, {
+                    "warm": lib.mod.time_evaluator("main", dev, number=1, repeat=3, min_repeat_ms=20),
+                    "cold": lib.mod.time_evaluator("main", dev, number=1, repeat=5,
+                                               f_preproc="cache_flush_cpu_non_first_arg"),
+                }, arrays))
         torch_fn = wl.torch_call(ref.inputs)
-        secs: list[list[float]] = [[] for _ in timers]
+        secs: dict[str, list[list[float]]] = {mode: [[] for _ in timers] for mode in MODES}
         torch_sec = []
         for r in range(args.rounds):
             for n, (_, _, timer, arrays) in enumerate(timers):
-                secs[n].append(float(np.median(timer(*arrays).results)))
+                for mode in MODES:
+                    secs[mode][n].append(float(np.median(timer[mode](*arrays).results)))
             torch_sec.append(time_call(torch_fn))
             logger.info("%s: round %d/%d of %d points", name, r + 1, args.rounds, len(timers))
         torch_ms = float(np.median(torch_sec)) * 1e3
-        entry: dict = {"shape": name, "flops": wl.flops, "wrong": failed, "torch_ms": torch_ms}
-        for fused, label in ((0, "rows"), (1, "fused")):
-            mine = sorted((float(np.median(secs[n])) * 1e3, timers[n][1])
-                          for n in range(len(timers)) if timers[n][0] == fused)
-            best_ms, best = mine[0] if mine else (None, None)
-            entry[label] = {
-                "points": len(mine), "best_ms": best_ms, "median_ms": float(np.median([m for m, _ in mine])),
-                "best_gflops": wl.flops / best_ms / 1e6 if best_ms else None,
-                "best_point": space.values(best) if best else None,
-            }
-        entry["fused_over_rows"] = entry["fused"]["best_ms"] / entry["rows"]["best_ms"]
-        entry["best_over_torch"] = min(entry["fused"]["best_ms"], entry["rows"]["best_ms"]) / torch_ms
+        entry: dict = {"shape": name, "flops": wl.flops, "wrong": failed, "torch_warm_ms": torch_ms}
+        for mode in MODES:
+            entry[mode] = {}
+            for fused, label in ((0, "rows"), (1, "fused")):
+                mine = sorted((float(np.median(secs[mode][n])) * 1e3, timers[n][1])
+                              for n in range(len(timers)) if timers[n][0] == fused)
+                best_ms, best = mine[0]
+                entry[mode][label] = {
+                    "points": len(mine), "best_ms": best_ms, "median_ms": float(np.median([m for m, _ in mine])),
+                    "best_gflops": wl.flops / best_ms / 1e6, "best_point": space.values(best),
+                }
+            entry[mode]["fused_over_rows"] = entry[mode]["fused"]["best_ms"] / entry[mode]["rows"]["best_ms"]
+        entry["warm"]["best_over_torch"] = min(entry["warm"][k]["best_ms"] for k in ("rows", "fused")) / torch_ms
         report["shapes"].append(entry)
         logger.info("%s", json.dumps(entry))
         args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -13,11 +13,11 @@ registers.
 The pixels of the tile are either a ``tile_oh x reg_n`` rectangle (``reg_n`` dividing the
 row) or, with ``fuse_pixels``, ``reg_n`` consecutive pixels of the fused (oh, ow) axis, any
 count, the last tile peeled off by TIR's loop partitioning. ResNet's rows are 56, 28, 14 and
-7 wide, so rectangles give 4, 7, 8 or 14 pixels; oneDNN and MLAS tile 3-6 pixels of a row
-and finish it with a shorter tile. On AVX2 (2026-11-25) fused tiles of 4-6 pixels x 2 channel
-blocks took 0.72x the time of the best rectangle tried on 1x1 512->2048 7x7, 0.91x on 3x3
-256->256 14x14, 0.95x on 3x3 512->512 7x7; on 1x1 256->1024 14x14 a 2x2 rectangle stayed
-best (benchmarks/README.md, "Pixel tiles across rows").
+7 wide, so rectangles give 1, 2, 4, 7, 8 or 14 pixels; oneDNN and MLAS tile 3-6 pixels of
+a row and finish it with a shorter tile. On AVX2 (2026-11-25, caches flushed before each run)
+the best fused tile took 0.62x the time of the best rectangle on 1x1/2 1024->2048 (7x7 out), 0.84x on
+1x1 512->2048 7x7, 0.93-0.94x on 3x3 256 14x14 and 512 7x7, each time 5-6 pixels x 2
+channel blocks (benchmarks/README.md, "Pixel tiles along the fused row axis").
 
 The task is what ``topi.nn.conv2d_NCHWc`` gives: a block ``conv2d_NCHWc`` with spatial
 iters (n, oc_chunk, oh, ow, oc_block) and reduce iters (ic, kh, kw), ``ic`` the fused
