@@ -11,13 +11,15 @@ The epilogue (bias, residual add, relu...) is applied to the tile while it is st
 registers.
 
 The pixels of the tile are either a ``tile_oh x reg_n`` rectangle (``reg_n`` dividing the
-row) or, with ``fuse_pixels``, ``reg_n`` consecutive pixels of the fused (oh, ow) axis, any
-count, the last tile peeled off by TIR's loop partitioning. ResNet's rows are 56, 28, 14 and
-7 wide, so rectangles give 1, 2, 4, 7, 8 or 14 pixels; oneDNN and MLAS tile 3-6 pixels of
-a row and finish it with a shorter tile. On AVX2 (2026-11-25, caches flushed before each run)
-the best fused tile took 0.62x the time of the best rectangle on 1x1/2 1024->2048 (7x7 out), 0.84x on
-1x1 512->2048 7x7, 0.93-0.94x on 3x3 256 14x14 and 512 7x7, each time 5-6 pixels x 2
-channel blocks (benchmarks/README.md, "Pixel tiles along the fused row axis").
+row) or, with ``fuse_pixels``, ``reg_n`` consecutive pixels of the fused (oh, ow) axis,
+``reg_n`` dividing the pixel count: 4 pixels of a 14-wide map run across rows, which a
+rectangle cannot. A count that does not divide (5 or 6 pixels, as oneDNN and MLAS tile, with
+a shorter last tile) computes correctly but is not offered: its bounds check stays in every
+tile. TIR's LoopPartition would peel the last tile (``pragma_loop_partition_hint``), but
+Relax's tasks index in int64, NarrowDataType gives the loop a new int32 variable and leaves
+the hint on the old one, so nothing is peeled (TVM 0.27, checked 2026-11-25: such points ran
+2.3x slower in a ResNet-50 job; on int32 modules, peeled, 5-6 pixel tiles took 0.62-0.94x
+the time of the best rectangle, benchmarks/README.md, "Pixel tiles along the fused row axis").
 
 The task is what ``topi.nn.conv2d_NCHWc`` gives: a block ``conv2d_NCHWc`` with spatial
 iters (n, oc_chunk, oh, ow, oc_block) and reduce iters (ic, kh, kw), ``ic`` the fused
@@ -151,10 +153,9 @@ def _pixel_violation(values: dict[str, Any]) -> str | None:
         return "a fused pixel tile has no tile_oh"
     if values["parallel_depth"] == 4:
         return "a fused pixel tile has no ow loop to parallelize"
-    if values["parallel_depth"] == 3 and (values["out_h"] * ow) % reg_n:
-        # The last, shorter tile is peeled off the serial pixel loop; fused into the
-        # parallel loop it would stay a guard in every tile.
-        return "a pixel tile with a remainder keeps its pixel loop serial"
+    pixels = values["out_h"] * ow
+    if pixels % reg_n:
+        return f"a fused pixel tile of {reg_n} does not divide the {pixels} pixels (see the module's docstring)"
     return None
 
 
@@ -198,8 +199,6 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
         oc_o, oc_t = sch.split(oc_chunk, [None, values["tile_oc"]])
         pix_o, pix_i = sch.split(pix, [None, values["reg_n"]])
         outer_loops, tile_loops = [n, oc_o, pix_o], [pix_i]
-        if (values["out_h"] * values["out_w"]) % values["reg_n"]:
-            sch.annotate(pix_o, "pragma_loop_partition_hint", 1)
     else:
         n, oc_chunk, oh, ow, oc_block, ic, kh, kw = sch.get_loops(conv)
         oc_o, oc_t = sch.split(oc_chunk, [None, values["tile_oc"]])

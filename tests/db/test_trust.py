@@ -219,7 +219,7 @@ def _fused_pixel_point(target) -> tuple:
         conv = topi.nn.conv2d_NCHWc(data, kernel, 1, 1, 1, layout="NCHW8c", out_layout="NCHW8c")
     mod = tvm.IRModule({"main": te.create_prim_func([data, kernel, topi.nn.relu(conv)])})
     space = TemplateSpace(mod, target, "x86-conv2d-nchwc")
-    named = {"reg_n": 5, "tile_oh": 1, "tile_oc": 1, "tile_ic": 8, "order": 0, "unroll_kw": 1,
+    named = {"reg_n": 7, "tile_oh": 1, "tile_oc": 1, "tile_ic": 8, "order": 0, "unroll_kw": 1,
              "parallel_depth": 2, "pad_inline": 0, "fuse_pixels": 1}
     return mod, space.apply(Point(0, tuple(named.get(k.name, k.choices[0]) for k in space.knobs(0))))
 
