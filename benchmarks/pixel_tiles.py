@@ -8,8 +8,9 @@ takes the same grid of both kinds: every register tile of 4 accumulators or more
 orders with the input-channel block unrolled whole (the window outside or inside it), the
 kernel window as a loop or unrolled, the parallel loop over (n, oc) tiles; padding as its
 own pass. Each point is built, checked
-against the unscheduled operator and then timed in rounds, interleaved, so machine noise hits
-all of them alike. Each
+against the unscheduled operator and then timed in rounds, interleaved with PyTorch's conv
+(oneDNN) with the same epilogue on the same inputs and threads, so machine noise hits all of
+them alike. Each
 point is timed warm (inputs and weights left in cache between runs) and cold (caches flushed
 before each run, as ``tune`` times by default and as a model's layers run: ResNet-50's
 weights do not fit in cache). Writes benchmarks/results/pixel_tiles.json.
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import tvm
-from op_ceiling import cpu_threads
+from op_ceiling import cpu_threads, time_call
 
 import search_spaces
 from search_spaces import Point
@@ -62,6 +63,30 @@ def find_task(tasks: list[Task], shape: tuple[int, int, int, int, int], block: i
     raise LookupError(f"no conv task of shape {shape}")
 
 
+def torch_call(task: Task, shape: tuple[int, int, int, int, int], inputs: list[np.ndarray]):
+    """PyTorch's conv + bias (+ residual) (+ relu) of ``task`` on the same numbers, in NCHW."""
+    import torch
+
+    c, hw, o, k, out = shape
+
+    def nchw(a: np.ndarray) -> torch.Tensor:  # NCHW[x]c -> NCHW
+        return torch.from_numpy(np.ascontiguousarray(a.transpose(0, 1, 4, 2, 3).reshape(1, -1, *a.shape[2:4])))
+
+    x = nchw(inputs[0])
+    w = torch.from_numpy(np.ascontiguousarray(inputs[1].transpose(0, 5, 1, 4, 2, 3).reshape(o, c, k, k)))
+    bias = torch.from_numpy(np.ascontiguousarray(inputs[2].reshape(o)))
+    residual = [nchw(a) for a in inputs[3:-1]]
+    f = torch.nn.functional
+
+    def call() -> torch.Tensor:
+        y = f.conv2d(x, w, bias, stride=hw // out, padding=(k - 1) // 2)
+        for r in residual:
+            y = y + r
+        return f.relu(y) if "relu" in task.name else y
+
+    return call
+
+
 def grid(space: search_spaces.SearchSpace) -> dict[int, list[Point]]:
     """The benchmark's points of ``space`` by ``fuse_pixels`` (0: row tiles, 1: fused)."""
     knobs = space.knobs(0)
@@ -82,13 +107,16 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    import torch
+
     device, threads = cpu_threads()
     target = device.target
     block = vector_lanes(target)
     report: dict = {
         "benchmark": "pixel_tiles", "date": time.strftime("%Y-%m-%d"), "device": device.description,
         "target": device.target_config, "threads": threads, "block": block, "rounds": args.rounds,
-        "tvm": tvm.__version__, "shapes": [],
+        "tvm": tvm.__version__, "torch": torch.__version__, "shapes": [],
+        "command": f"pixel_tiles.py --shapes {' '.join(args.shapes)} --rounds {args.rounds}",
     }
     dev = tvm.cpu(0)
     tasks = extract_tasks(load_model("resnet50").bound(), target)
@@ -111,13 +139,21 @@ def main() -> None:
                     "cold": lib.mod.time_evaluator("main", dev, number=1, repeat=5,
                                                f_preproc="cache_flush_cpu_non_first_arg"),
                 }, arrays))
+        peer = torch_call(task, SHAPES[name], ref.inputs)
+        want = ref.outputs[-1].transpose(0, 1, 4, 2, 3).reshape(tuple(peer().shape))
+        if not np.allclose(peer().numpy(), want, rtol=1e-3, atol=1e-3):
+            raise RuntimeError(f"{task.name}: PyTorch's output differs from TVM's reference")
         secs: dict[str, list[list[float]]] = {mode: [[] for _ in timers] for mode in MODES}
+        torch_sec: list[float] = []
         for r in range(args.rounds):
             for n, (_, _, timer, arrays) in enumerate(timers):
                 for mode in MODES:
                     secs[mode][n].append(float(np.median(timer[mode](*arrays).results)))
+            torch_sec.append(time_call(peer))
             logger.info("%s: round %d/%d of %d points", name, r + 1, args.rounds, len(timers))
-        entry: dict = {"shape": name, "task": task.name, "flops": task.flops, "wrong": failed}
+        torch_ms = float(np.median(torch_sec)) * 1e3
+        entry: dict = {"shape": name, "task": task.name, "flops": task.flops, "wrong": failed,
+                       "torch_warm_ms": torch_ms}
         for mode in MODES:
             entry[mode] = {}
             for fused, label in ((0, "rows"), (1, "fused")):
@@ -129,6 +165,8 @@ def main() -> None:
                     "best_gflops": task.flops / best_ms / 1e6, "best_point": space.values(best),
                 }
             entry[mode]["fused_over_rows"] = entry[mode]["fused"]["best_ms"] / entry[mode]["rows"]["best_ms"]
+            # PyTorch is timed warm (its weights stay in cache between calls).
+            entry[mode]["best_over_torch_warm"] = min(entry[mode][k]["best_ms"] for k in ("rows", "fused")) / torch_ms
         report["shapes"].append(entry)
         logger.info("%s", json.dumps(entry))
         args.output.parent.mkdir(parents=True, exist_ok=True)

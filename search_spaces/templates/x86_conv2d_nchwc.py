@@ -13,17 +13,18 @@ registers.
 The pixels of the tile are either a ``tile_oh x reg_n`` rectangle (``reg_n`` dividing the
 row) or, with ``fuse_pixels``, ``reg_n`` consecutive pixels of the fused (oh, ow) axis,
 ``reg_n`` dividing the pixel count: 4 pixels of a 14-wide map run across rows, which a
-rectangle cannot (on ResNet-50's 3x3 256->256 14x14 task, 4 pixels x 2 channel blocks took
-0.85x the time of the best rectangle on AVX2; on its other 7-28-wide convs the two kinds
-were level).
+rectangle cannot (on ResNet-50's 3x3 256->256 14x14 task the best fused tile, mostly 4
+pixels x 2 channel blocks, took 0.77-0.85x the time of the best rectangle on AVX2, in two
+runs; on its other 7-28-wide convs the runs disagreed within the machine's 10% noise).
 
 A count that does not divide (5 or 6 pixels with a shorter last tile, as oneDNN and MLAS
 tile) computes correctly but is not offered: its bounds check stays in every tile. TIR's
 LoopPartition would peel the last tile (``pragma_loop_partition_hint``), but Relax's tasks
 index in int64 and NarrowDataType gives the loop a new int32 variable, leaving the hint on
-the old one, so nothing is peeled (TVM 0.27, 2026-11-25: such points ran 2.3x slower in a
-ResNet-50 job). Peeled, on int32 modules, 5-6 pixel tiles took 0.62-0.94x the time of the
-best rectangle (benchmarks/README.md, "Pixel tiles along the fused row axis").
+the old one, so nothing is peeled (TVM 0.27, 2026-11-25: a 5x2 point measured 4.48 ms on
+ResNet-50's 3x3 512 7x7 task in a job, 1.91 ms peeled on an int32 conv of that shape). Peeled,
+on int32 modules, 5-6 pixel tiles took 0.62-0.94x the time of the best rectangle
+(benchmarks/README.md, "Pixel tiles along the fused row axis").
 
 The task is what ``topi.nn.conv2d_NCHWc`` gives: a block ``conv2d_NCHWc`` with spatial
 iters (n, oc_chunk, oh, ow, oc_block) and reduce iters (ic, kh, kw), ``ic`` the fused
