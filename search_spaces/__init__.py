@@ -12,6 +12,7 @@ import tvm
 from search_spaces.base import InvalidPointError, Point, SearchSpace
 from search_spaces.constraints import Limits, limits_for, target_with_limits
 from search_spaces.knobs import Knob
+from search_spaces.lowering import install as _install_lowering
 from search_spaces.sketch import SketchSpace
 from search_spaces.template_space import TemplateSpace
 from search_spaces.templates import Template, get_template, register_template, unregister_template
@@ -36,6 +37,8 @@ __all__ = [
     "target_with_limits",
     "unregister_template",
 ]
+
+_install_lowering()
 
 
 def kinds() -> list[str]:

@@ -24,6 +24,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.database import TuningRecord, Workload
 from tvm.s_tir.schedule import Trace
 
+from search_spaces import lowering
 from search_spaces.constraints import target_with_limits
 from search_spaces.preload import preload_tensor_intrinsics
 from tuner.db import TuningDatabase
@@ -106,6 +107,7 @@ def compile_model(
     # Records replay tensorize steps by intrinsic name (x86-dense-vnni's, ours of TVM's VNNI
     # one): they must be registered in this process before the database is read.
     preload_tensor_intrinsics()
+    lowering.install()  # the records' partial tiles are peeled as they were when timed
     plan = LayoutPlan.for_target(device.target) if plan is None else plan
     mod = prepare(apply_precision(spec.bound(), precision), device.target, plan)
     # A cross-build CUDA target (--target-arch, no GPU here) lacks the per-block limits that

@@ -11,20 +11,16 @@ The epilogue (bias, residual add, relu...) is applied to the tile while it is st
 registers.
 
 The pixels of the tile are either a ``tile_oh x reg_n`` rectangle (``reg_n`` dividing the
-row) or, with ``fuse_pixels``, ``reg_n`` consecutive pixels of the fused (oh, ow) axis,
-``reg_n`` dividing the pixel count: 4 pixels of a 14-wide map run across rows, which a
-rectangle cannot (on ResNet-50's 3x3 256->256 14x14 task the best fused tile, mostly 4
-pixels x 2 channel blocks, took 0.77-0.85x the time of the best rectangle on AVX2, in two
-runs; on its other 7-28-wide convs the runs disagreed within the machine's 10% noise).
-
-A count that does not divide (5 or 6 pixels with a shorter last tile, as oneDNN and MLAS
-tile) computes correctly but is not offered: its bounds check stays in every tile. TIR's
-LoopPartition would peel the last tile (``pragma_loop_partition_hint``), but Relax's tasks
-index in int64 and NarrowDataType gives the loop a new int32 variable, leaving the hint on
-the old one, so nothing is peeled (TVM 0.27, 2026-11-25: a 5x2 point measured 4.48 ms on
-ResNet-50's 3x3 512 7x7 task in a job, 1.91 ms peeled on an int32 conv of that shape). Peeled,
-on int32 modules, 5-6 pixel tiles took 0.62-0.94x the time of the best rectangle
-(benchmarks/README.md, "Pixel tiles along the fused row axis").
+row) or, with ``fuse_pixels``, ``reg_n`` consecutive pixels of the fused (oh, ow) axis: 4
+pixels of a 14-wide map run across rows, and 5 or 6 pixels tile a 7x7 map as oneDNN and MLAS
+tile it, with a shorter last tile. Rectangles on ResNet-50's 7-, 14- and 28-wide maps can
+only have 1, 2, 4, 7, 8 or 14 pixels. Where ``reg_n`` does not divide the pixel count the
+pixel loop stays serial (``parallel_depth`` 2) and carries TVM's
+``pragma_loop_partition_hint``, so the last tile is peeled and the full ones run without a
+bounds check; :mod:`search_spaces.lowering` makes that hint work on Relax's int64 tasks (on
+ResNet-50's 3x3 512 7x7 task, 5 pixels x 2 channel blocks took 2.0 ms peeled against 4.7
+unpeeled and 2.6 for the best rectangle, 7 x 1, AVX2; benchmarks/README.md, "Pixel tiles
+along the fused row axis").
 
 The task is what ``topi.nn.conv2d_NCHWc`` gives: a block ``conv2d_NCHWc`` with spatial
 iters (n, oc_chunk, oh, ow, oc_block) and reduce iters (ic, kh, kw), ``ic`` the fused
@@ -43,6 +39,7 @@ from tvm.s_tir import Schedule
 
 from search_spaces.constraints import Limits
 from search_spaces.knobs import Knob, divisors
+from search_spaces.lowering import HINT
 from search_spaces.templates import Template, register_template
 from search_spaces.templates.blocks import accumulate_locally, elementwise_tail, iter_kinds, root_blocks
 
@@ -158,9 +155,8 @@ def _pixel_violation(values: dict[str, Any]) -> str | None:
         return "a fused pixel tile has no tile_oh"
     if values["parallel_depth"] == 4:
         return "a fused pixel tile has no ow loop to parallelize"
-    pixels = values["out_h"] * ow
-    if pixels % reg_n:
-        return f"a fused pixel tile of {reg_n} does not divide the {pixels} pixels (see the module's docstring)"
+    if values["out_h"] * ow % reg_n and values["parallel_depth"] != 2:
+        return "a partial last pixel tile needs the pixel loop serial (parallel_depth 2) to be peeled"
     return None
 
 
@@ -198,11 +194,14 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
         sch.compute_inline(sch.get_sblock(_PAD))
 
     conv, store = accumulate_locally(sch, conv_name, tail)
+    peel = None  # the pixel loop whose last tile is partial
     if values["fuse_pixels"]:
         _fuse_pixel_axis(sch, conv, store, values["out_w"])
         n, oc_chunk, pix, oc_block, ic, kh, kw = sch.get_loops(conv)
         oc_o, oc_t = sch.split(oc_chunk, [None, values["tile_oc"]])
         pix_o, pix_i = sch.split(pix, [None, values["reg_n"]])
+        if values["out_h"] * values["out_w"] % values["reg_n"]:
+            peel = pix_o
         outer_loops, tile_loops = [n, oc_o, pix_o], [pix_i]
     else:
         n, oc_chunk, oh, ow, oc_block, ic, kh, kw = sch.get_loops(conv)
@@ -222,6 +221,8 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     sch.reorder(*outer_loops, *reduction, *tile_loops, oc_t, oc_block)
     sch.reverse_compute_at(store, outer_loops[-1])
     sch.parallel(sch.fuse(*outer_loops[:values["parallel_depth"]]))
+    if peel is not None:
+        sch.annotate(peel, HINT, 1)  # the shorter last tile is peeled (see the module's docstring)
     sch.unroll(ic_i)
     if values["unroll_kw"] > 1:
         sch.unroll(kw)

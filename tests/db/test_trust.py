@@ -207,7 +207,8 @@ def test_prune_by_tvm_version_and_age_asks_first(db_url, cpu_device, capsys):
 
 def _fused_pixel_point(target) -> tuple:
     """A small conv and a template point of it whose trace carries index maps (the
-    ``transform_layout`` and ``transform_block_layout`` of the fused pixel axis)."""
+    ``transform_layout`` and ``transform_block_layout`` of the fused pixel axis) and the
+    partition hint of its shorter last tile (49 pixels in tiles of 5)."""
     import tvm
     from tvm import te, topi
 
@@ -219,7 +220,7 @@ def _fused_pixel_point(target) -> tuple:
         conv = topi.nn.conv2d_NCHWc(data, kernel, 1, 1, 1, layout="NCHW8c", out_layout="NCHW8c")
     mod = tvm.IRModule({"main": te.create_prim_func([data, kernel, topi.nn.relu(conv)])})
     space = TemplateSpace(mod, target, "x86-conv2d-nchwc")
-    named = {"reg_n": 7, "tile_oh": 1, "tile_oc": 1, "tile_ic": 8, "order": 0, "unroll_kw": 1,
+    named = {"reg_n": 5, "tile_oh": 1, "tile_oc": 1, "tile_ic": 8, "order": 0, "unroll_kw": 1,
              "parallel_depth": 2, "pad_inline": 0, "fuse_pixels": 1}
     return mod, space.apply(Point(0, tuple(named.get(k.name, k.choices[0]) for k in space.knobs(0))))
 
@@ -236,7 +237,7 @@ def test_traces_with_index_maps_are_stored_and_replayed(db_url, cpu_device):
     record = TuningRecord(sch.trace, Workload(mod), [2e-5], cpu_device.target, None)
     text = json.dumps(record_as_json(record))
     assert json.dumps(trace_json(sch)) == json.dumps(json.loads(text)[0])  # what a job stores
-    assert '"TransformBlockLayout"' in text and "tirx.IndexMap" in text
+    assert '"TransformBlockLayout"' in text and "tirx.IndexMap" in text and "pragma_loop_partition_hint" in text
     assert record_rejection(text) is None
     db = TuningDatabase(db_url)
     dev = db.device_id(cpu_device)

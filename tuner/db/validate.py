@@ -31,8 +31,9 @@ ALLOWED_INSTRUCTIONS: frozenset[str] = frozenset({
     "EnterPostproc",
 })  # fmt: skip
 
-# Annotation keys MetaSchedule's rules and postprocessors write. No pragma that passes text to
-# a code generator (pragma_import_llvm, pragma_import_c, pragma_debug_*) is here.
+# Annotation keys MetaSchedule's rules and postprocessors write, and Nightshift's templates.
+# No pragma that passes text to a code generator (pragma_import_llvm, pragma_import_c,
+# pragma_debug_*) is here.
 ALLOWED_ANNOTATIONS: frozenset[str] = frozenset({
     "meta_schedule.tiling_structure", "meta_schedule.parallel", "meta_schedule.vectorize",
     "meta_schedule.unroll_explicit", "meta_schedule.unroll_implicit", "meta_schedule.cooperative_fetch",
@@ -41,6 +42,8 @@ ALLOWED_ANNOTATIONS: frozenset[str] = frozenset({
     "meta_schedule.layout_rewrite_preproc", "meta_schedule.write_cache_level", "meta_schedule.inline_rule",
     "meta_schedule.cache_type",
     "pragma_auto_unroll_max_step", "pragma_unroll_explicit",
+    # Nightshift's conv template: peel the last, shorter pixel tile (search_spaces.lowering).
+    "pragma_loop_partition_hint",
     "software_pipeline_stage", "software_pipeline_order", "software_pipeline_async_stages", "double_buffer_scope",
 })  # fmt: skip
 

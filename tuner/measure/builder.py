@@ -12,6 +12,7 @@ from pathlib import Path
 
 import tvm
 
+from search_spaces import lowering
 from tuner.measure.cuda import CudaToolchainError, kernel_formats, prepare_cuda_build
 from tuner.measure.quiet import cpu_work
 from tuner.measure.results import BuildResult, ErrorClass
@@ -43,6 +44,7 @@ def build_stages(mod_json: str, target_config: dict) -> Generator[None, None, Bu
         if cuda:
             prepare_cuda_build()
         mod = tvm.ir.load_json(mod_json)
+        lowering.install()  # peels the partial tiles that templates hint
         # The CUDA compile callback reads the arch from the target in scope.
         with target if cuda else contextlib.nullcontext():
             lib = tvm.compile(mod, target=target)

@@ -1,0 +1,91 @@
+"""The TIR pipeline that peels the partial tiles templates hint (search_spaces.lowering)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import tvm
+from conftest import space, target, task
+from tvm.s_tir import pipeline as s_tir_pipeline
+from tvm.tirx import compilation_pipeline
+
+from search_spaces import Point, lowering
+
+
+def _fused_point(sp, reg_n: int) -> Point:
+    named = {"reg_n": reg_n, "tile_oh": 1, "tile_oc": 1, "tile_ic": 4, "order": 0, "unroll_kw": 1,
+             "parallel_depth": 2, "pad_inline": 0, "fuse_pixels": 1}
+    return Point(0, tuple(named.get(k.name, k.choices[0]) for k in sp.knobs(0)))
+
+
+@tvm.instrument.pass_instrument
+class _AfterLoopPartition:
+    def __init__(self) -> None:
+        self.script = ""
+
+    def run_after_pass(self, mod: tvm.IRModule, info: tvm.transform.PassInfo) -> None:
+        if info.name.endswith("LoopPartition"):
+            self.script = mod.script()
+
+
+def _lowered(mod: tvm.IRModule) -> str:
+    """``mod`` as ``tvm.compile`` lowers it, just after LoopPartition."""
+    seen = _AfterLoopPartition()
+    with tvm.transform.PassContext(opt_level=3, instruments=[seen]):
+        tvm.compile(mod, target=target("llvm"))
+    assert seen.script
+    return seen.script
+
+
+def _lowered_by_tvm(mod: tvm.IRModule) -> str:
+    """``mod`` lowered by TVM's own default pipeline, just after LoopPartition."""
+    try:
+        compilation_pipeline.register_tir_pipeline("s_tir", s_tir_pipeline.default_s_tir_pipeline)
+        return _lowered(mod)
+    finally:
+        compilation_pipeline.register_tir_pipeline("s_tir", lowering._factory)
+
+
+def _guarded_tile_loops(lowered: str, tiles: int) -> tuple[str | None, list[str]]:
+    """The loop over ``tiles`` whole pixel tiles, and the bounds checks that use its variable."""
+    found = re.search(rf"for (\w+) in range\({tiles}\):", lowered)
+    if not found:
+        return None, []
+    var = found.group(1)
+    return var, [line for line in lowered.splitlines() if re.match(r"\s*if ", line) and re.search(rf"\b{var}\b", line)]
+
+
+@pytest.mark.parametrize("task_name", ["conv_nchwc", "conv_nchwc_relax"])
+def test_the_last_shorter_pixel_tile_is_peeled(task_name):
+    """196 pixels in tiles of 5: 39 whole tiles run without a bounds check and the last one
+    apart, on int32 tasks and on Relax's int64 ones (where TVM's own pipeline loses the hint)."""
+    sp = space("x86-conv2d-nchwc", task_name, "llvm")
+    mod = sp.apply(_fused_point(sp, 5)).mod
+    assert lowering.HINT in mod.script()
+    lowered = _lowered(mod)
+    var, guards = _guarded_tile_loops(lowered, 39)
+    assert var, lowered
+    assert not guards, guards
+
+
+def test_tvm_alone_keeps_the_guard_in_every_int64_tile():
+    """Why the pipeline exists (TVM 0.27): NarrowDataType gives the int64 loop a new variable
+    and LoopPartition no longer finds the hint. When this fails, TVM peels by itself and
+    search_spaces.lowering can go."""
+    sp = space("x86-conv2d-nchwc", "conv_nchwc_relax", "llvm")
+    lowered = _lowered_by_tvm(sp.apply(_fused_point(sp, 5)).mod)
+    assert re.search(r"for \w+ in range\(40\):", lowered), lowered  # 39 + 1 tiles, one loop
+    assert not re.search(r"for \w+ in range\(39\):", lowered)
+
+
+def test_it_is_the_default_and_leaves_unhinted_code_alone():
+    lowering.install()
+    pipeline, _, _ = tvm.tirx.get_tir_pipeline("default")
+    assert pipeline.info.name == "NightshiftTIRPipeline"
+    sp = space("x86-conv2d-nchwc", "conv_nchwc", "llvm")
+    mod = sp.apply(_fused_point(sp, 4)).mod  # 49 whole tiles: nothing to peel
+    assert lowering.HINT not in mod.script()
+    assert lowering.mark_partitions(mod).same_as(mod)
+    assert _lowered(mod) == _lowered_by_tvm(mod)
+    assert lowering.mark_partitions(task("conv")).same_as(task("conv"))
