@@ -13,7 +13,10 @@ against the unscheduled operator and then timed in rounds, interleaved with PyTo
 them alike. Each
 point is timed warm (inputs and weights left in cache between runs) and cold (caches flushed
 before each run, as ``tune`` times by default and as a model's layers run: ResNet-50's
-weights do not fit in cache). Writes benchmarks/results/pixel_tiles.json.
+weights do not fit in cache). Fused tiles that do not divide the pixel count have their
+last tile peeled (:mod:`search_spaces.lowering`); with ``--unpeeled`` those points are also
+built by TVM's own pipeline, which leaves a bounds check in every tile of these int64 tasks,
+and timed in the same rounds. Writes benchmarks/results/pixel_tiles.json.
 
     .venv/bin/python benchmarks/pixel_tiles.py --rounds 3
 """
@@ -21,6 +24,7 @@ weights do not fit in cache). Writes benchmarks/results/pixel_tiles.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import time
@@ -31,7 +35,7 @@ import tvm
 from op_ceiling import cpu_threads, time_call
 
 import search_spaces
-from search_spaces import Point
+from search_spaces import Point, lowering
 from search_spaces.verify import arg_specs, compare, reference
 from tuner.frontends import load_model
 from tuner.layout import vector_lanes
@@ -40,6 +44,7 @@ from tuner.tasks import Task, extract_tasks
 logger = logging.getLogger("pixel_tiles")
 RESULTS = Path(__file__).parent / "results" / "pixel_tiles.json"
 MODES = ("warm", "cold")
+KINDS = {0: "rows", 1: "fused", 2: "fused_unpeeled"}
 
 # (in channels, input size, out channels, kernel, output size) of ResNet-50 convs.
 SHAPES = {
@@ -87,17 +92,20 @@ def torch_call(task: Task, shape: tuple[int, int, int, int, int], inputs: list[n
     return call
 
 
-def grid(space: search_spaces.SearchSpace) -> dict[int, list[Point]]:
-    """The benchmark's points of ``space`` by ``fuse_pixels`` (0: row tiles, 1: fused)."""
+def grid(space: search_spaces.SearchSpace, unpeeled: bool = False) -> dict[int, list[Point]]:
+    """The benchmark's points of ``space`` by kind (:data:`KINDS`): row tiles, fused tiles,
+    and with ``unpeeled`` the fused tiles with a partial last tile again (built unpeeled)."""
     knobs = space.knobs(0)
     names = [k.name for k in knobs]
-    out: dict[int, list[Point]] = {0: [], 1: []}
+    out: dict[int, list[Point]] = {0: [], 1: [], 2: []}
     for point in space.enumerate():
         v = dict(zip(names, point.decisions, strict=True))
         if v["tile_ic"] != v["oc_block"] or v["pad_inline"] or v["parallel_depth"] != 2 or v["order"] == 2:
             continue
         out[v["fuse_pixels"]].append(point)
-    return out
+        if unpeeled and v["fuse_pixels"] and v["out_h"] * v["out_w"] % v["reg_n"]:
+            out[2].append(point)
+    return {kind: points for kind, points in out.items() if points}
 
 
 def main() -> None:
@@ -105,6 +113,8 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--unpeeled", action="store_true",
+                        help="also time the fused tiles with a partial last tile as TVM's own pipeline builds them")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     import torch
@@ -116,7 +126,8 @@ def main() -> None:
         "benchmark": "pixel_tiles", "date": time.strftime("%Y-%m-%d"), "device": device.description,
         "target": device.target_config, "threads": threads, "block": block, "rounds": args.rounds,
         "tvm": tvm.__version__, "torch": torch.__version__, "shapes": [],
-        "command": f"pixel_tiles.py --shapes {' '.join(args.shapes)} --rounds {args.rounds}",
+        "command": f"pixel_tiles.py --shapes {' '.join(args.shapes)} --rounds {args.rounds}"
+                   + (" --unpeeled" if args.unpeeled else ""),
     }
     dev = tvm.cpu(0)
     tasks = extract_tasks(load_model("resnet50").bound(), target)
@@ -126,9 +137,10 @@ def main() -> None:
         space = search_spaces.create(task.mod, target, kind="x86-conv2d-nchwc")
         timers: list[tuple[int, Point, dict[str, object], list]] = []
         failed = 0
-        for fused, points in grid(space).items():
+        for fused, points in grid(space, args.unpeeled).items():
             for point in points:
-                lib = tvm.compile(space.apply(point).mod, target=target)
+                with lowering.tvm_pipeline() if fused == 2 else contextlib.nullcontext():
+                    lib = tvm.compile(space.apply(point).mod, target=target)
                 arrays = [tvm.runtime.tensor(a, dev) for a in ref.inputs]
                 lib["main"](*arrays)
                 if compare([a.numpy() for a in arrays], ref.outputs).wrong:
@@ -156,7 +168,9 @@ def main() -> None:
                        "torch_warm_ms": torch_ms}
         for mode in MODES:
             entry[mode] = {}
-            for fused, label in ((0, "rows"), (1, "fused")):
+            for fused, label in KINDS.items():
+                if not any(t[0] == fused for t in timers):
+                    continue
                 mine = sorted((float(np.median(secs[mode][n])) * 1e3, timers[n][1])
                               for n in range(len(timers)) if timers[n][0] == fused)
                 best_ms, best = mine[0]
@@ -165,6 +179,11 @@ def main() -> None:
                     "best_gflops": task.flops / best_ms / 1e6, "best_point": space.values(best),
                 }
             entry[mode]["fused_over_rows"] = entry[mode]["fused"]["best_ms"] / entry[mode]["rows"]["best_ms"]
+            # The same partial-tile point peeled over unpeeled, point by point.
+            ms = {(timers[n][0], timers[n][1].decisions): float(np.median(secs[mode][n])) for n in range(len(timers))}
+            pairs = [ms[(1, d)] / ms[(2, d)] for kind, d in ms if kind == 2]
+            if pairs:
+                entry[mode]["peeled_over_unpeeled_median"] = float(np.median(pairs))
             # PyTorch is timed warm (its weights stay in cache between calls).
             entry[mode]["best_over_torch_warm"] = min(entry[mode][k]["best_ms"] for k in ("rows", "fused")) / torch_ms
         report["shapes"].append(entry)

@@ -6,15 +6,19 @@ ones run without bounds checks (``x86-conv2d-nchwc``'s pixel tiles that do not d
 pixel count). In TVM 0.27 the hint is lost on the tasks Relax extracts: they index in int64,
 ``LowerOpaqueBlock`` turns the annotation into an attribute on the loop variable, and
 ``NarrowDataType(32)`` then gives the loop a new int32 variable and leaves the attribute on
-the old one, so nothing is peeled and every tile keeps its guard (4.7 against 2.0 ms on
-ResNet-50's 3x3 512 7x7 task, 5 pixels x 2 channel blocks, AVX2).
+the old one, so nothing is peeled and every tile keeps its guard. On three of ResNet-50's
+7x7 conv tasks the same partial-tile points took 0.48-0.60x the time peeled as TVM's own
+pipeline built them (median over 34-68 points; AVX2, 2026-11-25, benchmarks/README.md,
+"Partial pixel tiles, peeled").
 
 ``LoopPartition`` has a second way in, which survives the renaming: conditions wrapped in
 ``likely``, in loops of constant extent when ``partition_const_loop`` is set. The pipeline
 installed here wraps the block predicates below each hinted loop in ``likely`` and runs
 TVM's default pipeline, with ``partition_const_loop`` on only when it wrapped something.
-No other code TVM lowers carries ``likely`` on x86 (topi, Relax's legalization and
-MetaSchedule emit none), so other kernels lower as before.
+Only functions in a build that holds a hinted loop see the setting, and it changes only
+loops with a ``likely`` condition, which the Python sources of topi, Relax's legalization
+and MetaSchedule never write; partitioning keeps a loop's meaning either way. A module
+without a hint lowers exactly as with TVM's pipeline (tested).
 
 :func:`install` registers it as TVM's default (``tvm.compile`` and ``relax.build`` look the
 default up by the name ``s_tir``); importing :mod:`search_spaces` installs it.
@@ -22,7 +26,9 @@ default up by the name ``s_tir``); importing :mod:`search_spaces` installs it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import tvm
@@ -93,3 +99,15 @@ def install() -> None:
         compilation_pipeline.register_tir_pipeline(_DEFAULT, _factory)
         _installed = True
         logger.debug("TIR pipeline with partition hints for int64 loops installed as %r", _DEFAULT)
+
+
+@contextlib.contextmanager
+def tvm_pipeline() -> Iterator[None]:
+    """Within: TVM's own default pipeline, which leaves hinted int64 loops unpeeled (for
+    comparisons; this process's default again after)."""
+    compilation_pipeline.register_tir_pipeline(_DEFAULT, s_tir_pipeline.default_s_tir_pipeline)
+    try:
+        yield
+    finally:
+        compilation_pipeline.register_tir_pipeline(_DEFAULT, _factory if _installed else
+                                                   s_tir_pipeline.default_s_tir_pipeline)

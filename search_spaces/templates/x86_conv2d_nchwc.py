@@ -17,10 +17,10 @@ tile it, with a shorter last tile. Rectangles on ResNet-50's 7-, 14- and 28-wide
 only have 1, 2, 4, 7, 8 or 14 pixels. Where ``reg_n`` does not divide the pixel count the
 pixel loop stays serial (``parallel_depth`` 2) and carries TVM's
 ``pragma_loop_partition_hint``, so the last tile is peeled and the full ones run without a
-bounds check; :mod:`search_spaces.lowering` makes that hint work on Relax's int64 tasks (on
-ResNet-50's 3x3 512 7x7 task, 5 pixels x 2 channel blocks took 2.0 ms peeled against 4.7
-unpeeled and 2.6 for the best rectangle, 7 x 1, AVX2; benchmarks/README.md, "Pixel tiles
-along the fused row axis").
+bounds check; :mod:`search_spaces.lowering` makes that hint work on Relax's int64 tasks. On
+ResNet-50's conv tasks the best fused tile, mostly 5 or 6 pixels x 2 channel blocks, took
+0.64-0.93x the time of the best rectangle (caches flushed) on five of six shapes, and 1.02x
+on the 28x28 3x3 (AVX2, 2026-11-25; benchmarks/README.md, "Partial pixel tiles, peeled").
 
 The task is what ``topi.nn.conv2d_NCHWc`` gives: a block ``conv2d_NCHWc`` with spatial
 iters (n, oc_chunk, oh, ow, oc_block) and reduce iters (ic, kh, kw), ``ic`` the fused

@@ -7,8 +7,6 @@ import re
 import pytest
 import tvm
 from conftest import space, target, task
-from tvm.s_tir import pipeline as s_tir_pipeline
-from tvm.tirx import compilation_pipeline
 
 from search_spaces import Point, lowering
 
@@ -40,11 +38,8 @@ def _lowered(mod: tvm.IRModule) -> str:
 
 def _lowered_by_tvm(mod: tvm.IRModule) -> str:
     """``mod`` lowered by TVM's own default pipeline, just after LoopPartition."""
-    try:
-        compilation_pipeline.register_tir_pipeline("s_tir", s_tir_pipeline.default_s_tir_pipeline)
+    with lowering.tvm_pipeline():
         return _lowered(mod)
-    finally:
-        compilation_pipeline.register_tir_pipeline("s_tir", lowering._factory)
 
 
 def _guarded_tile_loops(lowered: str, tiles: int) -> tuple[str | None, list[str]]:
@@ -83,9 +78,20 @@ def test_it_is_the_default_and_leaves_unhinted_code_alone():
     lowering.install()
     pipeline, _, _ = tvm.tirx.get_tir_pipeline("default")
     assert pipeline.info.name == "NightshiftTIRPipeline"
+    with lowering.tvm_pipeline():
+        assert tvm.tirx.get_tir_pipeline("default")[0].info.name != "NightshiftTIRPipeline"
+    assert tvm.tirx.get_tir_pipeline("default")[0].info.name == "NightshiftTIRPipeline"
     sp = space("x86-conv2d-nchwc", "conv_nchwc", "llvm")
     mod = sp.apply(_fused_point(sp, 4)).mod  # 49 whole tiles: nothing to peel
     assert lowering.HINT not in mod.script()
     assert lowering.mark_partitions(mod).same_as(mod)
     assert _lowered(mod) == _lowered_by_tvm(mod)
     assert lowering.mark_partitions(task("conv")).same_as(task("conv"))
+
+
+def test_a_users_loop_partition_settings_are_kept():
+    config = {"s_tir.LoopPartition": {"no_unroll_loop_with_extent_one": True}}
+    with tvm.transform.PassContext(opt_level=3, config=config) as ctx:
+        got = lowering._partition_config(ctx)["s_tir.LoopPartition"]
+    assert got == {"no_unroll_loop_with_extent_one": True, "unroll_loop_with_partition_hint_no_interval": False,
+                   "partition_const_loop": True}
