@@ -5,7 +5,11 @@ elements of A and loads ``tile_n`` contiguous elements of one row of B (``tile_n
 multiple of the vector lanes), and accumulates the ``tile_m x tile_n`` tile of C in vector
 registers for the whole of K. Columns are grouped in panels of ``panel`` tiles so that a
 panel of B (K x panel * tile_n) stays in cache while every row tile of A streams past it.
-The epilogue (bias, gelu, residual add...) is applied to the tile in registers.
+The epilogue (bias, gelu, residual add...) is applied to the tile in registers. ``tile_m``
+need not divide the rows: MLAS's AVX2 kernel is 6 rows x 16 columns, and BERT's 128 tokens
+are 21 tiles of 6 and one of 2. A partial last row tile keeps the row-tile loop serial
+(panels outermost, ``parallel_depth`` 1) and carries ``pragma_loop_partition_hint``, so
+that it is peeled (:mod:`search_spaces.lowering`).
 
 The task is what Relax legalizes ``matmul`` to (attention's batched products): a block
 ``matmul*`` with spatial iters (batch..., m, n) and one reduce iter k, reading A[..., m, k]
@@ -24,6 +28,7 @@ from tvm.s_tir import Schedule
 
 from search_spaces.constraints import Limits
 from search_spaces.knobs import Knob, divisors
+from search_spaces.lowering import HINT
 from search_spaces.templates import Template, register_template
 from search_spaces.templates.blocks import accumulate_locally, elementwise_tail, iter_kinds, root_blocks
 
@@ -112,7 +117,8 @@ def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tupl
     else:
         panels = tuple(d for d in divisors(n // lanes) if d <= 16)
     return (
-        Knob("tile_m", "choice", tuple(d for d in divisors(m) if d <= _ACC_REGISTERS)),
+        # Rows of the register tile; one that does not divide m leaves a shorter last tile.
+        Knob("tile_m", "choice", tuple(range(1, min(m, _ACC_REGISTERS) + 1))),
         Knob("tile_n", "choice", tile_n),
         # Column tiles per panel of B kept in cache (a divisor of the tiles in a row).
         Knob("panel", "choice", panels),
@@ -128,6 +134,8 @@ def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tupl
         Knob("pack_b", "choice", (0,) if packed else (0, 1)),
         # Fixed by the target; a knob so the register constraint can read it.
         Knob("lanes", "choice", (lanes,)),
+        # Fixed by the task; a knob so the constraint can read it.
+        Knob("rows", "choice", (m,)),
     )
 
 
@@ -147,6 +155,8 @@ def _constraint(values: dict[str, Any], limits: Limits) -> str | None:
         return f"register tile of {regs} vector registers, fewer than {_MIN_ACC_REGISTERS}"
     if (values["panel"] * values["lanes"]) % values["tile_n"]:
         return "a panel is not a whole number of column tiles"
+    if values["rows"] % values["tile_m"] and (values["order"], values["parallel_depth"]) != (0, 1):
+        return "a partial last row tile needs the row-tile loop serial (order 0, parallel_depth 1) to be peeled"
     if values["pack_b"] and (values["order"], values["parallel_depth"]) != (0, 1):
         return "pack_b packs once per panel: needs panels outermost (order 0) and parallel_depth 1"
     if regs * values["unroll_k"] > _MAX_UNROLLED_FMAS:
@@ -187,6 +197,8 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
         # MetaSchedule's TuningRecord JSON.)
         sch.vectorize(sch.split(sch.get_loops(pack)[-1], [None, lanes])[1])
     sch.parallel(sch.fuse(*batch, *outer[:values["parallel_depth"]]))
+    if values["rows"] % values["tile_m"]:
+        sch.annotate(i_o, HINT, 1)  # the shorter last row tile is peeled (see the module's docstring)
     sch.unroll(k_i)
     sch.unroll(i_i)
     sch.unroll(j_v)

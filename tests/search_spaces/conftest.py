@@ -58,26 +58,41 @@ def conv_nchwc(c: int = 32, hw: int = 14, o: int = 32, k: int = 3, stride: int =
     return tvm.IRModule({"main": te.create_prim_func([data, kernel, bias, out])})
 
 
-def conv_nchwc_relax() -> tvm.IRModule:
-    """A conv + bias + relu as ``tune`` extracts it from a Relax model (NCHW[x]c at the host's
-    vector width, int64 indices, the epilogue fused): 32 -> 32 channels, 3x3, 14x14."""
-    import numpy as np
+def _extracted(x_shape: tuple[int, ...], layer: Callable, name: str) -> tvm.IRModule:
+    """The task ``name`` of a one-layer Relax model ``layer(x)``, as ``tune`` extracts it
+    (the host's layouts, int64 indices, the epilogue fused)."""
     from tvm import relax
 
     from tuner.tasks import extract_tasks
 
-    rng = np.random.default_rng(0)
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, 32, 14, 14), "float32"))
+    x = relax.Var("x", relax.TensorType(x_shape, "float32"))
     with bb.function("main", [x]):
         with bb.dataflow():
-            w = relax.const(rng.standard_normal((32, 32, 3, 3), dtype="float32"))
-            b = relax.const(rng.standard_normal((1, 32, 1, 1), dtype="float32"))
-            y = bb.emit(relax.op.nn.relu(relax.op.add(relax.op.nn.conv2d(x, w, padding=1), b)))
-            out = bb.emit_output(y)
+            out = bb.emit_output(bb.emit(layer(x)))
         bb.emit_func_output(out)
-    [conv] = [t for t in extract_tasks(bb.get(), target("llvm")) if "conv2d_NCHWc" in t.name]
-    return conv.mod
+    [found] = [t for t in extract_tasks(bb.get(), target("llvm")) if name in t.name]
+    return found.mod
+
+
+def _const(*shape: int) -> tvm.relax.Constant:
+    import numpy as np
+
+    return tvm.relax.const(np.random.default_rng(0).standard_normal(shape, dtype="float32"))
+
+
+def conv_nchwc_relax() -> tvm.IRModule:
+    """A conv + bias + relu as ``tune`` extracts it (NCHW[x]c at the host's vector width):
+    32 -> 32 channels, 3x3, 14x14."""
+    op = tvm.relax.op
+    return _extracted((1, 32, 14, 14), lambda x: op.nn.relu(op.add(op.nn.conv2d(x, _const(32, 32, 3, 3), padding=1),
+                                                                   _const(1, 32, 1, 1))), "conv2d_NCHWc")
+
+
+def dense_relax() -> tvm.IRModule:
+    """A dense layer + bias + relu as ``tune`` extracts it (the weight packed): 46 rows, 64 -> 64."""
+    op = tvm.relax.op
+    return _extracted((1, 46, 64), lambda x: op.nn.relu(op.add(op.matmul(x, _const(64, 64)), _const(64))), "matmul")
 
 
 def conv_nchwc_first() -> tvm.IRModule:
@@ -214,7 +229,7 @@ def relu() -> tvm.IRModule:
 TASKS: dict[str, Callable[[], tvm.IRModule]] = {
     "matmul": matmul, "conv": conv_bias_relu, "relu": relu, "conv_nchwc": conv_nchwc,
     "conv_nchwc_first": conv_nchwc_first, "conv_nchwc_bare": conv_nchwc_bare, "dense": dense,
-    "conv_nchwc_relax": conv_nchwc_relax,
+    "conv_nchwc_relax": conv_nchwc_relax, "dense_relax": dense_relax,
     "dense_packed": dense_packed,
     "batch_matmul": batch_matmul, "depthwise": depthwise, "depthwise_s2": lambda: depthwise(2),
     "dense_bf16": dense_bf16, "depthwise_nchwc": depthwise_nchwc, "depthwise_nchwc_s2": lambda: depthwise_nchwc(2),

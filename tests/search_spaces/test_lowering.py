@@ -42,36 +42,54 @@ def _lowered_by_tvm(mod: tvm.IRModule) -> str:
         return _lowered(mod)
 
 
+def _outer_loop(extent: int) -> str:
+    """A pattern of a loop of ``extent`` (also the first of a ``T.grid``), its variable captured."""
+    return rf"for (\w+)[\w, ]* in (?:range|T\.grid)\({extent}[,)]"
+
+
 def _guarded_tile_loops(lowered: str, tiles: int) -> tuple[str | None, list[str]]:
     """The loop over ``tiles`` whole pixel tiles, and the bounds checks that use its variable."""
-    found = re.search(rf"for (\w+) in range\({tiles}\):", lowered)
+    found = re.search(_outer_loop(tiles), lowered)
     if not found:
         return None, []
     var = found.group(1)
     return var, [line for line in lowered.splitlines() if re.match(r"\s*if ", line) and re.search(rf"\b{var}\b", line)]
 
 
-@pytest.mark.parametrize("task_name", ["conv_nchwc", "conv_nchwc_relax"])
-def test_the_last_shorter_pixel_tile_is_peeled(task_name):
-    """196 pixels in tiles of 5: 39 whole tiles run without a bounds check and the last one
-    apart, on int32 tasks and on Relax's int64 ones (where TVM's own pipeline loses the hint)."""
-    sp = space("x86-conv2d-nchwc", task_name, "llvm")
-    mod = sp.apply(_fused_point(sp, 5)).mod
+def _dense_point(sp, tile_m: int) -> Point:
+    named = {"tile_m": tile_m, "unroll_k": 4, "order": 0, "parallel_depth": 1, "pack_b": 0}  # tile_n: one vector
+    return Point(0, tuple(named.get(k.name, k.choices[0]) for k in sp.knobs(0)))
+
+
+# (template, task, point, whole tiles): 196 pixels in tiles of 5 (39 and one of 1); 46 rows in
+# tiles of 6 (7 and one of 4).
+PEELED = [("x86-conv2d-nchwc", "conv_nchwc", lambda sp: _fused_point(sp, 5), 39),
+          ("x86-conv2d-nchwc", "conv_nchwc_relax", lambda sp: _fused_point(sp, 5), 39),
+          ("x86-dense", "dense_relax", lambda sp: _dense_point(sp, 6), 7)]
+
+
+@pytest.mark.parametrize(("kind", "task_name", "point", "tiles"), PEELED)
+def test_the_last_shorter_tile_is_peeled(kind, task_name, point, tiles):
+    """The whole tiles run without a bounds check and the last one apart, on int32 tasks and
+    on Relax's int64 ones (where TVM's own pipeline loses the hint)."""
+    sp = space(kind, task_name, "llvm")
+    mod = sp.apply(point(sp)).mod
     assert lowering.HINT in mod.script()
     lowered = _lowered(mod)
-    var, guards = _guarded_tile_loops(lowered, 39)
+    var, guards = _guarded_tile_loops(lowered, tiles)
     assert var, lowered
     assert not guards, guards
 
 
-def test_tvm_alone_keeps_the_guard_in_every_int64_tile():
+@pytest.mark.parametrize(("kind", "task_name", "point", "tiles"), PEELED[1:])
+def test_tvm_alone_keeps_the_guard_in_every_int64_tile(kind, task_name, point, tiles):
     """Why the pipeline exists (TVM 0.27): NarrowDataType gives the int64 loop a new variable
     and LoopPartition no longer finds the hint. When this fails, TVM peels by itself and
     search_spaces.lowering can go."""
-    sp = space("x86-conv2d-nchwc", "conv_nchwc_relax", "llvm")
-    lowered = _lowered_by_tvm(sp.apply(_fused_point(sp, 5)).mod)
-    assert re.search(r"for \w+ in range\(40\):", lowered), lowered  # 39 + 1 tiles, one loop
-    assert not re.search(r"for \w+ in range\(39\):", lowered)
+    sp = space(kind, task_name, "llvm")
+    lowered = _lowered_by_tvm(sp.apply(point(sp)).mod)
+    assert re.search(_outer_loop(tiles + 1), lowered), lowered  # one loop, every tile guarded
+    assert not re.search(_outer_loop(tiles), lowered)
 
 
 def test_it_is_the_default_and_leaves_unhinted_code_alone():

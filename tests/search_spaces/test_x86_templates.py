@@ -158,3 +158,35 @@ def test_pixel_tile_constraints():
     assert sp.static_violation(_nchwc_point(sp, reg_n=5)) is None
     assert "serial" in sp.static_violation(_nchwc_point(sp, reg_n=5, parallel_depth=3))
     assert sp.static_violation(_nchwc_point(sp, reg_n=4, parallel_depth=3)) is None
+
+
+@pytest.mark.parametrize(("task_name", "values"), [
+    ("dense", {"tile_m": 6}),  # 32 rows: 5 tiles of 6, one of 2 (peeled)
+    ("dense_relax", {"tile_m": 5, "unroll_k": 8}),  # Relax's int64 indices, packed weight: 9 of 5, one of 1
+    ("dense_relax", {"tile_m": 12}),  # 3 of 12, one of 10
+])
+def test_partial_row_tiles_compute_the_reference(task_name, values):
+    """A row tile that does not divide the rows computes what the matmul computes."""
+    from search_spaces.verify import check_point, reference
+
+    sp = space("x86-dense", task_name, "llvm")
+    named = {"tile_n": sp.knobs(0)[1].choices[0], "unroll_k": 4, "order": 0, "parallel_depth": 1, "pack_b": 0,
+             **values}
+    point = Point(0, tuple(named.get(k.name, k.choices[0]) for k in sp.knobs(0)))
+    assert sp.static_violation(point) is None, sp.values(point)
+    check = check_point(sp, point, reference(task(task_name), target("llvm")))
+    assert check.error is None, (check.error, check.detail)
+
+
+def test_partial_row_tiles_need_a_serial_row_loop():
+    sp = space("x86-dense", "dense", "llvm")
+
+    def why(**values) -> str | None:
+        named = {"tile_n": sp.knobs(0)[1].choices[0], "unroll_k": 4, "order": 0, "parallel_depth": 1, "pack_b": 0,
+                 **values}
+        return sp.static_violation(Point(0, tuple(named.get(k.name, k.choices[0]) for k in sp.knobs(0))))
+
+    assert why(tile_m=6) is None
+    assert "serial" in why(tile_m=6, order=1)
+    assert "serial" in why(tile_m=6, parallel_depth=2)
+    assert why(tile_m=8, order=1, parallel_depth=2) is None
