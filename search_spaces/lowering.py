@@ -3,7 +3,8 @@
 A template marks a loop whose last iteration is partial with TVM's own annotation,
 ``pragma_loop_partition_hint``, so that ``LoopPartition`` peels that iteration and the full
 ones run without bounds checks (``x86-conv2d-nchwc``'s pixel tiles that do not divide the
-pixel count). In TVM 0.27 the hint is lost on the tasks Relax extracts: they index in int64,
+pixel count, ``x86-dense``'s row tiles that do not divide the rows). In TVM 0.27 the hint
+is lost on the tasks Relax extracts: they index in int64,
 ``LowerOpaqueBlock`` turns the annotation into an attribute on the loop variable, and
 ``NarrowDataType(32)`` then gives the loop a new int32 variable and leaves the attribute on
 the old one, so nothing is peeled and every tile keeps its guard. On three of ResNet-50's

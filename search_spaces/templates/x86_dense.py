@@ -9,7 +9,9 @@ The epilogue (bias, gelu, residual add...) is applied to the tile in registers. 
 need not divide the rows: MLAS's AVX2 kernel is 6 rows x 16 columns, and BERT's 128 tokens
 are 21 tiles of 6 and one of 2. A partial last row tile keeps the row-tile loop serial
 (panels outermost, ``parallel_depth`` 1) and carries ``pragma_loop_partition_hint``, so
-that it is peeled (:mod:`search_spaces.lowering`).
+that it is peeled (:mod:`search_spaces.lowering`). On BERT-base's dense shapes the best
+partial tile (6 x 16 on three of four) took 0.90-1.01x the time of the best divisor tile
+(AVX2, 2026-11-25; benchmarks/README.md, "Dense row tiles that do not divide the rows").
 
 The task is what Relax legalizes ``matmul`` to (attention's batched products): a block
 ``matmul*`` with spatial iters (batch..., m, n) and one reduce iter k, reading A[..., m, k]
