@@ -25,10 +25,10 @@ from pathlib import Path
 import numpy as np
 import tvm
 from dense_packing import SEQ, SHAPES, build, torch_call
-from op_ceiling import cpu_threads, time_call
+from op_ceiling import build_checked, cpu_threads, time_call
 
 from search_spaces.template_space import TemplateSpace
-from search_spaces.verify import compare, reference
+from search_spaces.verify import reference
 from tuner.layout import dense_block, vector_lanes
 
 logger = logging.getLogger("dense_rows")
@@ -66,12 +66,11 @@ def main() -> None:
             v = dict(zip(names, point.decisions, strict=True))
             if v["unroll_k"] != 4 or v["pack_b"]:
                 continue
-            lib = tvm.compile(space.apply(point).mod, target=target)
-            arrays = [tvm.runtime.tensor(a, dev) for a in ref.inputs]
-            lib["main"](*arrays)
-            if compare([a.numpy() for a in arrays], ref.outputs).wrong:
+            built = build_checked(space.apply(point).mod, target, ref, dev)
+            if built is None:
                 failed += 1
                 continue
+            lib, arrays = built
             timer = lib.mod.time_evaluator("main", dev, number=1, repeat=5, f_preproc="cache_flush_cpu_non_first_arg")
             timers.append((v, timer, arrays))
         peer = torch_call(epilogue, ref.inputs, block)

@@ -35,7 +35,7 @@ from space_vs_metaschedule import measure
 from tvm import te, topi
 
 import search_spaces
-from search_spaces.verify import reference
+from search_spaces.verify import Reference, compare, reference
 from tuner.device import Device, parse_device
 
 logger = logging.getLogger("op_ceiling")
@@ -156,6 +156,17 @@ def time_call(fn: Callable[[], object], *, repeat: int = 5, min_ms: float = 10.0
             fn()
         runs.append((time.perf_counter() - t0) / number)
     return float(np.median(runs))
+
+
+def build_checked(mod: tvm.IRModule, target: tvm.target.Target, ref: Reference, dev: tvm.runtime.Device):
+    """``mod`` built and run once on ``ref``'s inputs: the library and its argument tensors,
+    or None when its outputs differ from ``ref``'s."""
+    lib = tvm.compile(mod, target=target)
+    arrays = [tvm.runtime.tensor(a, dev) for a in ref.inputs]
+    lib["main"](*arrays)
+    if compare([a.numpy() for a in arrays], ref.outputs).wrong:
+        return None
+    return lib, arrays
 
 
 def cpu_threads() -> tuple[Device, int]:

@@ -32,11 +32,11 @@ from pathlib import Path
 
 import numpy as np
 import tvm
-from op_ceiling import cpu_threads, time_call
+from op_ceiling import build_checked, cpu_threads, time_call
 
 import search_spaces
 from search_spaces import Point, lowering
-from search_spaces.verify import arg_specs, compare, reference
+from search_spaces.verify import arg_specs, reference
 from tuner.frontends import load_model
 from tuner.layout import vector_lanes
 from tuner.tasks import Task, extract_tasks
@@ -140,12 +140,11 @@ def main() -> None:
         for fused, points in grid(space, args.unpeeled).items():
             for point in points:
                 with lowering.tvm_pipeline() if fused == 2 else contextlib.nullcontext():
-                    lib = tvm.compile(space.apply(point).mod, target=target)
-                arrays = [tvm.runtime.tensor(a, dev) for a in ref.inputs]
-                lib["main"](*arrays)
-                if compare([a.numpy() for a in arrays], ref.outputs).wrong:
+                    built = build_checked(space.apply(point).mod, target, ref, dev)
+                if built is None:
                     failed += 1
                     continue
+                lib, arrays = built
                 timers.append((fused, point, {
                     "warm": lib.mod.time_evaluator("main", dev, number=1, repeat=3, min_repeat_ms=20),
                     "cold": lib.mod.time_evaluator("main", dev, number=1, repeat=5,
