@@ -22,13 +22,16 @@ from sqlalchemy import create_engine, text
 
 RESULTS = Path(__file__).parent / "results" / "job_tiles.json"
 KINDS = ("rows", "fused", "partial", "other")
+# Where reg_n, fuse_pixels, out_h and out_w sit in an x86-conv2d-nchwc point's decisions (the
+# order of the template's knobs; records store decisions only).
+_TILE_KNOBS = (0, 9, 10, 11)
 
 
 def tile_kind(point: dict) -> str:
     """A record's kind of pixel tile (``other`` for another space)."""
     if point.get("kind") != "x86-conv2d-nchwc":
         return "other"
-    reg_n, fuse, out_h, out_w = (point["decisions"][i] for i in (0, 9, 10, 11))
+    reg_n, fuse, out_h, out_w = (point["decisions"][i] for i in _TILE_KNOBS)
     if not fuse:
         return "rows"
     return "partial" if (out_h * out_w) % reg_n else "fused"

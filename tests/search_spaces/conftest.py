@@ -18,7 +18,7 @@ from tvm import te, topi
 from user_templates import USER_GEMM
 
 import search_spaces
-from search_spaces import SearchSpace
+from search_spaces import Point, SearchSpace
 
 search_spaces.register_template(USER_GEMM, replace=True)
 
@@ -256,6 +256,19 @@ TASK_TARGETS = [("matmul", "llvm"), ("conv", "llvm"), ("relu", "llvm"), ("conv_n
                 ("dense_bf16", "llvm"),
                 ("conv_nchwc_bf16", "llvm"), ("conv_nchwc_u8", "llvm"), ("dense_u8s8", "llvm"),
                 ("matmul", "cuda-sm90"), ("conv", "cuda-sm90")]  # fmt: skip
+
+
+# Knob values the template tests start from (the rest take each knob's first choice).
+NCHWC_DEFAULTS = {"tile_oh": 1, "tile_oc": 1, "tile_ic": 4, "order": 0, "unroll_kw": 1, "parallel_depth": 2,
+                  "pad_inline": 0, "fuse_pixels": 1}
+DENSE_DEFAULTS = {"unroll_k": 4, "order": 0, "parallel_depth": 1, "pack_b": 0}  # tile_n: its first, one vector
+
+
+def named_point(sp: SearchSpace, defaults: dict, **values) -> Point:
+    """A template point from knob values by name: ``values`` over ``defaults`` over each
+    knob's first choice."""
+    named = {**defaults, **values}
+    return Point(0, tuple(named.get(k.name, k.choices[0]) for k in sp.knobs(0)))
 
 
 @functools.cache

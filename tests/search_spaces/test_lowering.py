@@ -6,15 +6,13 @@ import re
 
 import pytest
 import tvm
-from conftest import space, target, task
+from conftest import DENSE_DEFAULTS, NCHWC_DEFAULTS, named_point, space, target, task
 
 from search_spaces import Point, lowering
 
 
 def _fused_point(sp, reg_n: int) -> Point:
-    named = {"reg_n": reg_n, "tile_oh": 1, "tile_oc": 1, "tile_ic": 4, "order": 0, "unroll_kw": 1,
-             "parallel_depth": 2, "pad_inline": 0, "fuse_pixels": 1}
-    return Point(0, tuple(named.get(k.name, k.choices[0]) for k in sp.knobs(0)))
+    return named_point(sp, NCHWC_DEFAULTS, reg_n=reg_n)
 
 
 @tvm.instrument.pass_instrument
@@ -57,8 +55,7 @@ def _guarded_tile_loops(lowered: str, tiles: int) -> tuple[str | None, list[str]
 
 
 def _dense_point(sp, tile_m: int) -> Point:
-    named = {"tile_m": tile_m, "unroll_k": 4, "order": 0, "parallel_depth": 1, "pack_b": 0}  # tile_n: one vector
-    return Point(0, tuple(named.get(k.name, k.choices[0]) for k in sp.knobs(0)))
+    return named_point(sp, DENSE_DEFAULTS, tile_m=tile_m)
 
 
 # (template, task, point, whole tiles): 196 pixels in tiles of 5 (39 and one of 1); 46 rows in

@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 import tvm
-from conftest import dense, space, target, task
+from conftest import DENSE_DEFAULTS, NCHWC_DEFAULTS, dense, named_point, space, target, task
 from tvm import te, topi
 
 import search_spaces
@@ -113,10 +113,7 @@ def test_accumulators_are_one_register_tile(kind, task_name, acc):
 
 
 def _nchwc_point(sp: TemplateSpace, **values) -> Point:
-    defaults = {"tile_oh": 1, "tile_oc": 1, "tile_ic": 4, "order": 0, "unroll_kw": 1, "parallel_depth": 2,
-                "pad_inline": 0, "fuse_pixels": 1}
-    named = {**defaults, **values}
-    return Point(0, tuple(named.get(k.name, k.choices[0]) for k in sp.knobs(0)))
+    return named_point(sp, NCHWC_DEFAULTS, **values)
 
 
 @pytest.mark.parametrize(("task_name", "values"), [
@@ -170,9 +167,7 @@ def test_partial_row_tiles_compute_the_reference(task_name, values):
     from search_spaces.verify import check_point, reference
 
     sp = space("x86-dense", task_name, "llvm")
-    named = {"tile_n": sp.knobs(0)[1].choices[0], "unroll_k": 4, "order": 0, "parallel_depth": 1, "pack_b": 0,
-             **values}
-    point = Point(0, tuple(named.get(k.name, k.choices[0]) for k in sp.knobs(0)))
+    point = named_point(sp, DENSE_DEFAULTS, **values)
     assert sp.static_violation(point) is None, sp.values(point)
     check = check_point(sp, point, reference(task(task_name), target("llvm")))
     assert check.error is None, (check.error, check.detail)
@@ -182,9 +177,7 @@ def test_partial_row_tiles_need_a_serial_row_loop():
     sp = space("x86-dense", "dense", "llvm")
 
     def why(**values) -> str | None:
-        named = {"tile_n": sp.knobs(0)[1].choices[0], "unroll_k": 4, "order": 0, "parallel_depth": 1, "pack_b": 0,
-                 **values}
-        return sp.static_violation(Point(0, tuple(named.get(k.name, k.choices[0]) for k in sp.knobs(0))))
+        return sp.static_violation(named_point(sp, DENSE_DEFAULTS, **values))
 
     assert why(tile_m=6) is None
     assert "serial" in why(tile_m=6, order=1)
