@@ -36,6 +36,7 @@ from typing import Any
 
 import tvm
 from tvm.s_tir import Schedule
+from tvm.tirx import IndexMap
 
 from search_spaces.constraints import Limits
 from search_spaces.knobs import Knob, divisors
@@ -249,9 +250,13 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
 def _fuse_pixel_axis(sch: Schedule, conv: Any, store: Any, ow: int) -> None:
     """Give the conv, its accumulators and the store one pixel axis ``h * ow + w``, so that a
     split of it is an exact tile of every block (a split of fused loops alone would leave
-    the accumulator buffer and the store's loops spanning whole rows)."""
+    the accumulator buffer and the store's loops spanning whole rows). The conv's iters are
+    (n, c, h, w, b) and its reduce iters, however many (3 here, 5 on the dot template)."""
     sch.transform_layout(conv, ("write", 0), lambda n, c, h, w, b: (n, c, h * ow + w, b))
-    sch.transform_block_layout(conv, lambda n, c, h, w, b, i, kh, kw: (n, c, h * ow + w, b, i, kh, kw))
+    block = sch.get(conv)
+    sch.transform_block_layout(conv, IndexMap.from_func(
+        lambda n, c, h, w, b, *reduce: (n, c, h * ow + w, b, *reduce),
+        ndim=len(block.iter_vars), index_dtype=str(block.iter_vars[0].var.ty)))
     sch.transform_block_layout(store, lambda n, c, h, w, b: (n, c, h * ow + w, b))
 
 

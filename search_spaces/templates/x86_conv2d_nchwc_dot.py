@@ -7,6 +7,11 @@ multiplies ``n`` adjacent input channels into each of 16 output lanes and adds t
 pixel are one 32-bit lane, broadcast, and each of the tile's ``tile_oc`` weight registers
 holds 16 output channels x ``n`` input channels (one 512-bit load).
 
+The pixels of the tile are a ``tile_oh x reg_n`` rectangle or, with ``fuse_pixels``,
+``reg_n`` pixels of the fused (oh, ow) axis with a shorter last tile peeled, as in
+``x86-conv2d-nchwc`` (whose docstring says why): AVX-512's 24 accumulators fit 12 pixels x 2
+channel blocks or 8 x 3, which no rectangle of ResNet-50's 7- and 14-wide maps is.
+
 The task is what :func:`tuner.layout.prepare` makes of such a conv (``dot_elements``):
 ``tuner.layout.conv2d_nchwc_dot`` (TOPI's ``conv2d_NCHWc_int8`` compute), block
 ``conv2d_NCHWc_dot`` with spatial iters (n, oc_chunk, oh, ow, oc_block) and reduce iters
@@ -26,6 +31,7 @@ from tvm.s_tir import Schedule
 
 from search_spaces.constraints import Limits
 from search_spaces.knobs import Knob, divisors
+from search_spaces.lowering import HINT
 from search_spaces.templates import Template, register_template
 from search_spaces.templates.blocks import (
     accumulate_locally,
@@ -41,7 +47,9 @@ from search_spaces.templates.x86_conv2d_nchwc import (
     _ORDERS,
     _PAD,
     _acc_budget,
+    _fuse_pixel_axis,
     _has_pad,
+    _pixel_violation,
 )
 
 logger = logging.getLogger(__name__)
@@ -90,9 +98,11 @@ def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tupl
     _, oc_chunks, oh, ow, oc_block, _, kw, _, groups, _ = (int(sch.get(loop).extent) for loop in sch.get_loops(conv))
     if oc_block != DOT_LANES:
         return None
-    budget = _acc_budget(limits)
+    max_pixels = min(_acc_budget(limits), oh * ow)
     return (
-        Knob("reg_n", "choice", tuple(d for d in divisors(ow) if d <= budget)),
+        # Output pixels of the register tile: reg_n along the row (dividing it), tile_oh
+        # rows; or, with fuse_pixels, reg_n along the fused (oh, ow) axis.
+        Knob("reg_n", "choice", tuple(range(1, max_pixels + 1))),
         Knob("tile_oh", "choice", tuple(d for d in divisors(oh) if d <= 4)),
         Knob("tile_oc", "choice", tuple(d for d in divisors(oc_chunks) if d <= 4)),
         # Instruction steps of one channel block unrolled per step of the reduction.
@@ -100,6 +110,11 @@ def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tupl
         Knob("order", "choice", _ORDERS),
         Knob("unroll_kw", "choice", (1, kw) if kw > 1 else (1,)),
         Knob("parallel_depth", "choice", (2, 3, 4)),
+        # 1: the pixel tile runs along the fused (oh, ow) axis (see the module's docstring).
+        Knob("fuse_pixels", "choice", (0, 1)),
+        # Fixed by the task; knobs so the constraint can read them.
+        Knob("out_h", "choice", (oh,)),
+        Knob("out_w", "choice", (ow,)),
     )
 
 
@@ -110,6 +125,9 @@ def _constraint(values: dict[str, Any], limits: Limits) -> str | None:
         return f"register tile needs {regs} vector registers, more than {budget}"
     if regs < _MIN_ACC_REGISTERS:
         return f"register tile of {regs} vector registers, fewer than {_MIN_ACC_REGISTERS}"
+    pixels_wrong = _pixel_violation(values)
+    if pixels_wrong:
+        return pixels_wrong
     body = regs * values["tile_ic"] * values["unroll_kw"]
     if body > _MAX_UNROLLED_FMAS:
         return f"unrolled reduction body of ~{body} dot products, more than {_MAX_UNROLLED_FMAS}"
@@ -129,10 +147,21 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     for name in [*(elementwise_prologue(sch, conv, keep=(_PAD,)) or []), *tail[:-1]]:
         sch.compute_inline(sch.get_sblock(name))
     conv, store = accumulate_locally(sch, conv_name, tail)
-    n, oc_chunk, oh, ow, oc_block, kh, kw, ic_chunk, ic_group, ic_lane = sch.get_loops(conv)
-    oc_o, oc_t = sch.split(oc_chunk, [None, values["tile_oc"]])
-    oh_o, oh_i = sch.split(oh, [None, values["tile_oh"]])
-    ow_o, ow_i = sch.split(ow, [None, values["reg_n"]])
+    peel = None  # the pixel loop whose last tile is partial
+    if values["fuse_pixels"]:
+        _fuse_pixel_axis(sch, conv, store, values["out_w"])
+        n, oc_chunk, pix, oc_block, kh, kw, ic_chunk, ic_group, ic_lane = sch.get_loops(conv)
+        oc_o, oc_t = sch.split(oc_chunk, [None, values["tile_oc"]])
+        pix_o, pix_i = sch.split(pix, [None, values["reg_n"]])
+        if values["out_h"] * values["out_w"] % values["reg_n"]:
+            peel = pix_o
+        outer_loops, tile_loops = [n, oc_o, pix_o], [pix_i]
+    else:
+        n, oc_chunk, oh, ow, oc_block, kh, kw, ic_chunk, ic_group, ic_lane = sch.get_loops(conv)
+        oc_o, oc_t = sch.split(oc_chunk, [None, values["tile_oc"]])
+        oh_o, oh_i = sch.split(oh, [None, values["tile_oh"]])
+        ow_o, ow_i = sch.split(ow, [None, values["reg_n"]])
+        outer_loops, tile_loops = [n, oc_o, oh_o, ow_o], [oh_i, ow_i]
     ig_o, ig_i = sch.split(ic_group, [None, values["tile_ic"]])
     order = values["order"]
     if order == 0:
@@ -141,17 +170,24 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
         reduction = [ic_chunk, ig_o, kh, ig_i, kw]
     else:
         reduction = [kh, kw, ic_chunk, ig_o, ig_i]
-    sch.reorder(n, oc_o, oh_o, ow_o, *reduction, oh_i, ow_i, oc_t, oc_block, ic_lane)
-    sch.reverse_compute_at(store, ow_o)
-    outer_loops = [n, oc_o, oh_o, ow_o]
+    sch.reorder(*outer_loops, *reduction, *tile_loops, oc_t, oc_block, ic_lane)
+    sch.reverse_compute_at(store, outer_loops[-1])
     sch.parallel(sch.fuse(*outer_loops[:values["parallel_depth"]]))
+    if peel is not None:
+        sch.annotate(peel, HINT, 1)  # the shorter last tile is peeled (search_spaces.lowering)
     init = sch.decompose_reduction(conv, reduction[0])
-    sch.tensorize(oc_block, dot.intrin)
+    if peel is None:
+        sch.tensorize(oc_block, dot.intrin)
+    else:
+        # Tensorize matches the block's predicate too, and the partial tile's bounds check
+        # is one: blockize moves it to an outer block, the instruction goes inside.
+        sch.blockize(oc_block)
+        sch.tensorize(sch.get_loops(conv)[-2], dot.intrin)
     sch.unroll(ig_i)
     if values["unroll_kw"] > 1:
         sch.unroll(kw)
-    sch.unroll(oh_i)
-    sch.unroll(ow_i)
+    for loop in tile_loops:
+        sch.unroll(loop)
     sch.unroll(oc_t)
     tile = sch.get_loops(store)[1 + len(outer_loops) - values["parallel_depth"]:]
     sch.vectorize(tile[-1])

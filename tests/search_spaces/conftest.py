@@ -19,6 +19,7 @@ from user_templates import USER_GEMM
 
 import search_spaces
 from search_spaces import Point, SearchSpace
+from tuner.device import host_cpu_info
 
 search_spaces.register_template(USER_GEMM, replace=True)
 
@@ -58,9 +59,9 @@ def conv_nchwc(c: int = 32, hw: int = 14, o: int = 32, k: int = 3, stride: int =
     return tvm.IRModule({"main": te.create_prim_func([data, kernel, bias, out])})
 
 
-def _extracted(x_shape: tuple[int, ...], layer: Callable, name: str) -> tvm.IRModule:
+def _extracted(x_shape: tuple[int, ...], layer: Callable, name: str, precision: str = "fp32") -> tvm.IRModule:
     """The task ``name`` of a one-layer Relax model ``layer(x)``, as ``tune`` extracts it
-    (the host's layouts, int64 indices, the epilogue fused)."""
+    (the host's layouts, int64 indices, the epilogue fused) at ``precision``."""
     from tvm import relax
 
     from tuner.tasks import extract_tasks
@@ -71,7 +72,7 @@ def _extracted(x_shape: tuple[int, ...], layer: Callable, name: str) -> tvm.IRMo
         with bb.dataflow():
             out = bb.emit_output(bb.emit(layer(x)))
         bb.emit_func_output(out)
-    [found] = [t for t in extract_tasks(bb.get(), target("llvm")) if name in t.name]
+    [found] = [t for t in extract_tasks(bb.get(), target("llvm"), precision=precision) if name in t.name]
     return found.mod
 
 
@@ -81,12 +82,12 @@ def _const(*shape: int) -> tvm.relax.Constant:
     return tvm.relax.const(np.random.default_rng(0).standard_normal(shape, dtype="float32"))
 
 
-def conv_nchwc_relax() -> tvm.IRModule:
+def conv_nchwc_relax(precision: str = "fp32") -> tvm.IRModule:
     """A conv + bias + relu as ``tune`` extracts it (NCHW[x]c at the host's vector width):
-    32 -> 32 channels, 3x3, 14x14."""
+    32 -> 32 channels, 3x3, 14x14; in bf16, NCHW16c on the dot-product instruction."""
     op = tvm.relax.op
     return _extracted((1, 32, 14, 14), lambda x: op.nn.relu(op.add(op.nn.conv2d(x, _const(32, 32, 3, 3), padding=1),
-                                                                   _const(1, 32, 1, 1))), "conv2d_NCHWc")
+                                                                   _const(1, 32, 1, 1))), "conv2d_NCHWc", precision)
 
 
 def dense_relax() -> tvm.IRModule:
@@ -230,6 +231,7 @@ TASKS: dict[str, Callable[[], tvm.IRModule]] = {
     "matmul": matmul, "conv": conv_bias_relu, "relu": relu, "conv_nchwc": conv_nchwc,
     "conv_nchwc_first": conv_nchwc_first, "conv_nchwc_bare": conv_nchwc_bare, "dense": dense,
     "conv_nchwc_relax": conv_nchwc_relax, "dense_relax": dense_relax,
+    "conv_nchwc_bf16_relax": lambda: conv_nchwc_relax("bf16"),
     "dense_packed": dense_packed,
     "batch_matmul": batch_matmul, "depthwise": depthwise, "depthwise_s2": lambda: depthwise(2),
     "dense_bf16": dense_bf16, "depthwise_nchwc": depthwise_nchwc, "depthwise_nchwc_s2": lambda: depthwise_nchwc(2),
@@ -261,6 +263,11 @@ TASK_TARGETS = [("matmul", "llvm"), ("conv", "llvm"), ("relu", "llvm"), ("conv_n
 # Knob values the template tests start from (the rest take each knob's first choice).
 NCHWC_DEFAULTS = {"tile_oh": 1, "tile_oc": 1, "tile_ic": 4, "order": 0, "unroll_kw": 1, "parallel_depth": 2,
                   "pad_inline": 0, "fuse_pixels": 1}
+# The dot-product instructions' tests run where the CPU has them.
+needs_bf16 = pytest.mark.skipif("avx512_bf16" not in host_cpu_info()["isa_flags"], reason="this CPU has no AVX512_BF16")
+needs_vnni = pytest.mark.skipif("avx512_vnni" not in host_cpu_info()["isa_flags"], reason="this CPU has no AVX512_VNNI")
+DOT_DEFAULTS = {"tile_oh": 1, "tile_oc": 1, "tile_ic": 1, "order": 0, "unroll_kw": 1, "parallel_depth": 2,
+                "fuse_pixels": 1}
 DENSE_DEFAULTS = {"unroll_k": 4, "order": 0, "parallel_depth": 1, "pack_b": 0}  # tile_n: its first, one vector
 
 

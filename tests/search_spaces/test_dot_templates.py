@@ -6,15 +6,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 import tvm
-from conftest import space, target, task
+from conftest import DOT_DEFAULTS, named_point, needs_bf16, needs_vnni, space, target, task
 
 import search_spaces
 from search_spaces.templates.intrin_x86 import BF16_DOT_16x2_INTRIN, register_intrinsics, target_has_bf16_dot
 from search_spaces.verify import arg_specs, check_point, reference
-from tuner.device import host_cpu_info
-
-needs_bf16 = pytest.mark.skipif("avx512_bf16" not in host_cpu_info()["isa_flags"],
-                                reason="this CPU has no AVX512_BF16")  # fmt: skip
 
 
 def _asm(lib) -> str:
@@ -78,7 +74,6 @@ def test_sampled_points_use_vdpbf16ps_and_match_the_reference():
     assert "vdpbf16ps" in _asm(tvm.compile(sp.apply(point).mod, target=target("llvm")))
 
 
-needs_vnni = pytest.mark.skipif("avx512_vnni" not in host_cpu_info()["isa_flags"], reason="this CPU has no AVX512_VNNI")
 
 
 @needs_vnni
@@ -89,27 +84,71 @@ def test_int8_templates_use_vpdpbusd_and_compute_exactly(kind, task_name):
     """uint8 x int8 sums are exact: a candidate matches the unscheduled task bit for bit, on
     full-range inputs (not tuner.measure's 0/1 integers, under which a kernel that dropped
     part of the reduction could still pass)."""
-    mod, tgt = task(task_name), target("llvm")
+    mod = task(task_name)
     rng = np.random.default_rng(7)
+    inputs = _full_range_inputs(mod, rng)
+    want = _run(mod, inputs)
+    assert np.count_nonzero(want), "the reference output is all zeros: the check would prove nothing"
+    sp = space(kind, task_name, "llvm")
+    for _ in range(3):
+        point = sp.sample(rng)
+        np.testing.assert_array_equal(_run(sp.apply(point).mod, inputs), want, err_msg=str(sp.values(point)))
+    assert "vpdpbusd" in _asm(tvm.compile(sp.apply(point).mod, target=target("llvm")))
+
+
+def _full_range_inputs(mod: tvm.IRModule, rng: np.random.Generator) -> list[np.ndarray]:
     inputs = []
     for a in arg_specs(mod):
         lo, hi = {"uint8": (0, 256), "int8": (-128, 128), "int32": (-1000, 1000)}.get(a.dtype, (None, None))
         inputs.append(rng.integers(lo, hi, a.shape).astype(a.dtype) if lo is not None
                       else rng.uniform(-1, 1, a.shape).astype(a.dtype))  # fmt: skip
+    return inputs
 
-    def run(m) -> np.ndarray:
-        lib = tvm.compile(m, target=tgt)
-        arrays = [tvm.runtime.tensor(x) for x in inputs]
-        lib["main"](*arrays)
-        return arrays[-1].numpy()
 
-    want = run(mod)
-    assert np.count_nonzero(want), "the reference output is all zeros: the check would prove nothing"
-    sp = space(kind, task_name, "llvm")
-    for _ in range(3):
-        point = sp.sample(rng)
-        np.testing.assert_array_equal(run(sp.apply(point).mod), want, err_msg=str(sp.values(point)))
-    assert "vpdpbusd" in _asm(tvm.compile(sp.apply(point).mod, target=tgt))
+def _run(mod: tvm.IRModule, inputs: list[np.ndarray]) -> np.ndarray:
+    lib = tvm.compile(mod, target=target("llvm"))
+    arrays = [tvm.runtime.tensor(x) for x in inputs]
+    lib["main"](*arrays)
+    return arrays[-1].numpy()
+
+
+@pytest.mark.parametrize(("task_name", "values"), [
+    pytest.param("conv_nchwc_bf16", {"reg_n": 5}, marks=needs_bf16),  # 196 pixels: 39 tiles of 5, one of 1
+    # Relax's int64 task (search_spaces.lowering peels it): 16 tiles of 12 x 2 blocks, one of 4
+    pytest.param("conv_nchwc_bf16_relax", {"reg_n": 12, "tile_oc": 2}, marks=needs_bf16),
+    pytest.param("conv_nchwc_bf16_s2", {"reg_n": 4, "order": 2}, marks=needs_bf16),  # 7x7 output: 12 of 4, one of 1
+    pytest.param("conv_nchwc_bf16", {"reg_n": 7}, marks=needs_bf16),  # whole tiles across rows
+    pytest.param("conv_nchwc_u8", {"reg_n": 6, "tile_oc": 2}, marks=needs_vnni),  # padding its own pass
+    pytest.param("conv_nchwc_u8_residual", {"reg_n": 5, "order": 1, "unroll_kw": 3}, marks=needs_vnni),
+])  # fmt: skip
+def test_fused_pixel_tiles_on_the_instruction_compute_the_reference(task_name, values):
+    """A pixel tile along the fused (oh, ow) axis, with a shorter last tile or without, still
+    runs on the instruction and computes what the operator computes: int8 bit for bit on
+    full-range inputs, bf16 within the float32 tolerance of the same bf16 inputs."""
+    sp = space("x86-conv2d-nchwc-dot", task_name, "llvm")
+    point = named_point(sp, DOT_DEFAULTS, **values)
+    assert sp.static_violation(point) is None, sp.values(point)
+    mod = sp.apply(point).mod
+    if "u8" in task_name:
+        inputs = _full_range_inputs(task(task_name), np.random.default_rng(3))
+        np.testing.assert_array_equal(_run(mod, inputs), _run(task(task_name), inputs))
+    else:
+        check = check_point(sp, point, reference(task(task_name), target("llvm")))
+        assert check.error is None and check.elementwise_ok, (check.error, check.detail)
+    assert ("vpdpbusd" if "u8" in task_name else "vdpbf16ps") in _asm(tvm.compile(mod, target=target("llvm")))
+
+
+def test_partial_pixel_tiles_need_a_serial_pixel_loop():
+    sp = space("x86-conv2d-nchwc-dot", "conv_nchwc_u8", "llvm")
+
+    def why(**values) -> str | None:
+        return sp.static_violation(named_point(sp, DOT_DEFAULTS, **values))
+
+    assert why(reg_n=5) is None
+    assert "serial" in why(reg_n=5, parallel_depth=3)
+    assert why(reg_n=7, parallel_depth=3) is None
+    assert "does not divide the row" in why(reg_n=5, fuse_pixels=0)
+    assert "register" in why(reg_n=13, tile_oc=2)
 
 
 def test_a_block_that_feeds_the_operator_is_not_inlined_into_it():

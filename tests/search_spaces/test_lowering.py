@@ -6,7 +6,7 @@ import re
 
 import pytest
 import tvm
-from conftest import DENSE_DEFAULTS, NCHWC_DEFAULTS, named_point, space, target, task
+from conftest import DENSE_DEFAULTS, DOT_DEFAULTS, NCHWC_DEFAULTS, named_point, needs_bf16, space, target, task
 
 from search_spaces import Point, lowering
 
@@ -59,10 +59,12 @@ def _dense_point(sp, tile_m: int) -> Point:
 
 
 # (template, task, point, whole tiles): 196 pixels in tiles of 5 (39 and one of 1); 46 rows in
-# tiles of 6 (7 and one of 4).
+# tiles of 6 (7 and one of 4); the bf16 conv on vdpbf16ps, 196 pixels in tiles of 5.
 PEELED = [("x86-conv2d-nchwc", "conv_nchwc", lambda sp: _fused_point(sp, 5), 39),
           ("x86-conv2d-nchwc", "conv_nchwc_relax", lambda sp: _fused_point(sp, 5), 39),
-          ("x86-dense", "dense_relax", lambda sp: _dense_point(sp, 6), 7)]
+          ("x86-dense", "dense_relax", lambda sp: _dense_point(sp, 6), 7),
+          pytest.param("x86-conv2d-nchwc-dot", "conv_nchwc_bf16_relax",
+                       lambda sp: named_point(sp, DOT_DEFAULTS, reg_n=5), 39, marks=needs_bf16)]
 
 
 @pytest.mark.parametrize(("kind", "task_name", "point", "tiles"), PEELED)
