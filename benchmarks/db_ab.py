@@ -5,8 +5,10 @@ and on this shared machine the same database has measured 1.06x and 1.17x OpenVI
 two runs. Here the second database's build is one more entry of the same rounds (a peer that
 runs a TVM build), so the two builds and the peers see the same machine. The default peers
 are ONNX Runtime and OpenVINO asked for f32 (``openvino-f32``; plain ``openvino`` runs its
-default, bf16 on CPUs with AVX512_BF16, and its row says so). Writes
-benchmarks/results/db_ab.json (``--out``).
+default, bf16 on CPUs with AVX512_BF16, and its row says so). With ``--precision bf16`` or
+``int8`` both builds are that precision (fp32 models only: int8 wants its QDQ file, see
+precision_vs_peers.py) and the peers should run at it too (``--peers openvino torch-bf16``
+for bf16). Writes benchmarks/results/db_ab.json (``--out``).
 
     .venv/bin/python benchmarks/db_ab.py --db warm.db --db-b cold.db --label-b "cold-tuned" --model resnet50
 """
@@ -26,10 +28,12 @@ from tuner.db import TuningDatabase
 from tuner.device import parse_device
 from tuner.frontends import load_model
 from tuner.peers._base import Peer, PeerModel
+from tuner.precision import check_device
 
 console = Console()
 RESULTS = Path(__file__).parent / "results" / "db_ab.json"
 sys.path.insert(0, str(Path(__file__).parent))
+from precision_vs_peers import TorchBf16Peer  # noqa: E402
 from result_file import write_result  # noqa: E402
 
 
@@ -40,13 +44,15 @@ class OtherDatabase(Peer):
     module = "tvm"
     install = "pip install -e ."
 
-    def __init__(self, spec, device, db: TuningDatabase, label: str) -> None:
+    def __init__(self, spec, device, db: TuningDatabase, label: str, precision: str = "fp32") -> None:
         super().__init__()
         self._spec, self._device, self._db, self.label = spec, device, db, label
+        self._precision = precision
+        self.precision = "f32" if precision == "fp32" else precision
 
     def prepare(self, model: PeerModel, threads: int) -> None:
-        compiled = compile_model(self._spec, self._device, self._db)
-        self._runner = TvmRunner(compiled, self._device, self.label)
+        compiled = compile_model(self._spec, self._device, self._db, precision=self._precision)
+        self._runner = TvmRunner(compiled, self._device, self.label, self.precision)
 
     def run(self, inputs):
         return self._runner.run(inputs)
@@ -60,17 +66,22 @@ def main() -> None:
     p.add_argument("--model", default="resnet50")
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--peers", nargs="+", default=["onnxruntime", "openvino-f32"])
+    p.add_argument("--precision", choices=["fp32", "bf16", "int8"], default="fp32",
+                   help="both builds' precision (their accuracy is precision_vs_peers.py's business)")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     device = parse_device("cpu")
+    check_device(args.precision, device)
     spec = load_model(args.model)
-    other = OtherDatabase(spec, device, TuningDatabase(args.db_b), args.label_b)
-    config = BenchConfig(rounds=args.rounds, peers=(*args.peers, other), fallback=False)
+    other = OtherDatabase(spec, device, TuningDatabase(args.db_b), args.label_b, args.precision)
+    peers = [TorchBf16Peer() if name == "torch-bf16" else name for name in args.peers]
+    config = BenchConfig(rounds=args.rounds, peers=(*peers, other), fallback=False, precision=args.precision,
+                         accuracy_inputs=0)
     load_before = os.getloadavg()
     result = bench(spec, device, TuningDatabase(args.db), source=args.model, config=config)
     console.print(render(result))
     write_result(args.out, "db_ab", {
-        "db_a": args.db, "db_b": args.db_b, "label_b": args.label_b,
+        "db_a": args.db, "db_b": args.db_b, "label_b": args.label_b, "precision": args.precision,
         "load_before": load_before, "load_after": os.getloadavg(), "result": result.to_json(),
     })  # fmt: skip
     console.print(f"wrote {args.out}")

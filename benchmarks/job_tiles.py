@@ -1,5 +1,5 @@
-"""What a job's conv tasks would cost with each kind of ``x86-conv2d-nchwc`` pixel tile, from
-the job's own timings.
+"""What a job's conv tasks would cost with each kind of pixel tile of ``x86-conv2d-nchwc`` (or,
+in a bf16 or int8 job, ``x86-conv2d-nchwc-dot``), from the job's own timings.
 
 For every NCHW[x]c conv task of the job, the best timed record of each kind (row tiles,
 fused tiles that divide the pixel count, fused tiles with a partial last tile, and any other
@@ -22,16 +22,17 @@ from sqlalchemy import create_engine, text
 
 RESULTS = Path(__file__).parent / "results" / "job_tiles.json"
 KINDS = ("rows", "fused", "partial", "other")
-# Where reg_n, fuse_pixels, out_h and out_w sit in an x86-conv2d-nchwc point's decisions (the
-# order of the template's knobs; records store decisions only).
-_TILE_KNOBS = (0, 9, 10, 11)
+# Where reg_n, fuse_pixels, out_h and out_w sit in each template's point decisions (the order
+# of the template's knobs; records store decisions only).
+_TILE_KNOBS = {"x86-conv2d-nchwc": (0, 9, 10, 11), "x86-conv2d-nchwc-dot": (0, 7, 8, 9)}
 
 
 def tile_kind(point: dict) -> str:
     """A record's kind of pixel tile (``other`` for another space)."""
-    if point.get("kind") != "x86-conv2d-nchwc":
+    positions = _TILE_KNOBS.get(point.get("kind", ""))
+    if positions is None:
         return "other"
-    reg_n, fuse, out_h, out_w = (point["decisions"][i] for i in _TILE_KNOBS)
+    reg_n, fuse, out_h, out_w = (point["decisions"][i] for i in positions)
     if not fuse:
         return "rows"
     return "partial" if (out_h * out_w) % reg_n else "fused"
@@ -44,7 +45,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     start = next(json.loads(line) for line in args.log.open() if '"job_start"' in line)
-    calls = {t["name"]: t["weight"] for t in start["tasks"] if "NCHWc" in t["name"]}
+    calls = {t["name"]: t["weight"] for t in start["tasks"] if "conv2d_NCHWc" in t["name"]}
     url = args.db if "://" in args.db else f"sqlite:///{args.db}"
     with create_engine(url).connect() as conn:
         rows = conn.execute(text(

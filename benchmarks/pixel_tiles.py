@@ -16,9 +16,12 @@ before each run, as ``tune`` times by default and as a model's layers run: ResNe
 weights do not fit in cache). Fused tiles that do not divide the pixel count have their
 last tile peeled (:mod:`search_spaces.lowering`); with ``--unpeeled`` those points are also
 built by TVM's own pipeline, which leaves a bounds check in every tile of these int64 tasks,
-and timed in the same rounds. Writes benchmarks/results/pixel_tiles.json.
+and timed in the same rounds. With ``--precision bf16`` the tasks are those of ``tune
+--precision bf16``, the template ``x86-conv2d-nchwc-dot`` (vdpbf16ps), and PyTorch's conv
+runs in bf16. Writes benchmarks/results/pixel_tiles.json.
 
     .venv/bin/python benchmarks/pixel_tiles.py --rounds 3
+    .venv/bin/python benchmarks/pixel_tiles.py --rounds 3 --precision bf16 --unpeeled
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from search_spaces import Point, lowering
 from search_spaces.verify import arg_specs, reference
 from tuner.frontends import load_model
 from tuner.layout import vector_lanes
+from tuner.precision import check_device
 from tuner.tasks import Task, extract_tasks
 
 logger = logging.getLogger("pixel_tiles")
@@ -58,33 +62,45 @@ SHAPES = {
 
 
 def find_task(tasks: list[Task], shape: tuple[int, int, int, int, int], block: int) -> Task:
-    """ResNet-50's conv task of ``shape`` (the first, where several differ in epilogue)."""
-    c, hw, o, k, out = shape
-    want = ([1, c // block, hw, hw, block], [o // block, c // block, k, k, block, block])
+    """ResNet-50's conv task of ``shape`` (the first, where several differ in epilogue), by its
+    weight's (out, in) blocks and window and its output size, in fp32 or on the dot-product
+    instruction (bf16 data comes padded, weights ``OIHW{i/n}i16o{n}i``)."""
+    c, _, o, k, out = shape
     for task in tasks:
         shapes = [list(a.shape) for a in arg_specs(task.mod)]
-        if "conv2d_NCHWc" in task.name and tuple(shapes[:2]) == want and shapes[-1][2] == out:
+        if ("conv2d_NCHWc" in task.name and shapes[1][:4] == [o // block, c // block, k, k]
+                and shapes[0][1] == c // block and shapes[-1][1:3] == [o // block, out]):
             return task
     raise LookupError(f"no conv task of shape {shape}")
 
 
 def torch_call(task: Task, shape: tuple[int, int, int, int, int], inputs: list[np.ndarray]):
-    """PyTorch's conv + bias (+ residual) (+ relu) of ``task`` on the same numbers, in NCHW."""
+    """PyTorch's conv + bias (+ residual) (+ relu) of ``task`` on the same numbers, in NCHW;
+    in bf16 (oneDNN's bf16 kernels) where the task's data is bf16."""
     import torch
 
     c, hw, o, k, out = shape
+    bf16 = str(inputs[0].dtype) == "bfloat16"
+    dtype = torch.bfloat16 if bf16 else torch.float32
+
+    def tensor(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a.astype(np.float32))).to(dtype)
 
     def nchw(a: np.ndarray) -> torch.Tensor:  # NCHW[x]c -> NCHW
-        return torch.from_numpy(np.ascontiguousarray(a.transpose(0, 1, 4, 2, 3).reshape(1, -1, *a.shape[2:4])))
+        return tensor(a.transpose(0, 1, 4, 2, 3).reshape(1, -1, *a.shape[2:4]))
 
     x = nchw(inputs[0])
-    w = torch.from_numpy(np.ascontiguousarray(inputs[1].transpose(0, 5, 1, 4, 2, 3).reshape(o, c, k, k)))
-    bias = torch.from_numpy(np.ascontiguousarray(inputs[2].reshape(o)))
+    weight = inputs[1]
+    # OIHW{i}i{o}o, or on the instruction OIHW{i/n}i16o{n}i: to OIHW.
+    axes = (0, 5, 1, 4, 6, 2, 3) if weight.ndim == 7 else (0, 5, 1, 4, 2, 3)
+    w = tensor(weight.transpose(axes).reshape(o, c, k, k))
+    bias = tensor(inputs[2].reshape(o))
     residual = [nchw(a) for a in inputs[3:-1]]
+    padding = (k - 1) // 2 if x.shape[2] == hw else 0  # bf16 data comes padded
     f = torch.nn.functional
 
     def call() -> torch.Tensor:
-        y = f.conv2d(x, w, bias, stride=hw // out, padding=(k - 1) // 2)
+        y = f.conv2d(x, w, bias, stride=hw // out, padding=padding)
         for r in residual:
             y = y + r
         return f.relu(y) if "relu" in task.name else y
@@ -92,19 +108,28 @@ def torch_call(task: Task, shape: tuple[int, int, int, int, int], inputs: list[n
     return call
 
 
-def grid(space: search_spaces.SearchSpace, unpeeled: bool = False) -> dict[int, list[Point]]:
-    """The benchmark's points of ``space`` by kind (:data:`KINDS`): row tiles, fused tiles,
-    and with ``unpeeled`` the fused tiles with a partial last tile again (built unpeeled)."""
+def grid(space: search_spaces.SearchSpace, unpeeled: bool = False, max_fused: int | None = None,
+         ) -> dict[int, list[Point]]:  # fmt: skip
+    """The benchmark's points of ``space`` by kind (:data:`KINDS`): row tiles, fused tiles
+    (``max_fused`` of them drawn at random, seeded, where there are more; row tiles all), and
+    with ``unpeeled`` the fused tiles with a partial last tile again (built unpeeled)."""
     knobs = space.knobs(0)
     names = [k.name for k in knobs]
+    whole_ic = max(next(k for k in knobs if k.name == "tile_ic").choices)
     out: dict[int, list[Point]] = {0: [], 1: [], 2: []}
     for point in space.enumerate():
         v = dict(zip(names, point.decisions, strict=True))
-        if v["tile_ic"] != v["oc_block"] or v["pad_inline"] or v["parallel_depth"] != 2 or v["order"] == 2:
+        if v["tile_ic"] != whole_ic or v.get("pad_inline") or v["parallel_depth"] != 2 or v["order"] == 2:
             continue
         out[v["fuse_pixels"]].append(point)
-        if unpeeled and v["fuse_pixels"] and v["out_h"] * v["out_w"] % v["reg_n"]:
-            out[2].append(point)
+    if max_fused is not None and len(out[1]) > max_fused:
+        drawn = np.random.default_rng(0).choice(len(out[1]), max_fused, replace=False)
+        out[1] = [out[1][i] for i in sorted(drawn)]
+    if unpeeled:
+        for point in out[1]:
+            v = dict(zip(names, point.decisions, strict=True))
+            if v["out_h"] * v["out_w"] % v["reg_n"]:
+                out[2].append(point)
     return {kind: points for kind, points in out.items() if points}
 
 
@@ -113,6 +138,11 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                        help="bf16: the convs as tune --precision bf16 extracts them, on vdpbf16ps "
+                             "(x86-conv2d-nchwc-dot), PyTorch's conv in bf16 beside them")
+    parser.add_argument("--max-fused", type=int, default=None,
+                        help="time at most this many fused points per shape, drawn at random (default: all)")
     parser.add_argument("--unpeeled", action="store_true",
                         help="also time the fused tiles with a partial last tile as TVM's own pipeline builds them")
     args = parser.parse_args()
@@ -121,23 +151,27 @@ def main() -> None:
 
     device, threads = cpu_threads()
     target = device.target
-    block = vector_lanes(target)
+    check_device(args.precision, device)
+    block = 16 if args.precision == "bf16" else vector_lanes(target)
+    kind = "x86-conv2d-nchwc-dot" if args.precision == "bf16" else "x86-conv2d-nchwc"
     report: dict = {
         "benchmark": "pixel_tiles", "date": time.strftime("%Y-%m-%d"), "device": device.description,
         "target": device.target_config, "threads": threads, "block": block, "rounds": args.rounds,
-        "tvm": tvm.__version__, "torch": torch.__version__, "shapes": [],
+        "tvm": tvm.__version__, "torch": torch.__version__, "precision": args.precision, "template": kind,
+        "shapes": [],
         "command": f"pixel_tiles.py --shapes {' '.join(args.shapes)} --rounds {args.rounds}"
-                   + (" --unpeeled" if args.unpeeled else ""),
+                   + (" --unpeeled" if args.unpeeled else "") + f" --precision {args.precision}"
+                   + (f" --max-fused {args.max_fused}" if args.max_fused else ""),
     }
     dev = tvm.cpu(0)
-    tasks = extract_tasks(load_model("resnet50").bound(), target)
+    tasks = extract_tasks(load_model("resnet50").bound(), target, precision=args.precision)
     for name in args.shapes:
         task = find_task(tasks, SHAPES[name], block)
         ref = reference(task.mod, target)
-        space = search_spaces.create(task.mod, target, kind="x86-conv2d-nchwc")
+        space = search_spaces.create(task.mod, target, kind=kind)
         timers: list[tuple[int, Point, dict[str, object], list]] = []
         failed = 0
-        for fused, points in grid(space, args.unpeeled).items():
+        for fused, points in grid(space, args.unpeeled, args.max_fused).items():
             for point in points:
                 with lowering.tvm_pipeline() if fused == 2 else contextlib.nullcontext():
                     built = build_checked(space.apply(point).mod, target, ref, dev)
@@ -151,8 +185,10 @@ def main() -> None:
                                                f_preproc="cache_flush_cpu_non_first_arg"),
                 }, arrays))
         peer = torch_call(task, SHAPES[name], ref.inputs)
-        want = ref.outputs[-1].transpose(0, 1, 4, 2, 3).reshape(tuple(peer().shape))
-        if not np.allclose(peer().numpy(), want, rtol=1e-3, atol=1e-3):
+        want = ref.outputs[-1].astype(np.float32).transpose(0, 1, 4, 2, 3).reshape(tuple(peer().shape))
+        # bf16: PyTorch rounds the conv's output to bf16 (8 bits of mantissa) before the epilogue.
+        tol = 3e-2 if args.precision == "bf16" else 1e-3
+        if not np.allclose(peer().float().numpy(), want, rtol=tol, atol=tol * np.abs(want).max()):
             raise RuntimeError(f"{task.name}: PyTorch's output differs from TVM's reference")
         secs: dict[str, list[list[float]]] = {mode: [[] for _ in timers] for mode in MODES}
         torch_sec: list[float] = []

@@ -12,7 +12,9 @@ instruction: for each group of reduction elements, the group of A is broadcast (
 lane) and multiplied with 16 column groups of W (one 512-bit load), each of the 16 sums of
 a tile's register adding 2 (``vdpbf16ps``, tensor intrinsic ``dot_16x2_bf16_avx512_local``)
 or 4 (``vpdpbusd``, ``dot_16x4_vnni_local``) products. The register tile is ``tile_m`` rows
-x ``tile_n`` columns.
+x ``tile_n`` columns. As in ``x86-dense``, ``tile_m`` need not divide the rows: oneDNN's
+AVX-512 kernels are 6 rows x 4 vectors (24 accumulators), and BERT's 128 tokens are 21 tiles
+of 6 and one of 2, peeled (:mod:`search_spaces.lowering`) from a serial row-tile loop.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from tvm.s_tir import Schedule
 
 from search_spaces.constraints import Limits
 from search_spaces.knobs import Knob, divisors
+from search_spaces.lowering import HINT
 from search_spaces.templates import Template, register_template
 from search_spaces.templates.blocks import (
     accumulate_locally,
@@ -92,7 +95,7 @@ def _knobs(dot: _Dot, mod: tvm.IRModule, target: tvm.target.Target, limits: Limi
     if n % _LANES:
         return None
     return (
-        Knob("tile_m", "choice", tuple(d for d in divisors(m) if d <= _ACC_REGISTERS)),
+        Knob("tile_m", "choice", tuple(range(1, min(m, _ACC_REGISTERS) + 1))),
         Knob("tile_n", "choice", tuple(_LANES * r for r in (1, 2, 3, 4) if n % (_LANES * r) == 0)),
         # Column tiles per panel of W kept in cache, in vectors (a divisor of n / 16).
         Knob("panel", "choice", tuple(d for d in divisors(n // _LANES) if d <= 16)),
@@ -101,6 +104,8 @@ def _knobs(dot: _Dot, mod: tvm.IRModule, target: tvm.target.Target, limits: Limi
         # 0: panels outermost; 1: row tiles outermost.
         Knob("order", "choice", (0, 1)),
         Knob("parallel_depth", "choice", (1, 2)),
+        # Fixed by the task; a knob so the constraint can read it.
+        Knob("rows", "choice", (m,)),
     )
 
 
@@ -112,6 +117,8 @@ def _constraint(values: dict[str, Any], limits: Limits) -> str | None:
         return f"register tile of {regs} vector registers, fewer than {_MIN_ACC_REGISTERS}"
     if (values["panel"] * _LANES) % values["tile_n"]:
         return "a panel is not a whole number of column tiles"
+    if values["rows"] % values["tile_m"] and (values["order"], values["parallel_depth"]) != (0, 1):
+        return "a partial last row tile needs the row-tile loop serial (order 0, parallel_depth 1) to be peeled"
     if regs * values["unroll_k"] > _MAX_UNROLLED_DOTS:
         return f"unrolled body of {regs * values['unroll_k']} dot products, more than {_MAX_UNROLLED_DOTS}"
     return None
@@ -140,7 +147,14 @@ def _schedule(dot: _Dot, sch: Schedule, values: dict[str, Any], limits: Limits) 
     sch.reverse_compute_at(store, outer[-1])
     sch.parallel(sch.fuse(*batch, *outer[:values["parallel_depth"]]))
     init = sch.decompose_reduction(block, k_o)
-    sch.tensorize(j_i, dot.instruction.intrin)
+    if values["rows"] % values["tile_m"]:
+        sch.annotate(i_o, HINT, 1)  # the shorter last row tile is peeled (see the module's docstring)
+        # Tensorize matches the block's predicate too, and the partial tile's bounds check
+        # is one: blockize moves it to an outer block, the instruction goes inside.
+        sch.blockize(j_i)
+        sch.tensorize(sch.get_loops(block)[-2], dot.instruction.intrin)
+    else:
+        sch.tensorize(j_i, dot.instruction.intrin)
     sch.unroll(k_i)
     sch.unroll(i_i)
     sch.unroll(j_v)

@@ -90,10 +90,12 @@ def conv_nchwc_relax(precision: str = "fp32") -> tvm.IRModule:
                                                                    _const(1, 32, 1, 1))), "conv2d_NCHWc", precision)
 
 
-def dense_relax() -> tvm.IRModule:
-    """A dense layer + bias + relu as ``tune`` extracts it (the weight packed): 46 rows, 64 -> 64."""
+def dense_relax(precision: str = "fp32") -> tvm.IRModule:
+    """A dense layer + bias + relu as ``tune`` extracts it (the weight packed): 46 rows, 64 -> 64;
+    in bf16, on the dot-product instruction."""
     op = tvm.relax.op
-    return _extracted((1, 46, 64), lambda x: op.nn.relu(op.add(op.matmul(x, _const(64, 64)), _const(64))), "matmul")
+    return _extracted((1, 46, 64), lambda x: op.nn.relu(op.add(op.matmul(x, _const(64, 64)), _const(64))), "matmul",
+                      precision)
 
 
 def conv_nchwc_first() -> tvm.IRModule:
@@ -231,7 +233,7 @@ TASKS: dict[str, Callable[[], tvm.IRModule]] = {
     "matmul": matmul, "conv": conv_bias_relu, "relu": relu, "conv_nchwc": conv_nchwc,
     "conv_nchwc_first": conv_nchwc_first, "conv_nchwc_bare": conv_nchwc_bare, "dense": dense,
     "conv_nchwc_relax": conv_nchwc_relax, "dense_relax": dense_relax,
-    "conv_nchwc_bf16_relax": lambda: conv_nchwc_relax("bf16"),
+    "conv_nchwc_bf16_relax": lambda: conv_nchwc_relax("bf16"), "dense_bf16_relax": lambda: dense_relax("bf16"),
     "dense_packed": dense_packed,
     "batch_matmul": batch_matmul, "depthwise": depthwise, "depthwise_s2": lambda: depthwise(2),
     "dense_bf16": dense_bf16, "depthwise_nchwc": depthwise_nchwc, "depthwise_nchwc_s2": lambda: depthwise_nchwc(2),
@@ -268,6 +270,7 @@ needs_bf16 = pytest.mark.skipif("avx512_bf16" not in host_cpu_info()["isa_flags"
 needs_vnni = pytest.mark.skipif("avx512_vnni" not in host_cpu_info()["isa_flags"], reason="this CPU has no AVX512_VNNI")
 DOT_DEFAULTS = {"tile_oh": 1, "tile_oc": 1, "tile_ic": 1, "order": 0, "unroll_kw": 1, "parallel_depth": 2,
                 "fuse_pixels": 1}
+DENSE_DOT_DEFAULTS = {"tile_n": 16, "panel": 1, "unroll_k": 1, "order": 0, "parallel_depth": 1}
 DENSE_DEFAULTS = {"unroll_k": 4, "order": 0, "parallel_depth": 1, "pack_b": 0}  # tile_n: its first, one vector
 
 

@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import tvm
-from conftest import DOT_DEFAULTS, named_point, needs_bf16, needs_vnni, space, target, task
+from conftest import DENSE_DOT_DEFAULTS, DOT_DEFAULTS, named_point, needs_bf16, needs_vnni, space, target, task
 
 import search_spaces
 from search_spaces.templates.intrin_x86 import BF16_DOT_16x2_INTRIN, register_intrinsics, target_has_bf16_dot
@@ -112,6 +112,45 @@ def _run(mod: tvm.IRModule, inputs: list[np.ndarray]) -> np.ndarray:
     return arrays[-1].numpy()
 
 
+@pytest.mark.parametrize(("kind", "task_name", "values"), [
+    pytest.param("x86-dense-bf16", "dense_bf16", {"tile_m": 6}, marks=needs_bf16),  # 32 rows: 5 of 6, one of 2
+    pytest.param("x86-dense-bf16", "dense_bf16_relax", {"tile_m": 12, "unroll_k": 4}, marks=needs_bf16),  # int64
+    pytest.param("x86-dense-vnni", "dense_u8s8", {"tile_m": 5, "tile_n": 48, "panel": 3}, marks=needs_vnni),
+])  # fmt: skip
+def test_partial_row_tiles_on_the_instruction_compute_the_reference(kind, task_name, values):
+    """A row tile that does not divide the rows runs on the instruction and computes what the
+    matmul computes (int8 bit for bit on full-range inputs)."""
+    _check_on_instruction(kind, task_name, named_point(space(kind, task_name, "llvm"), DENSE_DOT_DEFAULTS, **values))
+
+
+def test_partial_row_tiles_on_the_instruction_need_a_serial_row_loop():
+    sp = space("x86-dense-vnni", "dense_u8s8", "llvm")
+
+    def why(**values) -> str | None:
+        return sp.static_violation(named_point(sp, DENSE_DOT_DEFAULTS, **values))
+
+    assert why(tile_m=6) is None
+    assert "serial" in why(tile_m=6, order=1)
+    assert "serial" in why(tile_m=6, parallel_depth=2)
+    assert why(tile_m=8, order=1, parallel_depth=2) is None
+
+
+def _check_on_instruction(kind: str, task_name: str, point) -> None:
+    """``point`` of ``kind`` on ``task_name`` is valid, computes the reference (int8 exactly,
+    bf16 within the float32 tolerance of the same bf16 inputs) and runs on the instruction."""
+    sp = space(kind, task_name, "llvm")
+    assert sp.static_violation(point) is None, sp.values(point)
+    mod = sp.apply(point).mod
+    int8 = "u8" in task_name
+    if int8:
+        inputs = _full_range_inputs(task(task_name), np.random.default_rng(3))
+        np.testing.assert_array_equal(_run(mod, inputs), _run(task(task_name), inputs))
+    else:
+        check = check_point(sp, point, reference(task(task_name), target("llvm")))
+        assert check.error is None and check.elementwise_ok, (check.error, check.detail)
+    assert ("vpdpbusd" if int8 else "vdpbf16ps") in _asm(tvm.compile(mod, target=target("llvm")))
+
+
 @pytest.mark.parametrize(("task_name", "values"), [
     pytest.param("conv_nchwc_bf16", {"reg_n": 5}, marks=needs_bf16),  # 196 pixels: 39 tiles of 5, one of 1
     # Relax's int64 task (search_spaces.lowering peels it): 16 tiles of 12 x 2 blocks, one of 4
@@ -126,16 +165,7 @@ def test_fused_pixel_tiles_on_the_instruction_compute_the_reference(task_name, v
     runs on the instruction and computes what the operator computes: int8 bit for bit on
     full-range inputs, bf16 within the float32 tolerance of the same bf16 inputs."""
     sp = space("x86-conv2d-nchwc-dot", task_name, "llvm")
-    point = named_point(sp, DOT_DEFAULTS, **values)
-    assert sp.static_violation(point) is None, sp.values(point)
-    mod = sp.apply(point).mod
-    if "u8" in task_name:
-        inputs = _full_range_inputs(task(task_name), np.random.default_rng(3))
-        np.testing.assert_array_equal(_run(mod, inputs), _run(task(task_name), inputs))
-    else:
-        check = check_point(sp, point, reference(task(task_name), target("llvm")))
-        assert check.error is None and check.elementwise_ok, (check.error, check.detail)
-    assert ("vpdpbusd" if "u8" in task_name else "vdpbf16ps") in _asm(tvm.compile(mod, target=target("llvm")))
+    _check_on_instruction("x86-conv2d-nchwc-dot", task_name, named_point(sp, DOT_DEFAULTS, **values))
 
 
 def test_partial_pixel_tiles_need_a_serial_pixel_loop():

@@ -6,7 +6,17 @@ import re
 
 import pytest
 import tvm
-from conftest import DENSE_DEFAULTS, DOT_DEFAULTS, NCHWC_DEFAULTS, named_point, needs_bf16, space, target, task
+from conftest import (
+    DENSE_DEFAULTS,
+    DENSE_DOT_DEFAULTS,
+    DOT_DEFAULTS,
+    NCHWC_DEFAULTS,
+    named_point,
+    needs_bf16,
+    space,
+    target,
+    task,
+)
 
 from search_spaces import Point, lowering
 
@@ -59,12 +69,14 @@ def _dense_point(sp, tile_m: int) -> Point:
 
 
 # (template, task, point, whole tiles): 196 pixels in tiles of 5 (39 and one of 1); 46 rows in
-# tiles of 6 (7 and one of 4); the bf16 conv on vdpbf16ps, 196 pixels in tiles of 5.
+# tiles of 6 (7 and one of 4); the same on vdpbf16ps.
 PEELED = [("x86-conv2d-nchwc", "conv_nchwc", lambda sp: _fused_point(sp, 5), 39),
           ("x86-conv2d-nchwc", "conv_nchwc_relax", lambda sp: _fused_point(sp, 5), 39),
           ("x86-dense", "dense_relax", lambda sp: _dense_point(sp, 6), 7),
           pytest.param("x86-conv2d-nchwc-dot", "conv_nchwc_bf16_relax",
-                       lambda sp: named_point(sp, DOT_DEFAULTS, reg_n=5), 39, marks=needs_bf16)]
+                       lambda sp: named_point(sp, DOT_DEFAULTS, reg_n=5), 39, marks=needs_bf16),
+          pytest.param("x86-dense-bf16", "dense_bf16_relax",
+                       lambda sp: named_point(sp, DENSE_DOT_DEFAULTS, tile_m=6), 7, marks=needs_bf16)]
 
 
 @pytest.mark.parametrize(("kind", "task_name", "point", "tiles"), PEELED)
