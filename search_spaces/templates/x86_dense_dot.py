@@ -14,7 +14,9 @@ a tile's register adding 2 (``vdpbf16ps``, tensor intrinsic ``dot_16x2_bf16_avx5
 or 4 (``vpdpbusd``, ``dot_16x4_vnni_local``) products. The register tile is ``tile_m`` rows
 x ``tile_n`` columns. As in ``x86-dense``, ``tile_m`` need not divide the rows: oneDNN's
 AVX-512 kernels are 6 rows x 4 vectors (24 accumulators), and BERT's 128 tokens are 21 tiles
-of 6 and one of 2, peeled (:mod:`search_spaces.lowering`) from a serial row-tile loop.
+of 6 and one of 2, peeled (:mod:`search_spaces.lowering`) from a serial row-tile loop (on a
+Zen 4 BERT-base's best partial tiles, 10 rows x 2 vectors or 5 x 4, took 0.91-0.98x the time
+of the best dividing ones per layer, but the model did not measurably change).
 """
 
 from __future__ import annotations
