@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import tvm
 from tvm.s_tir import Schedule
@@ -195,21 +195,9 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
         sch.compute_inline(sch.get_sblock(_PAD))
 
     conv, store = accumulate_locally(sch, conv_name, tail)
-    peel = None  # the pixel loop whose last tile is partial
-    if values["fuse_pixels"]:
-        _fuse_pixel_axis(sch, conv, store, values["out_w"])
-        n, oc_chunk, pix, oc_block, ic, kh, kw = sch.get_loops(conv)
-        oc_o, oc_t = sch.split(oc_chunk, [None, values["tile_oc"]])
-        pix_o, pix_i = sch.split(pix, [None, values["reg_n"]])
-        if values["out_h"] * values["out_w"] % values["reg_n"]:
-            peel = pix_o
-        outer_loops, tile_loops = [n, oc_o, pix_o], [pix_i]
-    else:
-        n, oc_chunk, oh, ow, oc_block, ic, kh, kw = sch.get_loops(conv)
-        oc_o, oc_t = sch.split(oc_chunk, [None, values["tile_oc"]])
-        oh_o, oh_i = sch.split(oh, [None, values["tile_oh"]])
-        ow_o, ow_i = sch.split(ow, [None, values["reg_n"]])
-        outer_loops, tile_loops = [n, oc_o, oh_o, ow_o], [oh_i, ow_i]
+    tiles = pixel_tiles(sch, conv, store, values)
+    outer_loops, tile_loops, oc_t, oc_block, peel = tiles.outer, tiles.tile, tiles.oc_t, tiles.oc_block, tiles.peel
+    ic, kh, kw = tiles.reduce
     ic_o, ic_i = sch.split(ic, [None, values["tile_ic"]])
     order = values["order"]
     if order == 0:
@@ -245,6 +233,38 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
         sch.parallel(sch.fuse(*pad_loops[:3]))
         sch.vectorize(pad_loops[-1])
     logger.debug("scheduled %s with %s", conv_name, values)
+
+
+class PixelTiles(NamedTuple):
+    """The conv's loops after :func:`pixel_tiles`."""
+
+    outer: list[Any]  # (n, oc tiles, pixel tiles): the loops outside the register tile
+    tile: list[Any]  # the tile's pixel loops: (oh_i, ow_i), or (pix_i) fused
+    oc_t: Any  # the tile's channel blocks
+    oc_block: Any  # the vector lanes
+    reduce: list[Any]  # the conv's reduce loops, as they were
+    peel: Any | None  # the pixel-tile loop whose last tile is partial
+
+
+def pixel_tiles(sch: Schedule, conv: Any, store: Any, values: dict[str, Any]) -> PixelTiles:
+    """Split the conv's (and its store's) pixels into register tiles: a ``tile_oh x reg_n``
+    rectangle, or with ``fuse_pixels`` ``reg_n`` pixels of the fused (oh, ow) axis; and its
+    output channel blocks into tiles of ``tile_oc``. The conv's iters are (n, c, h, w, b)
+    and its reduce iters, however many."""
+    peel = None
+    if values["fuse_pixels"]:
+        _fuse_pixel_axis(sch, conv, store, values["out_w"])
+        n, oc_chunk, pix, oc_block, *reduce = sch.get_loops(conv)
+        oc_o, oc_t = sch.split(oc_chunk, [None, values["tile_oc"]])
+        pix_o, pix_i = sch.split(pix, [None, values["reg_n"]])
+        if values["out_h"] * values["out_w"] % values["reg_n"]:
+            peel = pix_o
+        return PixelTiles([n, oc_o, pix_o], [pix_i], oc_t, oc_block, reduce, peel)
+    n, oc_chunk, oh, ow, oc_block, *reduce = sch.get_loops(conv)
+    oc_o, oc_t = sch.split(oc_chunk, [None, values["tile_oc"]])
+    oh_o, oh_i = sch.split(oh, [None, values["tile_oh"]])
+    ow_o, ow_i = sch.split(ow, [None, values["reg_n"]])
+    return PixelTiles([n, oc_o, oh_o, ow_o], [oh_i, ow_i], oc_t, oc_block, reduce, peel)
 
 
 def _fuse_pixel_axis(sch: Schedule, conv: Any, store: Any, ow: int) -> None:

@@ -51,9 +51,9 @@ from search_spaces.templates.x86_conv2d_nchwc import (
     _ORDERS,
     _PAD,
     _acc_budget,
-    _fuse_pixel_axis,
     _has_pad,
     _pixel_violation,
+    pixel_tiles,
 )
 
 logger = logging.getLogger(__name__)
@@ -151,21 +151,9 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     for name in [*(elementwise_prologue(sch, conv, keep=(_PAD,)) or []), *tail[:-1]]:
         sch.compute_inline(sch.get_sblock(name))
     conv, store = accumulate_locally(sch, conv_name, tail)
-    peel = None  # the pixel loop whose last tile is partial
-    if values["fuse_pixels"]:
-        _fuse_pixel_axis(sch, conv, store, values["out_w"])
-        n, oc_chunk, pix, oc_block, kh, kw, ic_chunk, ic_group, ic_lane = sch.get_loops(conv)
-        oc_o, oc_t = sch.split(oc_chunk, [None, values["tile_oc"]])
-        pix_o, pix_i = sch.split(pix, [None, values["reg_n"]])
-        if values["out_h"] * values["out_w"] % values["reg_n"]:
-            peel = pix_o
-        outer_loops, tile_loops = [n, oc_o, pix_o], [pix_i]
-    else:
-        n, oc_chunk, oh, ow, oc_block, kh, kw, ic_chunk, ic_group, ic_lane = sch.get_loops(conv)
-        oc_o, oc_t = sch.split(oc_chunk, [None, values["tile_oc"]])
-        oh_o, oh_i = sch.split(oh, [None, values["tile_oh"]])
-        ow_o, ow_i = sch.split(ow, [None, values["reg_n"]])
-        outer_loops, tile_loops = [n, oc_o, oh_o, ow_o], [oh_i, ow_i]
+    tiles = pixel_tiles(sch, conv, store, values)
+    outer_loops, tile_loops, oc_t, oc_block, peel = tiles.outer, tiles.tile, tiles.oc_t, tiles.oc_block, tiles.peel
+    kh, kw, ic_chunk, ic_group, ic_lane = tiles.reduce
     ig_o, ig_i = sch.split(ic_group, [None, values["tile_ic"]])
     order = values["order"]
     if order == 0:

@@ -123,18 +123,6 @@ def test_partial_row_tiles_on_the_instruction_compute_the_reference(kind, task_n
     _check_on_instruction(kind, task_name, named_point(space(kind, task_name, "llvm"), DENSE_DOT_DEFAULTS, **values))
 
 
-def test_partial_row_tiles_on_the_instruction_need_a_serial_row_loop():
-    sp = space("x86-dense-vnni", "dense_u8s8", "llvm")
-
-    def why(**values) -> str | None:
-        return sp.static_violation(named_point(sp, DENSE_DOT_DEFAULTS, **values))
-
-    assert why(tile_m=6) is None
-    assert "serial" in why(tile_m=6, order=1)
-    assert "serial" in why(tile_m=6, parallel_depth=2)
-    assert why(tile_m=8, order=1, parallel_depth=2) is None
-
-
 def _check_on_instruction(kind: str, task_name: str, point) -> None:
     """``point`` of ``kind`` on ``task_name`` is valid, computes the reference (int8 exactly,
     bf16 within the float32 tolerance of the same bf16 inputs) and runs on the instruction."""

@@ -10,7 +10,17 @@ import re
 import numpy as np
 import pytest
 import tvm
-from conftest import DENSE_DEFAULTS, NCHWC_DEFAULTS, dense, named_point, space, target, task
+from conftest import (
+    DENSE_DEFAULTS,
+    DENSE_DOT_DEFAULTS,
+    NCHWC_DEFAULTS,
+    dense,
+    named_point,
+    needs_vnni,
+    space,
+    target,
+    task,
+)
 from tvm import te, topi
 
 import search_spaces
@@ -173,11 +183,15 @@ def test_partial_row_tiles_compute_the_reference(task_name, values):
     assert check.error is None, (check.error, check.detail)
 
 
-def test_partial_row_tiles_need_a_serial_row_loop():
-    sp = space("x86-dense", "dense", "llvm")
+@pytest.mark.parametrize(("kind", "task_name", "defaults"), [
+    ("x86-dense", "dense", DENSE_DEFAULTS),
+    pytest.param("x86-dense-vnni", "dense_u8s8", DENSE_DOT_DEFAULTS, marks=needs_vnni),
+])  # fmt: skip
+def test_partial_row_tiles_need_a_serial_row_loop(kind, task_name, defaults):
+    sp = space(kind, task_name, "llvm")
 
     def why(**values) -> str | None:
-        return sp.static_violation(named_point(sp, DENSE_DEFAULTS, **values))
+        return sp.static_violation(named_point(sp, defaults, **values))
 
     assert why(tile_m=6) is None
     assert "serial" in why(tile_m=6, order=1)
