@@ -214,16 +214,20 @@ print(json.dumps(out))
 
 
 def test_trace_survives_tvm_tuning_record_json(case_space):
-    """A point stored as a MetaSchedule TuningRecord (what the database keeps) replays to
-    the same schedule after a JSON round trip."""
+    """A point stored as a MetaSchedule TuningRecord (what the database keeps, written by
+    ``record_as_json`` as TVM's JSON database writes it) replays to the same schedule after a
+    JSON round trip, index maps included (the fused pixel tiles' ``transform_layout``)."""
     from tvm.s_tir import meta_schedule as ms
+
+    from tuner.trace_json import record_as_json
 
     sp = case_space
     p = sp.sample(np.random.default_rng(13))
     workload = ms.database.Workload(sp.mod)
     args = ms.arg_info.ArgInfo.from_prim_func(sp.mod["main"])
     record = ms.database.TuningRecord(sp.to_trace(p), workload, [1e-3], sp.target, args)
-    back = ms.database.TuningRecord.from_json(record.as_json(), workload)
+    text = json.dumps(record_as_json(record))
+    back = ms.database.TuningRecord.from_json(json.loads(text), workload)
     sch = Schedule(sp.mod, seed=1)
     back.trace.apply_to_schedule(sch, remove_postproc=False)
     assert tvm_ffi.structural_equal(sch.mod, sp.apply(p).mod)
