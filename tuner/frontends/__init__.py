@@ -17,10 +17,16 @@ def load_model(model: str, *, batch_size: int = 1, dtype: str = "float32") -> Mo
         batch_size: batch dimension for zoo models and PyTorch factories that accept it.
         dtype: element type of zoo models' weights and activations.
 
+    The weights are numpy arrays on their way into TVM, so numpy's huge-page advice is
+    turned off for the process first (:func:`tuner.memory.small_pages` says why).
+
     Raises:
         UnknownModelError: the model cannot be found or imported; the message says why.
     """
     from tuner.errors import UserInputError
+    from tuner.memory import small_pages
+
+    small_pages()
 
     if batch_size <= 0:
         raise UserInputError(f"--batch-size must be a positive integer, got {batch_size}")

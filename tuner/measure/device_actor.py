@@ -82,6 +82,7 @@ class DeviceActor(CandidateRunner):
         import ray
 
         from tuner.device import Device, host_cpu_info, parse_device
+        from tuner.memory import small_pages
 
         self.node_id = ray.get_runtime_context().get_node_id()
         if kind == "cpu":
@@ -89,6 +90,8 @@ class DeviceActor(CandidateRunner):
             cores = int(info["cores"])
             # TVM's thread pool reads this when the first kernel runs, which is later.
             os.environ["TVM_NUM_THREADS"] = str(cores)
+            # Candidates' arguments pass through numpy: time them on the pages a model runs on.
+            small_pages()
             config = dict(target_config) | {"num-cores": cores}
             self.device = Device("cpu", 0, config, dict(info) | {"cores": cores, "mcpu": config.get("mcpu")})
         super().__init__(kind, 0)

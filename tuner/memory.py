@@ -1,0 +1,35 @@
+"""Model weights on 4 KiB pages: numpy's huge-page advice kept away from TVM's buffers.
+
+numpy advises transparent huge pages (``madvise(MADV_HUGEPAGE)``) for every array of 4 MiB
+or more. A model's weights pass through numpy on their way into TVM (the zoo's random
+weights, ONNX initializers, ``tuner.fold``, the packed layouts), and when those arrays are
+freed their address ranges keep the advice: TVM's own allocations then reuse them, and
+``khugepaged`` moves the weights the compiled kernels stream onto 2 MiB pages a few seconds
+into a run. On a 2-core Zen 4 that made a tuned ResNet-50 about 15% slower than the same
+build on 4 KiB pages (medians 43.9-44.5 ms against 38.3-38.9, which is what its job had
+estimated from the candidates' timings; with huge pages for every allocation it never ran
+under 43.2 ms), while OpenVINO moved by 2-3% (``benchmarks/paired_series.py``;
+benchmarks/README.md, "The three models with today's code on a Zen 4"). Processes that build
+and run compiled models call :func:`small_pages` before the first weight exists.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+
+def small_pages() -> None:
+    """Stop numpy from advising huge pages for its large arrays in this process (idempotent).
+
+    Arrays allocated before the call keep their advice, so call it before a model's weights
+    are made. Only numpy's own advice changes: other libraries' allocations and the system's
+    transparent-huge-page setting are left as they are.
+    """
+    try:
+        from numpy._core.multiarray import _set_madvise_hugepage
+    except ImportError:  # numpy < 2
+        from numpy.core.multiarray import _set_madvise_hugepage  # type: ignore[no-redef]
+    if _set_madvise_hugepage(False):
+        logger.debug("numpy's huge-page advice turned off for this process")
