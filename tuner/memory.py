@@ -3,12 +3,12 @@
 numpy advises transparent huge pages (``madvise(MADV_HUGEPAGE)``) for every array of 4 MiB
 or more. A model's weights pass through numpy on their way into TVM (the zoo's random
 weights, ONNX initializers, ``tuner.fold``, the packed layouts), and when those arrays are
-freed their address ranges keep the advice: TVM's own allocations then reuse them, and
-``khugepaged`` moves the weights the compiled kernels stream onto 2 MiB pages a few seconds
-into a run. On a 2-core Zen 4 that made a tuned ResNet-50 about 15% slower than the same
-build on 4 KiB pages (medians 43.9-44.5 ms against 38.3-38.9, which is what its job had
-estimated from the candidates' timings; with huge pages for every allocation it never ran
-under 43.2 ms), while OpenVINO moved by 2-3% (``benchmarks/paired_series.py``;
+freed their address ranges keep the advice, which TVM's allocations can reuse; ``khugepaged``
+then moves what lies there onto 2 MiB pages a few seconds into a run (with the advice off, a
+process that compiles and runs a model holds no huge page at all; which of its buffers held
+them was not traced). On 2 MiB pages the tuned convs are slower: on a 2-core Zen 4 a tuned ResNet-50
+with huge pages for every allocation never ran under 43.2 ms, against 38.3-39.2 ms minima on
+4 KiB pages, while OpenVINO moved by 2-3% (``benchmarks/paired_series.py``;
 benchmarks/README.md, "The three models with today's code on a Zen 4"). Processes that build
 and run compiled models call :func:`small_pages` before the first weight exists.
 """
