@@ -4,11 +4,11 @@
 and on this shared machine the same database has measured 1.06x and 1.17x OpenVINO's time in
 two runs. Here the second database's build is one more entry of the same rounds (a peer that
 runs a TVM build), so the two builds and the peers see the same machine. The default peers
-are ONNX Runtime and OpenVINO asked for f32 (``openvino-f32``; plain ``openvino`` runs its
-default, bf16 on CPUs with AVX512_BF16, and its row says so). With ``--precision bf16`` or
-``int8`` both builds are that precision (fp32 models only: int8 wants its QDQ file, see
-precision_vs_peers.py) and the peers should run at it too (``--peers openvino torch-bf16``
-for bf16). Writes benchmarks/results/db_ab.json (``--out``).
+are ONNX Runtime and OpenVINO asked for f32 (``openvino-f32``, ``INFERENCE_PRECISION_HINT``
+f32; plain ``openvino`` runs its default, bf16 on CPUs with AVX512_BF16, and its row says
+so). With ``--precision bf16`` or ``int8`` both builds are that precision (fp32 models only:
+int8 wants its QDQ file, see precision_vs_peers.py) and the peers should run at it too
+(``--peers openvino torch-bf16`` for bf16). Writes benchmarks/results/db_ab.json (``--out``).
 
     .venv/bin/python benchmarks/db_ab.py --db warm.db --db-b cold.db --label-b "cold-tuned" --model resnet50
 """

@@ -5,7 +5,7 @@ times under the Relax VM's instrument hook (each call of a compiled function is 
 host clock; CPU kernels are synchronous) and reports per function: calls, milliseconds per
 inference, share of the total, GFLOPS, and what the compiler gave it (tuned, fallback). The
 same network runs in ONNX Runtime with its profiler on and in OpenVINO with its performance
-counters on (f32, bf16 for ``--precision bf16``, f32 on the int8 QDQ file, whose int8
+counters on (``INFERENCE_PRECISION_HINT`` f32, bf16 for ``--precision bf16``, f32 on the int8 QDQ file, whose int8
 kernels it runs). Their per-node times are summed by operator type, and every conv and
 matmul of the three is matched by its shape (peer_profiles.py), so the gap has names (ResNet-50
 after 2 hours on a Zen 4: "the five 3x3 256->256 14x14 convs take 6.44 ms here, 5.05 ms in

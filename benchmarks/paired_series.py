@@ -7,7 +7,9 @@ process). This script times the two side by side, iteration after iteration (TVM
 peer, on the same input and threads), marks each iteration fast (``F``, within 6% of that
 runtime's minimum), slow (``s``, within 25%) or an outlier (``X``), and gives the ratio of
 the two over the iterations where both were fast and over all of them. So a ratio taken in
-a slow stretch can be told apart from one taken in a quiet one. Writes
+a slow stretch can be told apart from one taken in a quiet one. The default peer,
+``openvino-f32``, runs OpenVINO with ``INFERENCE_PRECISION_HINT`` f32; a plain ``openvino``
+runs its default precision (bf16 on CPUs with AVX512_BF16) and its label says so. Writes
 benchmarks/results/paired_series.json (``--out``).
 
     .venv/bin/python benchmarks/paired_series.py --db tuned.db --model resnet50 --peer openvino-f32 --iterations 150

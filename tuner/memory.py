@@ -8,7 +8,7 @@ then moves what lies there onto 2 MiB pages a few seconds into a run (with the a
 process that compiles and runs a model holds no huge page at all; which of its buffers held
 them was not traced). On 2 MiB pages the tuned convs are slower: on a 2-core Zen 4 a tuned ResNet-50
 with huge pages for every allocation never ran under 43.2 ms, against 38.3-39.2 ms minima on
-4 KiB pages, while OpenVINO moved by 2-3% (``benchmarks/paired_series.py``;
+4 KiB pages, while OpenVINO f32 (``INFERENCE_PRECISION_HINT`` f32) moved by 2-3% (``benchmarks/paired_series.py``;
 benchmarks/README.md, "The three models with today's code on a Zen 4"). Processes that build
 and run compiled models call :func:`small_pages` before the first weight exists.
 """
