@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from numpy._core.multiarray import _set_madvise_hugepage
 
 from tuner.frontends import load_model
 from tuner.memory import small_pages
@@ -37,8 +38,6 @@ def _huge_kib(array: np.ndarray) -> int:
 
 
 def _advice() -> bool:
-    from numpy._core.multiarray import _set_madvise_hugepage
-
     now = _set_madvise_hugepage(True)
     _set_madvise_hugepage(now)
     return now
@@ -47,8 +46,6 @@ def _advice() -> bool:
 @pytest.fixture
 def numpy_advice():
     """numpy's advice as the test found it, restored after."""
-    from numpy._core.multiarray import _set_madvise_hugepage
-
     before = _advice()
     yield
     _set_madvise_hugepage(before)
@@ -56,8 +53,6 @@ def numpy_advice():
 
 @pytest.mark.skipif(_thp_mode() != "madvise", reason="needs transparent huge pages in madvise mode (Linux)")
 def test_large_arrays_stay_on_small_pages_after_small_pages(numpy_advice):
-    from numpy._core.multiarray import _set_madvise_hugepage
-
     _set_madvise_hugepage(True)
     advised = np.ones(64 << 20, dtype=np.uint8)  # 64 MiB, touched
     small_pages()
@@ -69,8 +64,6 @@ def test_large_arrays_stay_on_small_pages_after_small_pages(numpy_advice):
 
 
 def test_load_model_turns_numpy_advice_off_before_the_weights(numpy_advice):
-    from numpy._core.multiarray import _set_madvise_hugepage
-
     _set_madvise_hugepage(True)
     load_model("tiny")
     assert _advice() is False
