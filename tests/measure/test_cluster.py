@@ -77,14 +77,16 @@ def test_lost_artifact_is_lost_for_that_candidate_only(multinode, cpu_device, ta
                            timing_depth=1, build_retries=0)  # fmt: skip
     with RayMeasurer(cpu_device, config) as m:
         assert m.measure(task, [workloads.tiled(task, 8)])[0].error_class is None
+        before = m.stats.built  # the task's reference and that candidate
         lease, me = quiet.ensure(device_node.node_id), quiet.holder()
         ray.get(lease.acquire_timing.remote(me))  # the device waits: built artifacts queue up
         try:
             futures = m.submit(task, [workloads.tiled(task, t) for t in (4, 16, 32)])
             deadline = time.monotonic() + 300
-            while m.stats.built < 4 and time.monotonic() < deadline:
+            # All three built before the node dies: a build still running would die with it.
+            while m.stats.built < before + 3 and time.monotonic() < deadline:
                 time.sleep(0.2)
-            assert m.stats.built >= 4
+            assert m.stats.built == before + 3
             multinode.remove_node(builder, allow_graceful=False)
             while _alive(builder.node_id) and time.monotonic() < deadline:
                 time.sleep(0.2)
@@ -97,6 +99,22 @@ def test_lost_artifact_is_lost_for_that_candidate_only(multinode, cpu_device, ta
     # device node with the call; the others existed only on the dead builder.
     assert lost, "every queued artifact outlived its build node: something copied them off it"
     assert all("lost" in (r.error_msg or "") for r in lost)
+
+
+@pytest.mark.parametrize("multinode", [{"num_cpus": 0}], indirect=True)
+def test_builds_that_never_get_a_cpu_are_lost_not_timed_out(multinode, cpu_device, task):
+    """A cluster whose only build node is gone: the builds wait for a CPU, then come back LOST
+    (measured again later), never blamed on the candidate as a build timeout."""
+    multinode.add_node(num_cpus=0, resources={device_resource(cpu_device): 1})
+    multinode.wait_for_nodes()
+    config = MeasureConfig(timing=FAST, build_timeout_s=60, run_timeout_s=20, device_wait_s=30,
+                           build_start_timeout_s=5, max_builds_in_flight=2)  # fmt: skip
+    with RayMeasurer(cpu_device, config) as m:
+        start = time.monotonic()
+        results = m.measure(task, [workloads.tiled(task, t) for t in (4, 16)])
+        assert time.monotonic() - start < 60
+    assert [r.error_class for r in results] == [ErrorClass.LOST] * 2, [r.error_msg for r in results]
+    assert all("never ran" in (r.error_msg or "") for r in results)
 
 
 def test_lost_device_node_marks_candidates_lost_without_hanging(multinode, cpu_device, task):

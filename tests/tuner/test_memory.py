@@ -14,27 +14,19 @@ from tuner.memory import small_pages
 _THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
-def _thp_mode() -> str | None:
-    try:
-        text = _THP.read_text()
-    except OSError:
-        return None
-    return text[text.index("[") + 1:text.index("]")]
-
-
-def _huge_kib(array: np.ndarray) -> int:
-    """AnonHugePages (KiB) of the mappings that overlap ``array``'s memory."""
+def _advised(array: np.ndarray) -> bool:
+    """Whether a mapping that holds ``array``'s memory carries ``MADV_HUGEPAGE`` (``hg``)."""
     start = array.ctypes.data
     end = start + array.nbytes
-    total, overlaps = 0, False
+    overlaps = False
     for line in Path("/proc/self/smaps").read_text().splitlines():
         head = line.split()[0] if line else ""
         if "-" in head and not head.endswith(":"):
             lo, hi = (int(x, 16) for x in head.split("-"))
             overlaps = lo < end and start < hi
-        elif overlaps and line.startswith("AnonHugePages:"):
-            total += int(line.split()[1])
-    return total
+        elif overlaps and line.startswith("VmFlags:") and "hg" in line.split()[1:]:
+            return True
+    return False
 
 
 def _advice() -> bool:
@@ -51,16 +43,17 @@ def numpy_advice():
     _set_madvise_hugepage(before)
 
 
-@pytest.mark.skipif(_thp_mode() != "madvise", reason="needs transparent huge pages in madvise mode (Linux)")
-def test_large_arrays_stay_on_small_pages_after_small_pages(numpy_advice):
+# The advice, not the kernel's answer to it, is what small_pages controls: whether a huge page
+# backs an unadvised range depends on the kernel's settings (per-size mTHP modes, vendor
+# knobs) and on fragmentation.
+@pytest.mark.skipif(not _THP.exists(), reason="needs a Linux kernel with transparent huge pages")
+def test_large_arrays_are_not_advised_after_small_pages(numpy_advice):
     _set_madvise_hugepage(True)
-    advised = np.ones(64 << 20, dtype=np.uint8)  # 64 MiB, touched
+    advised = np.ones(64 << 20, dtype=np.uint8)  # 64 MiB
     small_pages()
     plain = np.ones(64 << 20, dtype=np.uint8)
-    # Where the kernel had no huge page to give, the advised array proves nothing either.
-    if _huge_kib(advised) == 0:
-        pytest.skip("the kernel gave the advised array no huge page (memory fragmented)")
-    assert _huge_kib(plain) == 0
+    assert _advised(advised), "numpy's advice did not show in smaps: the check proves nothing"
+    assert not _advised(plain)
 
 
 def test_load_model_turns_numpy_advice_off_before_the_weights(numpy_advice):

@@ -192,6 +192,7 @@ class _Cand:
     attempts: int = 0
     stage: int = 0  # build stream items received: start (node id), (pauses,) metadata, artifact
     node_id: str | None = None  # the node that builds it, once started
+    waiting: bool = True  # its deadline is a wait for a CPU (start or pause), not a compilation
     ready_at: float = 0.0  # when it joined the candidates to time
 
 
@@ -532,6 +533,7 @@ class RayMeasurer:
             c = self._to_build.popleft()
             stream = self._build.remote(c.mod_json, self.device.target_config)
             c.deadline = time.monotonic() + self.config.build_start_timeout_s
+            c.waiting = True
             self._building[stream] = c
 
     def _on_build_item(self, stream: Any, c: _Cand) -> None:
@@ -552,12 +554,14 @@ class RayMeasurer:
             c.stage = 1
             c.node_id = item if isinstance(item, str) else None
             c.deadline = time.monotonic() + self.config.build_timeout_s
+            c.waiting = False
             self._building[stream] = c
             return
         if c.stage == 1 and isinstance(item, BuildPause):
             # Paused for a timing of its node: the timeout counts only the time it runs.
             left = self.config.build_start_timeout_s if item.paused else self.config.build_timeout_s - item.ran_s
             c.deadline = time.monotonic() + left
+            c.waiting = item.paused
             self._building[stream] = c
             return
         if c.stage == 1 and isinstance(item, BuildResult) and item.ok:  # built; the bytes come next
@@ -725,7 +729,12 @@ class RayMeasurer:
                     ray.cancel(ref, force=True)
                 timeout = self.config.build_timeout_s
                 c.build = BuildResult(None, timeout, ErrorClass.BUILD_TIMEOUT, f"build exceeded {timeout:.0f} s")
-                if c.node_id is not None and not self._node_alive(c.node_id):
+                if c.waiting:
+                    # It never got a CPU (every build node busy or gone): says nothing of the
+                    # candidate, so it is measured again later.
+                    msg = f"build waited {self.config.build_start_timeout_s:.0f} s for a CPU and never ran"
+                    c.build = BuildResult(None, 0.0, ErrorClass.LOST, msg)
+                elif c.node_id is not None and not self._node_alive(c.node_id):
                     # A stream whose node died may never say so: the candidate is not to
                     # blame (a timeout is never retried, LOST is).
                     c.build = BuildResult(None, 0.0, ErrorClass.LOST, f"build lost with its node {c.node_id[:12]}")
