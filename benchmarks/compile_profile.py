@@ -14,7 +14,10 @@ built as one TIR module twice: as TVM does (one LLVM module) and one LLVM module
 (:mod:`tuner.codegen`, what ``compile_model`` does on CPUs).
 
     .venv/bin/python benchmarks/compile_profile.py --db tuned.db --model resnet50 \\
-        [--precision bf16] [--top 15] [--out benchmarks/results/compile_profile_X.json]
+        [--precision bf16] [--top 15] [--latency-rounds 20] [--out benchmarks/results/compile_profile_X.json]
+
+``--latency-rounds`` also compiles the model with TVM's one LLVM module and times both builds
+of the model in interleaved rounds: the split must not cost run time.
 
 The per-function sum exceeds the build's own codegen time a little (one LLVM module per
 function instead of one for all); the ranking is the point.
@@ -30,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import tvm
 from rich.console import Console
 from rich.table import Table
@@ -41,8 +45,8 @@ from tvm.tirx.build import split_host_device_mods, tir_to_runtime
 from search_spaces import lowering
 from search_spaces.constraints import target_with_limits
 from search_spaces.preload import preload_tensor_intrinsics
-from tuner.codegen import per_function
-from tuner.compile import compile_model, fallback_record
+from tuner.codegen import per_function, single_module
+from tuner.compile import Compiled, compile_model, fallback_record
 from tuner.db import TuningDatabase
 from tuner.db.tvm_adapter import DEFAULT_LOWERING, MetaScheduleDatabase
 from tuner.device import parse_device
@@ -77,7 +81,25 @@ def _build_alone(func: tvm.tirx.PrimFunc, name: str, target: tvm.target.Target) 
     return {"lower_s": lower_s, "codegen_s": codegen_s, "object_s": object_s, "llvm_ir_lines": ir_lines}
 
 
-def profile(model: str, db_path: str, precision: str, plan_name: str | None) -> dict:
+def _latencies(builds: dict[str, Compiled], spec, device, rounds: int) -> dict[str, dict[str, float]]:
+    """Median and min latency (ms) of each build, timed in interleaved rounds on one input."""
+    device.use_threads()
+    dev = device.tvm_device()
+    args = [tvm.runtime.tensor(x, dev) for x in spec.random_inputs(seed=0)]
+    timers = {}
+    for name, c in builds.items():
+        vm = relax.VirtualMachine(c.executable, dev)
+        vm.set_input("main", *args)
+        vm.invoke_stateful("main")  # warm up
+        timers[name] = vm.time_evaluator("invoke_stateful", dev, number=1, repeat=5)
+    runs: dict[str, list[float]] = {name: [] for name in builds}
+    for _ in range(rounds):
+        for name, timer in timers.items():
+            runs[name] += list(timer("main").results)
+    return {name: {"median_ms": 1e3 * float(np.median(r)), "min_ms": 1e3 * min(r)} for name, r in runs.items()}
+
+
+def profile(model: str, db_path: str, precision: str, plan_name: str | None, rounds: int) -> dict:
     device = parse_device("cpu")
     spec = load_model(model)
     db = TuningDatabase(db_path)
@@ -88,6 +110,11 @@ def profile(model: str, db_path: str, precision: str, plan_name: str | None) -> 
     whole = compile_model(spec, device, db, plan=plan, precision=precision)
     out["plain_compile_s"] = plain.compile_s
     out["db_compile_s"] = whole.compile_s
+    if rounds:
+        with single_module():
+            one = compile_model(spec, device, db, plan=plan, precision=precision)
+        out["db_compile_one_module_s"] = one.compile_s
+        out["latency"] = _latencies({"per_function": whole, "one_module": one}, spec, device, rounds)
 
     phases: dict[str, float] = {}
     start = time.perf_counter()
@@ -140,14 +167,20 @@ def main() -> None:
     p.add_argument("--precision", default="fp32")
     p.add_argument("--layout", default=None, help="one layout for every conv (default: the target's plan)")
     p.add_argument("--top", type=int, default=15)
+    p.add_argument("--latency-rounds", type=int, default=0,
+                   help="also build with one LLVM module and time both builds in this many interleaved rounds")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
-    result = profile(args.model, args.db, args.precision, args.layout)
+    result = profile(args.model, args.db, args.precision, args.layout, args.latency_rounds)
     result["machine"] = {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count()}
     console = Console()
     console.print(f"compile_model: plain {result['plain_compile_s']:.1f} s, database {result['db_compile_s']:.1f} s")
     console.print(f"TIR build of the scheduled functions: one LLVM module {result['tir_build_one_module_s']:.1f} s, "
                   f"one per function {result['tir_build_per_function_s']:.1f} s")
+    if "latency" in result:
+        lat = result["latency"]
+        console.print(f"one LLVM module: compile {result['db_compile_one_module_s']:.1f} s; latency (median/min ms): "
+                      + ", ".join(f"{k} {v['median_ms']:.2f}/{v['min_ms']:.2f}" for k, v in lat.items()))
     console.print("phases (s): " + ", ".join(f"{k} {v:.2f}" for k, v in result["phases_s"].items()))
     console.print("functions built alone (s): " + ", ".join(f"{k} {v:.2f}" for k, v in result["sum_s"].items()))
     table = Table(title=f"slowest functions to compile of {len(result['functions'])}")

@@ -33,6 +33,7 @@ _BUILD = "target.build.llvm"
 _lock = threading.Lock()
 _depth = 0
 _original: tvm_ffi.Function | None = None
+_whole = threading.local()  # builds in single_module() on this thread: TVM's one module
 
 
 def _splittable(mod: tvm.IRModule) -> bool:
@@ -46,7 +47,7 @@ def build_per_function(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.runt
     """``target.build.llvm`` of ``mod``, each function in its own LLVM module (imported into
     the first); a module :func:`per_function` may not split is built whole."""
     assert _original is not None
-    if not _splittable(mod):
+    if getattr(_whole, "depth", 0) or not _splittable(mod):
         return _original(mod, target)
     libs = [_original(tvm.IRModule({gv: f}, attrs=mod.attrs), target) for gv, f in mod.functions.items()]
     for lib in libs[1:]:
@@ -75,3 +76,13 @@ def per_function() -> Iterator[None]:
             _depth -= 1
             if _depth == 0:
                 tvm_ffi.register_global_func(_BUILD, _original, override=True)
+
+
+@contextlib.contextmanager
+def single_module() -> Iterator[None]:
+    """Within, on this thread: TVM's own build (one LLVM module), for comparisons."""
+    _whole.depth = getattr(_whole, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _whole.depth -= 1

@@ -42,6 +42,12 @@ def test_each_function_gets_its_own_module_and_all_are_callable():
     np.testing.assert_array_equal(b.numpy(), np.arange(64) * 2)
 
 
+def test_single_module_builds_one_module_inside_per_function():
+    with codegen.per_function(), codegen.single_module(), tvm.transform.PassContext(opt_level=3):
+        lib = tvm.tirx.build(TwoKernels, target="llvm")
+    assert _llvm_modules(lib) == 1
+
+
 def test_tvms_own_build_is_back_after_the_context():
     with codegen.per_function(), codegen.per_function():  # nested
         pass
