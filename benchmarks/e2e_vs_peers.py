@@ -4,7 +4,8 @@ For each model: the build from ``--db`` (and the zero-trial fallback build when 
 tunes any of its operators) against ONNX Runtime, OpenVINO (f32 through ``INFERENCE_PRECISION_HINT``, and its
 default precision),
 PyTorch eager and ``torch.compile``, interleaved in rounds on one random input, on the
-device's ``num-cores`` threads (see tuner/bench.py). Writes
+device's ``num-cores`` threads (see tuner/bench.py), each conv in the layout the database's
+measurements favour (as ``nightshift bench``'s ``--layout auto``; recorded in the JSON). Writes
 benchmarks/results/e2e_vs_peers.json, and e2e_vs_peers.png (ratios to the fastest f32 peer)
 when matplotlib is installed. Ratios carry over between runs; milliseconds do not.
 
@@ -14,6 +15,7 @@ when matplotlib is installed. Ratios carry over between runs; milliseconds do no
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import logging
@@ -26,9 +28,11 @@ from pathlib import Path
 from rich.console import Console
 
 from tuner.bench import DEFAULT_PEERS, BenchConfig, bench, render
+from tuner.cli import choose_layout, print_layout_choice
 from tuner.db import TuningDatabase
 from tuner.device import parse_device
 from tuner.frontends import load_model
+from tuner.layout import auto_layouts
 
 RESULTS = Path(__file__).parent / "results" / "e2e_vs_peers.json"
 logger = logging.getLogger(__name__)
@@ -55,10 +59,16 @@ def main() -> None:
     results = []
     # The machines are shared: the load around the run says how far its milliseconds carry.
     load_before = os.getloadavg()
+    layouts = auto_layouts(device.target)
     for name in args.models:
         spec = load_model(name)
+        model_config = config
+        if len(layouts) > 1:  # each conv's layout from the measurements, as `nightshift bench` chooses it
+            chosen = choose_layout(spec, device, db, layouts)
+            print_layout_choice(chosen, layouts)
+            model_config = dataclasses.replace(config, plan=chosen.plan, layout_choice=chosen)
         with console.status(f"{name}") as status:
-            result = bench(spec, device, db, source=name, config=config,
+            result = bench(spec, device, db, source=name, config=model_config,
                            on_stage=lambda text, n=name: status.update(f"{n}: {text}"))  # fmt: skip
         console.print(render(result))
         results.append(result.to_json())
