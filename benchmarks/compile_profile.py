@@ -26,9 +26,9 @@ function instead of one for all); the ranking is the point.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -55,6 +55,8 @@ from tuner.layout import LayoutPlan, prepare
 from tuner.precision import apply_precision
 
 RESULTS = Path(__file__).parent / "results"
+sys.path.insert(0, str(Path(__file__).parent))
+from result_file import write_result  # noqa: E402
 
 
 def _timed(fn, *args):
@@ -191,7 +193,7 @@ def main() -> None:
                       str(r["llvm_ir_lines"]), r["got"][:60])  # fmt: skip
     console.print(table)
     out = args.out or RESULTS / f"compile_profile_{args.model}_{args.precision}.json"
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    write_result(out, "compile_profile", result)
     console.print(f"wrote {out}")
 
 

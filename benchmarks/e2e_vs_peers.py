@@ -18,11 +18,9 @@ import argparse
 import dataclasses
 import datetime
 import json
-import logging
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 
 from rich.console import Console
@@ -34,8 +32,10 @@ from tuner.device import parse_device
 from tuner.frontends import load_model
 from tuner.layout import auto_layouts
 
+sys.path.insert(0, str(Path(__file__).parent))
+from settle import settle
+
 RESULTS = Path(__file__).parent / "results" / "e2e_vs_peers.json"
-logger = logging.getLogger(__name__)
 console = Console()
 
 
@@ -52,7 +52,7 @@ def main() -> None:
                         "(right after a job its Ray cluster is still shutting down); 0: start at once")
     args = p.parse_args()
     if args.settle:
-        _settle(args.settle)
+        settle(args.settle, console)
     device = parse_device("cpu", num_cores=args.num_cores)
     db = TuningDatabase(args.db)
     config = BenchConfig(rounds=args.rounds, peers=tuple(args.peers))
@@ -82,17 +82,6 @@ def main() -> None:
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     console.print(f"wrote {args.out}")
     _plot(results, args.out.with_suffix(".png"))
-
-
-def _settle(limit_s: float, below: float = 1.0) -> None:
-    """Wait until the 1-minute load average is under ``below`` or ``limit_s`` has passed."""
-    start = time.monotonic()
-    with console.status("waiting for the load to settle") as status:
-        while (load := os.getloadavg()[0]) >= below and time.monotonic() - start < limit_s:
-            status.update(f"waiting for the load to settle: {load:.2f} (1 min), {time.monotonic() - start:.0f} s")
-            time.sleep(5)
-    if load >= below:
-        logger.warning("load still %.2f after %.0f s; timing anyway (the JSON records it)", load, limit_s)
 
 
 def _plot(results: list[dict], path: Path) -> None:

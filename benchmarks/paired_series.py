@@ -38,6 +38,7 @@ console = Console()
 RESULTS = Path(__file__).parent / "results" / "paired_series.json"
 sys.path.insert(0, str(Path(__file__).parent))
 from result_file import write_result  # noqa: E402
+from settle import settle  # noqa: E402
 
 
 def states(ms: list[float]) -> str:
@@ -53,7 +54,11 @@ def main() -> None:
     p.add_argument("--peer", default="openvino-f32")
     p.add_argument("--iterations", type=int, default=150)
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--settle", type=float, default=600.0,
+                   help="wait up to this many seconds for the 1-minute load to fall below 1; 0: start at once")
     args = p.parse_args()
+    if args.settle:
+        settle(args.settle, console)
     device = parse_device("cpu")
     spec = load_model(args.model)
     tvm_runner = TvmRunner(compile_model(spec, device, TuningDatabase(args.db)), device, "TVM, database")
