@@ -23,9 +23,12 @@ logger = logging.getLogger(__name__)
 def small_pages() -> None:
     """Stop numpy from advising huge pages for its large arrays in this process (idempotent).
 
-    Arrays allocated before the call keep their advice, so call it before a model's weights
-    are made. Only numpy's own advice changes: other libraries' allocations and the system's
-    transparent-huge-page setting are left as they are.
+    Arrays allocated before the call keep their advice, and so does their memory after they
+    are freed: one that glibc placed in its heap leaves that heap range advised, and later
+    allocations reuse it (in a test session that had run the bench tests, a new 64 MiB array
+    came from such a range). So call it before a model's weights are made. Only numpy's own
+    advice changes: other libraries' allocations and the system's transparent-huge-page
+    setting are left as they are.
     """
     try:
         from numpy._core.multiarray import _set_madvise_hugepage
