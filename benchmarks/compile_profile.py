@@ -14,10 +14,12 @@ built as one TIR module twice: as TVM does (one LLVM module) and one LLVM module
 (:mod:`tuner.codegen`, what ``compile_model`` does on CPUs).
 
     .venv/bin/python benchmarks/compile_profile.py --db tuned.db --model resnet50 \\
-        [--precision bf16] [--top 15] [--latency-rounds 20] [--out benchmarks/results/compile_profile_X.json]
+        [--precision bf16] [--top 15] [--latency-rounds 20] [--copies 16] [--out results/compile_profile_X.json]
 
 ``--latency-rounds`` also compiles the model with TVM's one LLVM module and times both builds
-of the model in interleaved rounds: the split must not cost run time.
+of the model in interleaved rounds: the split must not cost run time. ``--copies N`` builds
+1, 4, 8 and N copies of the slowest function as one LLVM module: whether TVM's build time grows
+with the module rather than with any one function.
 
 The per-function sum exceeds the build's own codegen time a little (one LLVM module per
 function instead of one for all); the ranking is the point.
@@ -38,7 +40,6 @@ import tvm
 from rich.console import Console
 from rich.table import Table
 from tvm import relax
-from tvm.relax import pipeline as relax_pipeline
 from tvm.relax.transform import MetaScheduleApplyDatabase
 from tvm.tirx.build import split_host_device_mods, tir_to_runtime
 
@@ -53,6 +54,7 @@ from tuner.device import parse_device
 from tuner.frontends import load_model
 from tuner.layout import LayoutPlan, prepare
 from tuner.precision import apply_precision
+from tuner.tasks import fuse
 
 RESULTS = Path(__file__).parent / "results"
 sys.path.insert(0, str(Path(__file__).parent))
@@ -101,7 +103,8 @@ def _latencies(builds: dict[str, Compiled], spec, device, rounds: int) -> dict[s
     return {name: {"median_ms": 1e3 * float(np.median(r)), "min_ms": 1e3 * min(r)} for name, r in runs.items()}
 
 
-def profile(model: str, db_path: str, precision: str, plan_name: str | None, rounds: int) -> dict:
+def profile(model: str, db_path: str, precision: str, plan_name: str | None, rounds: int,
+            copies: int) -> dict:
     device = parse_device("cpu")
     spec = load_model(model)
     db = TuningDatabase(db_path)
@@ -127,13 +130,8 @@ def profile(model: str, db_path: str, precision: str, plan_name: str | None, rou
     target = target_with_limits(device.target)
     adapter = MetaScheduleDatabase(db, db.device_id(device), policy="same-arch", read_only=True, precision=precision,
                                    fallback=lambda w: fallback_record(w, target), untuned=DEFAULT_LOWERING)  # fmt: skip
-    fuse = tvm.transform.Sequential([
-        *relax_pipeline.library_dispatch_passes(target), relax.transform.LegalizeOps(),
-        relax.transform.AnnotateTIROpPattern(), relax.transform.FoldConstant(), relax.transform.FuseOps(),
-        relax.transform.FuseTIR(),
-    ])  # fmt: skip
+    fused, phases["fuse"] = _timed(fuse, mod, target)
     with target, adapter, tvm.transform.PassContext(opt_level=3):
-        fused, phases["fuse"] = _timed(fuse, mod)
         scheduled, phases["apply_database"] = _timed(MetaScheduleApplyDatabase(), fused)
     out["phases_s"] = phases
 
@@ -157,6 +155,16 @@ def profile(model: str, db_path: str, precision: str, plan_name: str | None, rou
         _, out["tir_build_one_module_s"] = _timed(tvm.tirx.build, tir, target)
         with per_function():
             _, out["tir_build_per_function_s"] = _timed(tvm.tirx.build, tir, target)
+    if copies:
+        # The function that took LLVM longest, n times in one module: how TVM's one-module
+        # build grows with the module, not with any one function.
+        worst = funcs[0]["name"]
+        func = next(f for gv, f in scheduled.functions.items() if gv.name_hint == worst)
+        out["copies"] = {"function": worst, "one_module_s": {}}
+        with tvm.transform.PassContext(opt_level=3):
+            for n in (1, 4, 8, copies):
+                mod_n = tvm.IRModule({f"copy{i}": func.with_attr("global_symbol", f"copy{i}") for i in range(n)})
+                _, out["copies"]["one_module_s"][n] = _timed(tvm.tirx.build, mod_n, target)
     out["functions"] = funcs
     out["sum_s"] = {k: sum(r[k] for r in funcs) for k in ("lower_s", "codegen_s", "object_s")}
     return out
@@ -171,9 +179,11 @@ def main() -> None:
     p.add_argument("--top", type=int, default=15)
     p.add_argument("--latency-rounds", type=int, default=0,
                    help="also build with one LLVM module and time both builds in this many interleaved rounds")
+    p.add_argument("--copies", type=int, default=0,
+                   help="also build 1, 4, 8 and this many copies of the slowest function as one LLVM module")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
-    result = profile(args.model, args.db, args.precision, args.layout, args.latency_rounds)
+    result = profile(args.model, args.db, args.precision, args.layout, args.latency_rounds, args.copies)
     result["machine"] = {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count()}
     console = Console()
     console.print(f"compile_model: plain {result['plain_compile_s']:.1f} s, database {result['db_compile_s']:.1f} s")
@@ -183,6 +193,10 @@ def main() -> None:
         lat = result["latency"]
         console.print(f"one LLVM module: compile {result['db_compile_one_module_s']:.1f} s; latency (median/min ms): "
                       + ", ".join(f"{k} {v['median_ms']:.2f}/{v['min_ms']:.2f}" for k, v in lat.items()))
+    if "copies" in result:
+        c = result["copies"]
+        console.print(f"copies of {c['function']} as one LLVM module: "
+                      + ", ".join(f"{n}: {t:.2f} s" for n, t in c["one_module_s"].items()))
     console.print("phases (s): " + ", ".join(f"{k} {v:.2f}" for k, v in result["phases_s"].items()))
     console.print("functions built alone (s): " + ", ".join(f"{k} {v:.2f}" for k, v in result["sum_s"].items()))
     table = Table(title=f"slowest functions to compile of {len(result['functions'])}")

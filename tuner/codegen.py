@@ -1,12 +1,13 @@
 """LLVM code generation of a compiled model, one LLVM module per function.
 
 TVM builds all of a model's scheduled functions as one LLVM module (``target.build.llvm``).
-For the bf16 models that module takes superlinear time: 16 copies of one tensorized bf16
-conv (256 ``vdpbf16ps`` calls each) took 35 s together against 0.23 s for one, ResNet-50
-bf16's 44 functions 28 s together against 4.2 s one by one, while fp32's functions cost the
-same either way (2-core Zen 5, 2026-11-26, ``benchmarks/compile_profile.py``; the hot code is
-in TVM's stripped LLVM and not named here). Building each function as its own LLVM module and
-importing them into the first bounds that cost by the largest function.
+For the bf16 models that module takes superlinear time. On a 2-core Zen 5 (2026-11-26,
+``benchmarks/compile_profile.py --copies 16``), 16 copies of one tensorized bf16 conv (256
+``vdpbf16ps`` calls each) took 118 s together against 0.43 s for one. ResNet-50 bf16's 44
+functions took 31.3 s as one module against 4.1 s one by one, while fp32's functions cost the
+same either way. The hot code is in TVM's stripped LLVM and is not named here. Building each
+function as its own LLVM module and importing them into the first bounds that cost by the
+largest function.
 
 The split is for CPU builds of public functions only, and only inside :func:`per_function`:
 a function finds the packed functions it calls through its own module's imports, so host
