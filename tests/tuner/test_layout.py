@@ -321,6 +321,37 @@ def test_softmax_on_cpu_uses_fast_exp_and_matches_exact_softmax() -> None:
     np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_layout_transforms_fuse_with_the_casts_and_pads_beside_them(dtype) -> None:
+    """The input chain of a blocked bf16 model (cast, channel pad, NCHW -> NCHW4c, spatial
+    pad) is one fused function and computes what the unfused chain computes; TVM's own
+    legalization leaves the transform opaque, alone in its function."""
+    import ml_dtypes
+
+    from tuner.tasks import fuse
+
+    target = tvm.target.Target({"kind": "llvm"})
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 3, 9, 7), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            cast = bb.emit(relax.op.astype(x, dtype))
+            channels = bb.emit(relax.op.nn.pad(cast, [0, 0, 0, 1, 0, 0, 0, 0]))
+            blocked = bb.emit(relax.op.layout_transform(channels, lambda n, c, h, w: (n, c // 4, h, w, c % 4)))
+            out = bb.emit_output(relax.op.nn.pad(blocked, [0, 0, 0, 0, 1, 2, 3, 1, 0, 0]))
+        bb.emit_func_output(out)
+    fused = fuse(prepare(bb.get(), target, LayoutPlan.parse("NCHW", target)), target)
+    calls = [b.value for b in fused["main"].body.blocks[0].bindings]
+    assert len(calls) == 1, fused["main"]
+    data = np.random.default_rng(0).standard_normal((1, 3, 9, 7)).astype("float32")
+    vm = relax.VirtualMachine(tvm.compile(fused, target=target), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(data)).numpy()
+    want = data.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    want = np.pad(want, [(0, 0), (0, 1), (0, 0), (0, 0)]).reshape(1, 1, 4, 9, 7).transpose(0, 1, 3, 4, 2)
+    want = np.pad(want, [(0, 0), (0, 0), (1, 2), (3, 1), (0, 0)])
+    assert got.dtype == want.dtype and np.array_equal(got.astype("float32"), want.astype("float32"))
+
+
 def test_auto_tasks_hold_each_conv_in_each_layout_once(tiny, cpu_device):
     """--layout auto's tasks: the union of the uniform plans' tasks, each conv's variants
     sharing a choice id, and a task identical across plans counted once, with one plan's weight."""
