@@ -11,7 +11,7 @@ import workloads
 
 from tuner.measure.builder import build_candidate
 from tuner.measure.results import ErrorClass, relative_spread
-from tuner.measure.runner import FLUSH_ALL, ArgSpec, CandidateRunner, TimingConfig, compare
+from tuner.measure.runner import ArgSpec, CandidateRunner, TimingConfig, compare
 
 CPU = {"kind": "llvm", "num-cores": 1}
 
@@ -74,10 +74,6 @@ def test_cache_flush_times_each_call_cold(runner, task, good):
     cold = runner.measure(task.workload_key, good, "main", TimingConfig(repeat=5, flush_cache=True))
     assert warm.ok and cold.ok
     assert len(cold.run_secs) >= 5
-    # The data is flushed too (runner.FLUSH_ALL), whatever the number of arguments.
-    flush_all = tvm.get_global_func(FLUSH_ALL)
-    flush_all(tvm.runtime.tensor(np.ones(4, "float32")))
-    flush_all(*[tvm.runtime.tensor(np.ones((64, 64), "float32")) for _ in range(3)])
 
 
 def test_hopeless_candidate_stopped_early_with_probe_only(runner, task, good):

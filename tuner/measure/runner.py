@@ -6,7 +6,6 @@ arrive as bytes of a shared library. Import nothing from the compiler side here.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import statistics
@@ -24,14 +23,6 @@ from tuner.measure.cuda import CudaToolchainError, context_fatal, load_cuda_runt
 from tuner.measure.results import ErrorClass, RunResult, Timing, relative_spread
 
 logger = logging.getLogger(__name__)
-
-# The f_preproc of a cold repeat. TVM's own ``cache_flush_cpu_non_first_arg`` (MetaSchedule's
-# ``enable_cpu_cache_flush``) keeps the data warm, as if every producer left its output in
-# the caches of the cores that read it. Inside a model the producer's threads wrote it, part in
-# each core's cache, and schedules rank as they do with the data read from memory, not as with
-# it warm: the stored best of bf16 ResNet-50's 1x1 512->128 conv took 0.45 ms that way against
-# 0.28 for its fifth (benchmarks/cold_input.py). So a cold repeat flushes every argument.
-FLUSH_ALL = "nightshift.cache_flush_cpu_all_args"
 
 
 @dataclass(frozen=True)
@@ -247,8 +238,6 @@ class CandidateRunner:
             repeat = max(1, int(budget // check_s))
             logger.debug("slow candidate (%.3g s a call): %d repeats instead of %d", check_s, repeat, timing.repeat)
         flush = timing.flush_cache and self.dev.dlpack_device_type() == tvm.cpu(0).dlpack_device_type()
-        if flush:
-            register_flush_all()
         secs: list[float] = []
         if best_sec and timing.hopeless_factor > 0 and timing.probe > 0:
             probe = lib.time_evaluator(entry, self.dev, number=1, repeat=timing.probe)
@@ -264,7 +253,7 @@ class CandidateRunner:
                 entry, self.dev, number=1, repeat=n,
                 min_repeat_ms=0 if flush else timing.min_repeat_ms,
                 cooldown_interval_ms=timing.cooldown_ms,
-                f_preproc=FLUSH_ALL if flush else "",
+                f_preproc="cache_flush_cpu_non_first_arg" if flush else "",
             )  # fmt: skip
 
         if len(secs) < repeat:
@@ -315,19 +304,6 @@ class CandidateRunner:
             return ray.get_runtime_context().get_node_id()
         except Exception:  # outside Ray (plain use in a process)
             return None
-
-
-@functools.cache
-def register_flush_all() -> None:
-    """Register :data:`FLUSH_ALL` in this process: TVM's flush of every argument but the first,
-    called with a placeholder first."""
-    flush = tvm.get_global_func("cache_flush_cpu_non_first_arg")
-    placeholder = tvm.runtime.tensor(np.zeros(1, "float32"))
-
-    def flush_all(*args: Any) -> None:
-        flush(placeholder, *args)
-
-    tvm_ffi.register_global_func(FLUSH_ALL, flush_all, override=True)
 
 
 def _load(artifact: bytes) -> tvm.runtime.Module:
