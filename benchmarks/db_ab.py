@@ -8,7 +8,10 @@ are ONNX Runtime and OpenVINO asked for f32 (``openvino-f32``, ``INFERENCE_PRECI
 f32; plain ``openvino`` runs its default, bf16 on CPUs with AVX512_BF16, and its row says
 so). With ``--precision bf16`` or ``int8`` both builds are that precision (fp32 models only:
 int8 wants its QDQ file, see precision_vs_peers.py) and the peers should run at it too
-(``--peers openvino torch-bf16`` for bf16). Writes benchmarks/results/db_ab.json (``--out``).
+(``--peers openvino torch-bf16`` for bf16). ``--b-opaque-transforms`` builds B with TVM's own
+``layout_transform`` legalization, which nothing fuses with (Nightshift's before 2026-11-26;
+give ``--db-b`` the same file to compare the two builds alone). Writes
+benchmarks/results/db_ab.json (``--out``).
 
     .venv/bin/python benchmarks/db_ab.py --db warm.db --db-b cold.db --label-b "cold-tuned" --model resnet50
 """
@@ -16,6 +19,7 @@ int8 wants its QDQ file, see precision_vs_peers.py) and the peers should run at 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -44,18 +48,37 @@ class OtherDatabase(Peer):
     module = "tvm"
     install = "pip install -e ."
 
-    def __init__(self, spec, device, db: TuningDatabase, label: str, precision: str = "fp32") -> None:
+    def __init__(self, spec, device, db: TuningDatabase, label: str, precision: str = "fp32",
+                 opaque_transforms: bool = False) -> None:  # fmt: skip
         super().__init__()
         self._spec, self._device, self._db, self.label = spec, device, db, label
         self._precision = precision
+        self._opaque = opaque_transforms
         self.precision = "f32" if precision == "fp32" else precision
 
     def prepare(self, model: PeerModel, threads: int) -> None:
-        compiled = compile_model(self._spec, self._device, self._db, precision=self._precision)
+        with opaque_layout_transforms() if self._opaque else contextlib.nullcontext():
+            compiled = compile_model(self._spec, self._device, self._db, precision=self._precision)
         self._runner = TvmRunner(compiled, self._device, self.label, self.precision)
 
     def run(self, inputs):
         return self._runner.run(inputs)
+
+
+@contextlib.contextmanager
+def opaque_layout_transforms():
+    """Legalize ``layout_transform`` as TVM does (tuner.layout looks its legalization up by
+    name when it prepares a model)."""
+    from tvm.relax.transform.legalize_ops.manipulate import _layout_transform
+
+    import tuner.layout
+
+    ours = tuner.layout._legalize_layout_transform
+    tuner.layout._legalize_layout_transform = _layout_transform
+    try:
+        yield
+    finally:
+        tuner.layout._legalize_layout_transform = ours
 
 
 def main() -> None:
@@ -68,12 +91,15 @@ def main() -> None:
     p.add_argument("--peers", nargs="+", default=["onnxruntime", "openvino-f32"])
     p.add_argument("--precision", choices=["fp32", "bf16", "int8"], default="fp32",
                    help="both builds' precision (their accuracy is precision_vs_peers.py's business)")
+    p.add_argument("--b-opaque-transforms", action="store_true",
+                   help="build B with TVM's own layout_transform legalization (opaque, fused with nothing)")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     device = parse_device("cpu")
     check_device(args.precision, device)
     spec = load_model(args.model)
-    other = OtherDatabase(spec, device, TuningDatabase(args.db_b), args.label_b, args.precision)
+    other = OtherDatabase(spec, device, TuningDatabase(args.db_b), args.label_b, args.precision,
+                          args.b_opaque_transforms)  # fmt: skip
     peers = [TorchBf16Peer() if name == "torch-bf16" else name for name in args.peers]
     config = BenchConfig(rounds=args.rounds, peers=(*peers, other), fallback=False, precision=args.precision,
                          accuracy_inputs=0)
@@ -82,6 +108,7 @@ def main() -> None:
     console.print(render(result))
     write_result(args.out, "db_ab", {
         "db_a": args.db, "db_b": args.db_b, "label_b": args.label_b, "precision": args.precision,
+        "b_opaque_transforms": args.b_opaque_transforms,
         "load_before": load_before, "load_after": os.getloadavg(), "result": result.to_json(),
     })  # fmt: skip
     console.print(f"wrote {args.out}")

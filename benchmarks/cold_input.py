@@ -1,0 +1,157 @@
+"""Which cold timing ranks schedules as the model runs them: the data warm, flushed, or as a producer left it?
+
+A cold repeat flushes the weights and the output from the caches. TVM's own flush
+(``cache_flush_cpu_non_first_arg``, MetaSchedule's ``enable_cpu_cache_flush``) keeps the first
+argument, the data, warm: every core holds it from the previous call. Inside a model the data
+was just written by the producer's threads, part of it in each core's cache. For the
+``--tasks`` heaviest tuned tasks of ``--model`` in ``--db``, the ``--top`` best records are
+built and timed three ways, interleaved, on the job's thread count:
+
+- ``data warm``: TVM's flush, as ``tune --timing cold`` times;
+- ``all flushed``: every argument flushed (TVM's flush called with a placeholder first);
+- ``producer``: the other arguments flushed, then the data rewritten by one thread per core
+  from a copy, each thread its own contiguous part, as a parallel producer leaves it.
+
+Per task: each record's three medians, which record each way picks, and what each pick
+costs in the ``producer`` timing. Writes benchmarks/results/cold_input.json (``--out``).
+
+    .venv/bin/python benchmarks/cold_input.py --db tuned.db --model resnet50 --precision bf16 --tasks 10 --top 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import tvm
+import tvm_ffi
+from rich.console import Console
+from rich.table import Table
+
+from search_spaces import lowering
+from search_spaces.preload import preload_tensor_intrinsics
+from tuner.db import TuningDatabase
+from tuner.device import parse_device
+from tuner.frontends import load_model
+from tuner.layout import LayoutPlan
+from tuner.measure.ray_measure import _arg_specs
+from tuner.measure.runner import random_args
+from tuner.tasks import extract_tasks
+
+console = Console()
+RESULTS = Path(__file__).parent / "results" / "cold_input.json"
+sys.path.insert(0, str(Path(__file__).parent))
+from flush_ranking import scheduled  # noqa: E402
+from result_file import write_result  # noqa: E402
+
+FLUSH = "cache_flush_cpu_non_first_arg"
+FLUSH_ALL = "nightshift_bench.flush_all_args"
+PRODUCER = "nightshift_bench.producer_wrote_data"
+MODES = {"data warm": FLUSH, "all flushed": FLUSH_ALL, "producer": PRODUCER}
+
+
+def register_flush_all() -> None:
+    """:data:`FLUSH_ALL`: TVM's flush of every argument but the first, given a placeholder first."""
+    flush = tvm.get_global_func(FLUSH)
+    placeholder = tvm.runtime.tensor(np.zeros(1, "float32"))
+    tvm_ffi.register_global_func(FLUSH_ALL, lambda *args: flush(placeholder, *args), override=True)
+
+
+class Producer:
+    """The ``producer`` preprocessing: TVM's flush, then the data rewritten by ``threads``
+    threads from :attr:`source` (numpy's copy releases the GIL, so they run at once)."""
+
+    def __init__(self, threads: int) -> None:
+        self.pool = ThreadPoolExecutor(threads)
+        self.threads = threads
+        self.source = np.zeros(0, np.uint8)
+        self.flush = tvm.get_global_func(FLUSH)
+        tvm_ffi.register_global_func(PRODUCER, self, override=True)
+
+    def __call__(self, *args) -> None:
+        self.flush(*args)
+        data = np.from_dlpack(args[0]._create_view((self.source.size,), "uint8"))
+        parts = np.array_split(np.arange(self.source.size), self.threads)
+        list(self.pool.map(lambda p: np.copyto(data[p[0]: p[-1] + 1], self.source[p[0]: p[-1] + 1]), parts))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--db", required=True)
+    p.add_argument("--model", default="resnet50")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    p.add_argument("--tasks", type=int, default=10, help="heaviest tuned tasks (weight x best)")
+    p.add_argument("--top", type=int, default=6, help="best records per task")
+    p.add_argument("--repeat", type=int, default=15, help="cold single-call runs per record and way")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args()
+    device = parse_device("cpu")
+    device.use_threads()
+    threads = int(device.target.attrs.get("num-cores", os.cpu_count() or 1))
+    preload_tensor_intrinsics()
+    lowering.install()  # records are built as the job built them
+    register_flush_all()
+    producer = Producer(threads)
+    db = TuningDatabase(args.db)
+    device_id = db.find_device_id(device)
+    if device_id is None:
+        raise SystemExit(f"{args.db} has no records of this CPU ({device.fingerprint})")
+    plan = LayoutPlan.for_target(device.target)
+    tasks = extract_tasks(load_model(args.model).bound(), device.target, plan, precision=args.precision)
+    rows = {t.workload_key: db.best(t.workload_key, device_id, k=args.top) for t in tasks}
+    tuned = [t for t in tasks if rows[t.workload_key] and rows[t.workload_key][0].mean_sec]
+    tuned.sort(key=lambda t: -t.weight * rows[t.workload_key][0].mean_sec)
+    load_before = os.getloadavg()
+    out = []
+    for task in tuned[: args.tasks]:
+        arrays = [tvm.runtime.tensor(a) for a in random_args(_arg_specs(task.mod))]
+        data = arrays[0]
+        nbytes = data.numpy().nbytes
+        producer.source = np.from_dlpack(data._create_view((nbytes,), "uint8")).copy()
+        records = []
+        for row in rows[task.workload_key]:
+            lib = tvm.compile(scheduled(task, row), target=device.target).mod
+            times: dict[str, list[float]] = {m: [] for m in MODES}
+            for _ in range(3):  # interleaved: the three ways share the machine's state
+                for mode, preproc in MODES.items():
+                    f = lib.time_evaluator("main", tvm.cpu(), number=1, repeat=max(1, args.repeat // 3),
+                                           f_preproc=preproc)  # fmt: skip
+                    times[mode] += [float(s) for s in f(*arrays).results]
+            records.append({"record_id": row.id, "stored_ms": 1e3 * row.mean_sec, "timing": row.timing,
+                            **{m: 1e3 * statistics.median(v) for m, v in times.items()}})  # fmt: skip
+        picks = {m: min(range(len(records)), key=lambda i, m=m: records[i][m]) for m in MODES}
+        picks["stored"] = 0
+        entry = {"task": task.name, "workload_key": task.workload_key, "weight": task.weight,
+                 "data_kb": nbytes / 1e3, "records": records, "picks": picks,
+                 "producer_ms_of_pick": {m: records[i]["producer"] for m, i in picks.items()}}  # fmt: skip
+        out.append(entry)
+        console.print(f"{task.name} (x{task.weight}, data {nbytes / 1e3:.0f} KB): producer ms of each pick "
+                      + ", ".join(f"{m} {v:.3f}" for m, v in entry["producer_ms_of_pick"].items()))  # fmt: skip
+    table = Table(title=f"{args.model} {args.precision}: each timing's pick, timed as a producer leaves the data")
+    for col in ("task", "calls", "data KB", "stored best", "data warm", "all flushed", "producer"):
+        table.add_column(col, justify="left" if col == "task" else "right")
+    for e in out:
+        ms = e["producer_ms_of_pick"]
+        table.add_row(e["task"], str(e["weight"]), f"{e['data_kb']:.0f}", f"{ms['stored']:.3f}",
+                      f"{ms['data warm']:.3f}", f"{ms['all flushed']:.3f}", f"{ms['producer']:.3f}")  # fmt: skip
+    console.print(table)
+    totals = {m: sum(e["weight"] * e["producer_ms_of_pick"][m] for e in out) for m in ("stored", *MODES)}
+    console.print("per inference, these tasks with each way's picks (producer timing): "
+                  + ", ".join(f"{m} {v:.3f} ms" for m, v in totals.items()))  # fmt: skip
+    write_result(args.out, "cold_input", {
+        "machine": {"cpu": device.description.get("model", platform.processor()), "target": str(device.target),
+                    "threads": threads, "load_before": load_before, "load_after": os.getloadavg()},
+        "model": args.model, "precision": args.precision, "db": args.db, "tasks": out,
+        "model_ms_by_pick": totals,
+    })  # fmt: skip
+    console.print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
