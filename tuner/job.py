@@ -452,7 +452,7 @@ class TuningJob:
             self.scheduler.best_sec[j] = result.best_sec
             self._emit("task_confirmed", task=j, task_name=task.name, stored_sec=result.stored_sec,
                        best_sec=result.best_sec, retimed=result.retimed, failed=result.failed,
-                       changed=result.changed, confirmed=result.confirmed, elapsed_s=self.elapsed_s)  # fmt: skip
+                       changed=result.changed, elapsed_s=self.elapsed_s)  # fmt: skip
 
     def _finish_job(self, state: str, reason: str) -> None:
         """Record the job's end: its state, tuning time and trials (counted from its records,

@@ -268,8 +268,6 @@ class LiveView:
             return f"task {t.name} done: {ev['reason']}"
         if ev["event"] == "task_confirmed":
             which = "another record" if ev["changed"] else "the same record"
-            if not ev.get("confirmed", True):
-                which += ", not timed again"
             return (f"task {t.name} confirmed: {ev['retimed']} records timed again, best {_ms(ev['stored_sec'])} -> "
                     f"{_ms(ev['best_sec'])} ms ({which})")
         start, now = p.estimate_sec
