@@ -28,7 +28,6 @@ from tvm.s_tir.schedule import Trace
 import cost_models
 import search_spaces
 from tuner import search
-from tuner.confirm import confirm_task
 from tuner.db import NewRecord, TuningDatabase
 from tuner.db.database import measured_results
 from tuner.device import Device
@@ -100,9 +99,6 @@ class TuneConfig:
     #: Points per space a task with no records of the job's timing mode is seeded with from
     #: the other mode's records (``tuner.reuse``; 0: none, as with ``fresh``).
     seed_points: int = SEED_POINTS
-    #: At the end of the job each task's this many fastest records are timed again side by
-    #: side and stored with those times (``tuner.confirm``; 0 or 1: off).
-    confirm_top: int = 4
 
     def __post_init__(self) -> None:
         if self.trials is None and self.time_budget_s is None:
@@ -117,8 +113,6 @@ class TuneConfig:
             raise UserInputError(f"--skip-after must be 0 or more, got {self.skip_after}")
         if self.hopeless_after < 0:
             raise UserInputError(f"hopeless_after must be 0 or more, got {self.hopeless_after}")
-        if self.confirm_top < 0:
-            raise UserInputError(f"--confirm-top must be 0 or more, got {self.confirm_top}")
         if self.seed_points < 0:
             raise UserInputError(f"seed_points must be 0 or more, got {self.seed_points}")
         if self.propose_on not in ("cluster", "driver"):
@@ -353,9 +347,7 @@ class TuningJob:
         try:
             with self._ctrl_c():
                 self._loop()
-                stop_reason = self._stop_reason()
-                self._confirm()
-            state, reason = "done", stop_reason
+            state, reason = "done", self._stop_reason()
         except KeyboardInterrupt:
             state, reason = "stopped", "interrupted"
             raise
@@ -430,29 +422,6 @@ class TuningJob:
                 return
             self._complete(self.inflight.popleft())
             self._completed()
-
-    def _confirm(self) -> None:
-        """Time each task's ``config.confirm_top`` fastest records again and rank them by those
-        times (:func:`tuner.confirm.confirm_task`), heaviest task first; the scheduler's best
-        (the closing estimate) follows."""
-        if self.config.confirm_top < 2:
-            return
-        assert self.measurer is not None and self.device_id is not None
-        order = sorted(range(len(self.tasks)),
-                       key=lambda j: -self.tasks[j].weight * (self.scheduler.best_sec[j] or 0.0))  # fmt: skip
-        for j in order:
-            if self.scheduler.best_sec[j] is None:
-                continue
-            self._check_interrupt()
-            task = self.tasks[j]
-            result = self._retrying("database", confirm_task, self.db, self.measurer, task, self.device_id,
-                                    self.timing, self.config.confirm_top)  # fmt: skip
-            if result is None:
-                continue
-            self.scheduler.best_sec[j] = result.best_sec
-            self._emit("task_confirmed", task=j, task_name=task.name, stored_sec=result.stored_sec,
-                       best_sec=result.best_sec, retimed=result.retimed, failed=result.failed,
-                       changed=result.changed, elapsed_s=self.elapsed_s)  # fmt: skip
 
     def _finish_job(self, state: str, reason: str) -> None:
         """Record the job's end: its state, tuning time and trials (counted from its records,
