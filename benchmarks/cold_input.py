@@ -36,11 +36,11 @@ from rich.table import Table
 
 from search_spaces import lowering
 from search_spaces.preload import preload_tensor_intrinsics
+from search_spaces.verify import arg_specs
 from tuner.db import TuningDatabase
 from tuner.device import parse_device
 from tuner.frontends import load_model
 from tuner.layout import LayoutPlan
-from tuner.measure.ray_measure import _arg_specs
 from tuner.measure.runner import random_args
 from tuner.tasks import extract_tasks
 
@@ -77,8 +77,10 @@ class Producer:
     def __call__(self, *args) -> None:
         self.flush(*args)
         data = np.from_dlpack(args[0]._create_view((self.source.size,), "uint8"))
-        parts = np.array_split(np.arange(self.source.size), self.threads)
-        list(self.pool.map(lambda p: np.copyto(data[p[0]: p[-1] + 1], self.source[p[0]: p[-1] + 1]), parts))
+        # Bounds by arithmetic: anything allocated here would evict the data it times.
+        step = -(-self.source.size // self.threads)
+        parts = [slice(i, i + step) for i in range(0, self.source.size, step)]
+        list(self.pool.map(lambda part: np.copyto(data[part], self.source[part]), parts))
 
 
 def main() -> None:
@@ -110,7 +112,7 @@ def main() -> None:
     load_before = os.getloadavg()
     out = []
     for task in tuned[: args.tasks]:
-        arrays = [tvm.runtime.tensor(a) for a in random_args(_arg_specs(task.mod))]
+        arrays = [tvm.runtime.tensor(a) for a in random_args(arg_specs(task.mod))]
         data = arrays[0]
         nbytes = data.numpy().nbytes
         producer.source = np.from_dlpack(data._create_view((nbytes,), "uint8")).copy()
