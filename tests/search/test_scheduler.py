@@ -300,3 +300,25 @@ def test_transforms_count_against_a_layout_the_model_does_not_prefer(mod):
     assert sched.objective() == pytest.approx(0.010 + 0.010 + 2 * (1 << 20) / 1e9)
     # Conv 1's NCHW variant now trails by more than a batch can be expected to win back.
     assert sched.gradient(3) > sched.gradient(2)
+
+
+def test_a_trailing_layout_behind_its_own_peers_catches_up(mod):
+    """Conv 2's blocked variant measures slower than its NCHW one after its first batch, but
+    the other blocked convs run 3x faster than it: what its layout reaches elsewhere makes it
+    worth more trials, and with them it overtakes NCHW. Judged at half of its peers' GFLOPS
+    (``catch_up_share`` 0, the scheduler before) it kept its first batch and the model ran NCHW."""
+    tasks = layout_variants(mod, 3)
+    curves = [power_law(0.005, 0.3), power_law(0.015, 0.3), power_law(0.005, 0.3), power_law(0.015, 0.3),
+              lambda t: 0.005 + 0.0165 * math.exp(-t / 40),  # conv 2, blocked: slow start, fast later
+              lambda t: 0.009 + 0.001 * (1 + t / 50) ** -0.5]  # conv 2, NCHW: ahead at first  # fmt: skip
+
+    def conv2_after(share: float) -> TaskScheduler:
+        sched = TaskScheduler(tasks, epsilon=0.0, patience=10**6, catch_up_share=share)
+        run(sched, curves, budget=640)
+        return sched
+
+    before, now = conv2_after(0.0), conv2_after(0.5)
+    assert before.trials[4] == 16 and before.contribution(5) < before.contribution(4), before.trials
+    assert now.trials[4] >= 48 and now.contribution(4) < now.contribution(5), now.trials
+    # The NCHW variants of the convs whose blocked layout leads from the start still get nothing.
+    assert max(now.trials[1], now.trials[3]) <= 8 + 16, now.trials
