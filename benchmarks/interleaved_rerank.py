@@ -6,8 +6,11 @@ best is often the record that met a fast moment. Here the ``--top`` best records
 ``--tasks`` heaviest tuned tasks are built as the job builds them and timed in rounds, one
 cold timing (as ``tune --timing cold``) of each record per round, ``--rounds`` rounds: every
 record meets the same moments. Each record's ``mean_sec`` in a copy of the database
-(``--out-db``) becomes the median of its rounds, so ``nightshift compile`` (and
-``db_ab.py``) take the record that is fastest across moments. The original is not touched.
+(``--out-db``) becomes the mean of its rounds' medians (:meth:`TuningDatabase.retime`), so
+``nightshift compile`` (and ``db_ab.py``) take the record that is fastest across moments.
+The original is not touched.
+The timing is ``tuner.rerank``'s, which ``tune`` runs at the end of a job (``--rerank-top``);
+this script applies it to a finished database, to measure what it changes in the model.
 Writes benchmarks/results/interleaved_rerank.json (``--out``).
 
     .venv/bin/python benchmarks/interleaved_rerank.py --db tuned.db --out-db reranked.db --tasks 12 --top 6
@@ -19,7 +22,6 @@ import argparse
 import os
 import platform
 import shutil
-import sqlite3
 import statistics
 import sys
 import tempfile
@@ -37,12 +39,12 @@ from tuner.layout import LayoutPlan
 from tuner.measure.builder import build_candidate
 from tuner.measure.runner import TimingConfig, random_args
 from tuner.memory import small_pages
+from tuner.rerank import record_program, time_interleaved
 from tuner.tasks import extract_tasks
 
 console = Console()
 RESULTS = Path(__file__).parent / "results" / "interleaved_rerank.json"
 sys.path.insert(0, str(Path(__file__).parent))
-from flush_ranking import scheduled  # noqa: E402
 from result_file import write_result  # noqa: E402
 
 
@@ -59,7 +61,7 @@ def main() -> None:
     small_pages()
     device = parse_device("cpu")
     device.use_threads()
-    repeat = TimingConfig.of_mode("cold").repeat
+    timing = TimingConfig.of_mode("cold")
     db = TuningDatabase(args.db)
     device_id = db.find_device_id(device)
     if device_id is None:
@@ -72,22 +74,18 @@ def main() -> None:
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         for task in tuned[: args.tasks]:
-            evaluators, kept = [], []
+            libs, kept = [], []
             for row in rows[task.workload_key]:
-                built = build_candidate(tvm.ir.save_json(scheduled(task, row)), dict(device.target.export()))
-                if built.artifact is None:
+                program = record_program(task, row.record_json)
+                built = build_candidate(tvm.ir.save_json(program), dict(device.target.export())) if program else None
+                if built is None or built.artifact is None:
                     continue
                 path = Path(tmp) / f"{row.id}.so"
                 path.write_bytes(built.artifact)
-                lib = tvm_ffi.load_module(str(path))
-                evaluators.append(lib.time_evaluator("main", tvm.cpu(), number=1, repeat=repeat,
-                                                     f_preproc="cache_flush_cpu_non_first_arg"))  # fmt: skip
+                libs.append(tvm_ffi.load_module(str(path)))
                 kept.append(row)
             arrays = [tvm.runtime.tensor(a) for a in random_args(arg_specs(task.mod))]
-            times: list[list[float]] = [[] for _ in kept]
-            for _ in range(args.rounds):
-                for i, evaluate in enumerate(evaluators):
-                    times[i].append(statistics.median(evaluate(*arrays).results))
+            times = time_interleaved(libs, arrays, timing, args.rounds)
             records = [{"record_id": r.id, "stored_ms": 1e3 * r.mean_sec, "median_ms": 1e3 * statistics.median(t),
                         "min_ms": 1e3 * min(t), "rounds_ms": [1e3 * x for x in t]}
                        for r, t in zip(kept, times, strict=True)]  # fmt: skip
@@ -100,10 +98,11 @@ def main() -> None:
                           f"interleaved medians " + " ".join(f"{r['median_ms']:.3f}" for r in records)
                           + f" -> pick {pick}")  # fmt: skip
     shutil.copyfile(args.db, args.out_db)
-    with sqlite3.connect(args.out_db) as conn:
-        for e in out:
-            for r in e["records"]:
-                conn.execute("UPDATE records SET mean_sec = ? WHERE id = ?", (r["median_ms"] / 1e3, r["record_id"]))
+    copy = TuningDatabase(args.out_db)
+    for e in out:
+        for r in e["records"]:
+            copy.retime(r["record_id"], [ms / 1e3 for ms in r["rounds_ms"]])  # as tune stores them
+    copy.close()
     stored = sum(e["weight"] * e["stored_best_median_ms"] for e in out)
     picked = sum(e["weight"] * e["pick_median_ms"] for e in out)
     changed = sum(e["pick"] != 0 for e in out)

@@ -78,6 +78,9 @@ def _add_tune_args(p: argparse.ArgumentParser) -> None:
                    help="ignore other jobs' records: skip no task, seed no search from them")
     p.add_argument("--skip-after", type=int, default=None,
                    help="skip a task with this many good records on the device (default 512; 0: never)")
+    p.add_argument("--rerank-top", type=int, default=None,
+                   help="after the search, time each heavy task's K fastest records in interleaved rounds and "
+                        "rank them by those times (default 4; 0: off; CPU on a local cluster only)")
     p.add_argument("--ray-address", default=None,
                    help="existing Ray cluster: auto (on a node of it), or http://HEAD:8265 to submit the job to "
                         "the head (Ray's Jobs API); default: start one locally")
@@ -262,6 +265,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         strategy=args.strategy,
         measure=MeasureConfig(build_timeout_s=args.build_timeout, timing=TimingConfig.of_mode(timing)),
         name=args.job or f"{spec.name}-{device.name}", fresh=args.fresh, skip_after=args.skip_after,
+        rerank_top=args.rerank_top,
     )  # fmt: skip
     if device.kind == "cuda":
         device = _gpu_worker_device(device, args.ray_address)

@@ -12,8 +12,10 @@ sent to be built and timed, with ``propose_s``: where proposing it went), ``batc
 (per measured batch: task, trials, errors by class, the task's best, ``device_s``/``build_s``:
 the device's busy and the builds' CPU seconds, ``wait_s``: how long the job waited for it),
 ``task_done`` (a task gets no more trials, and why), ``retry`` (the database or the Ray
-cluster is unreachable; waiting), ``job_end`` (state ``done``/``stopped``/``failed``, why,
-totals).
+cluster is unreachable; waiting), ``task_reranked`` (after the search, a task's fastest
+records timed in interleaved rounds: its stored best, its best now, how many were re-timed,
+whether another record is now the best; ``tuner.rerank``), ``job_end`` (state
+``done``/``stopped``/``failed``, why, totals).
 """
 
 from __future__ import annotations
@@ -134,6 +136,10 @@ class JobProgress:
             self.retrying = None
         elif kind == "task_done":
             self.tasks[ev["task"]].done = ev["reason"]
+        elif kind == "task_reranked":
+            # The new best may be slower: the stored one met the fastest moment of many timings.
+            self.tasks[ev["task"]].best_sec = ev["best_sec"]
+            self.elapsed_s = ev.get("elapsed_s", self.elapsed_s)
         elif kind == "retry":
             self.retrying = f"{ev['what']} unreachable ({ev['error']}); retry {ev['attempt']} in {ev['delay_s']:.0f} s"
         elif kind == "job_end":
@@ -250,7 +256,7 @@ class LiveView:
                 self.console.print(render(p))
         elif self._live is not None:
             self._live.update(render(p))
-        elif not self.quiet and kind in ("batch_done", "task_done", "retry"):
+        elif not self.quiet and kind in ("batch_done", "task_done", "task_reranked", "retry"):
             self.console.print(self._line(ev), highlight=False)
 
     def _line(self, ev: Event) -> str:
@@ -260,6 +266,10 @@ class LiveView:
         t = p.tasks[ev["task"]]
         if ev["event"] == "task_done":
             return f"task {t.name} done: {ev['reason']}"
+        if ev["event"] == "task_reranked":
+            which = "another record" if ev["changed"] else "the same record"
+            return (f"task {t.name} re-ranked: {ev['retimed']} timed in rounds, best {_ms(ev['stored_sec'])} -> "
+                    f"{_ms(ev['best_sec'])} ms ({which})")
         start, now = p.estimate_sec
         cap = f"/{p.trials_cap}" if p.trials_cap else ""
         return (f"trials {p.trials_done}{cap} ({t.name}: best {_ms(t.best_sec)} ms) elapsed {_dur(p.elapsed_s)}, "

@@ -65,6 +65,27 @@ def _one_job(db_url, cpu_device):
     return db, key, dev, db.start_job("m", dev, {}, 4)
 
 
+def test_retime_replaces_a_records_timing_and_the_ranking_follows(db_url, cpu_device):
+    from tuner.db.schema import RecordRow
+
+    db, key, dev, job = _one_job(db_url, cpu_device)
+    db.add_records(dev, job, [_rec(key, "a", [1e-3]), _rec(key, "b", [2e-3]), _rec(key, "c", [], "build_error")])
+    a = db.best(key, dev)[0]
+    db.retime(a.id, [3e-3, 4e-3])
+    best = db.best(key, dev, k=2)
+    assert [r.point for r in best] == ["b", "a"]
+    assert best[1].mean_sec == pytest.approx(3.5e-3)
+    assert json.loads(best[1].run_secs) == json.loads(best[1].record_json)[1] == [3e-3, 4e-3]
+    with db.session() as s:
+        failed = s.scalar(sa.select(RecordRow.id).where(RecordRow.point == "c"))
+    for record_id in (failed, 10**9):
+        with pytest.raises(DatabaseError, match="not a successful record"):
+            db.retime(record_id, [1e-3])
+    with pytest.raises(ValueError):
+        db.retime(a.id, [])
+    assert db.count_records(key, dev) == 3
+
+
 def test_writes_are_idempotent(db_url, cpu_device):
     db, key, dev, job = _one_job(db_url, cpu_device)
     batch = [_rec(key, f"p{i}", [1e-3 * (i + 1)]) for i in range(4)]

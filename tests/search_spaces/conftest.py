@@ -253,6 +253,9 @@ TASKS: dict[str, Callable[[], tvm.IRModule]] = {
 TARGETS: dict[str, dict] = {
     "llvm": {},  # filled from the host in _target()
     "cuda-sm90": {"kind": "cuda", "arch": "sm_90"},
+    # An AVX-512 VNNI CPU, for checks of the dot-product templates that build nothing: they
+    # must run on a host without those instructions too (an AVX2 Zen 3 runs CI some days).
+    "llvm-vnni": {"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2},
 }
 # The (task, target) pairs the suite covers; CUDA keeps to the two heavy patterns.
 TASK_TARGETS = [("matmul", "llvm"), ("conv", "llvm"), ("relu", "llvm"), ("conv_nchwc", "llvm"),

@@ -157,7 +157,7 @@ def test_fused_pixel_tiles_on_the_instruction_compute_the_reference(task_name, v
 
 
 def test_partial_pixel_tiles_need_a_serial_pixel_loop():
-    sp = space("x86-conv2d-nchwc-dot", "conv_nchwc_u8", "llvm")
+    sp = space("x86-conv2d-nchwc-dot", "conv_nchwc_u8", "llvm-vnni")
 
     def why(**values) -> str | None:
         return sp.static_violation(named_point(sp, DOT_DEFAULTS, **values))

@@ -538,6 +538,29 @@ class TuningDatabase:
 
         return self._write(work)
 
+    def retime(self, record_id: int, run_secs: Sequence[float]) -> None:
+        """Replace a successful record's timing with a new measurement of the same program, in
+        the same mode: its ``run_secs`` (the row's and its TVM record's) and ``mean_sec``.
+
+        For ``tune``'s re-ranking of each task's best few records (``tuner.rerank``): timed
+        in interleaved rounds, they are ranked by times taken at the same moments.
+        """
+        secs = [float(x) for x in run_secs]
+        if not secs:
+            raise ValueError("a new timing needs at least one run")
+
+        def work(s: Session) -> None:
+            row = s.get(RecordRow, record_id)
+            if row is None or row.error_class is not None or row.mean_sec is None:
+                raise DatabaseError(f"record {record_id} is not a successful record")
+            record = json.loads(row.record_json)
+            record[1] = secs  # TuningRecord.as_json(): [trace, run_secs, target, args_info]
+            row.record_json = json.dumps(record)
+            row.run_secs = json.dumps(secs)
+            row.mean_sec = sum(secs) / len(secs)
+
+        self._write(work)
+
     def measured_hashes(self, workload_key: str, device_id: int, timing: Timing = "warm") -> set[str]:
         """Program hashes of every candidate of a workload already measured on a device in
         one timing mode (a program timed warm is not yet measured cold).
