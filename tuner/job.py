@@ -439,9 +439,10 @@ class TuningJob:
             self._completed()
 
     def _rerank(self) -> None:
-        """Re-rank the records of the tasks that make up ``RERANK_SHARE`` of the estimated
-        latency, heaviest first (:func:`tuner.rerank.rerank_task`); the scheduler's bests (the
-        closing estimate) follow. Skipped where this process cannot time for the device."""
+        """Re-rank the records of the tasks the model runs that each carry ``RERANK_SHARE`` or
+        more of the estimated latency, heaviest first (:func:`tuner.rerank.rerank_task`); the
+        scheduler's bests (the closing estimate) follow. Skipped where this process cannot
+        time for the device."""
         if self.config.rerank_top < 2 or self.device.kind != "cpu":
             return
         node_id = self._timing_node()
@@ -453,7 +454,9 @@ class TuningJob:
         assert self.device_id is not None
         self.device.use_threads()
         lease = TimingLease(node_id)
-        weighted = {j: self.tasks[j].weight * b for j, b in enumerate(self.scheduler.best_sec) if b is not None}
+        # What each task adds to the model's latency; layouts the model does not run add nothing.
+        weighted = {j: c for j in range(len(self.tasks))
+                    if self.scheduler.in_model(j) and (c := self.scheduler.contribution(j)) is not None}  # fmt: skip
         total = sum(weighted.values())
         heavy = [j for j in sorted(weighted, key=lambda j: -weighted[j]) if weighted[j] >= RERANK_SHARE * total]
         logger.info("re-ranking the %d fastest records of %d tasks in %d interleaved rounds",

@@ -322,3 +322,14 @@ def test_a_trailing_layout_behind_its_own_peers_catches_up(mod):
     assert now.trials[4] >= 48 and now.contribution(4) < now.contribution(5), now.trials
     # The NCHW variants of the convs whose blocked layout leads from the start still get nothing.
     assert max(now.trials[1], now.trials[3]) <= 8 + 16, now.trials
+
+
+def test_in_model_is_the_leading_alternative_or_a_task_without_any(mod):
+    tasks = [*layout_variants(mod, 1), Task("fused_matmul_add", mod, 2, 1e8, "dense")]
+    sched = TaskScheduler(tasks, epsilon=0.0)
+    assert not any(sched.in_model(i) for i in range(3))  # nothing measured
+    sched.update(0, 16, 0.004)
+    sched.update(2, 16, 0.001)
+    assert [sched.in_model(i) for i in range(3)] == [True, False, True]
+    sched.update(1, 8, 0.003)  # the NCHW variant now leads
+    assert [sched.in_model(i) for i in range(3)] == [False, True, True]

@@ -311,6 +311,15 @@ class TaskScheduler:
             return None
         return self.tasks[index].weight * (best + self._transform_sec(index))
 
+    def in_model(self, index: int) -> bool:
+        """Whether the model runs task ``index`` as things stand: a task without alternatives
+        that has succeeded, or the alternative whose contribution is the lowest of its set."""
+        mine = self.contribution(index)
+        members = self._alternatives[index]
+        if mine is None or members is None:
+            return mine is not None
+        return all(mine <= c for j in members if (c := self.contribution(j)) is not None)
+
     def preferred_rank(self) -> int:
         """The layout rank the model's alternatives favour: the one whose alternatives' bests
         sum lowest over the sets measured in every rank (0 until such a set exists)."""
