@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -34,21 +33,16 @@ from rich.console import Console
 from rich.table import Table
 
 from search_spaces.verify import arg_specs
-from tuner.db import TuningDatabase
-from tuner.device import parse_device
-from tuner.frontends import load_model
-from tuner.layout import LayoutPlan
 from tuner.measure.builder import build_candidate
 from tuner.measure.runner import TimingConfig, random_args
-from tuner.memory import small_pages
-from tuner.tasks import extract_tasks
 
 console = Console()
 RESULTS = Path(__file__).parent / "results" / "host_states.json"
 SLOW = 1.25
 sys.path.insert(0, str(Path(__file__).parent))
 from flush_ranking import scheduled  # noqa: E402
-from result_file import write_result  # noqa: E402
+from result_file import machine, write_result  # noqa: E402
+from tuned_tasks import tuned_tasks  # noqa: E402
 
 
 def series(lib, host_args, n: int, timing: TimingConfig) -> list[dict]:
@@ -82,27 +76,17 @@ def main() -> None:
     p.add_argument("--series", type=int, default=40, help="timings per record")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
-    small_pages()
-    device = parse_device("cpu")
-    device.use_threads()
-    timing = TimingConfig.of_mode("cold")
-    db = TuningDatabase(args.db)
-    device_id = db.find_device_id(device)
-    if device_id is None:
-        raise SystemExit(f"{args.db} has no records of this CPU ({device.fingerprint})")
-    tasks = extract_tasks(load_model(args.model).bound(), device.target, LayoutPlan.for_target(device.target))
-    best = {t.workload_key: db.best(t.workload_key, device_id) for t in tasks}
-    tuned = [t for t in tasks if best[t.workload_key] and best[t.workload_key][0].mean_sec]
+    tuned = tuned_tasks(args.db, args.model)
+    device, timing = tuned.device, TimingConfig.of_mode("cold")
     if len(args.tasks) == 1 and args.tasks[0].isdigit():
-        tuned.sort(key=lambda t: -t.weight * best[t.workload_key][0].mean_sec)
-        chosen = tuned[: int(args.tasks[0])]
+        chosen = tuned.tasks[: int(args.tasks[0])]
     else:
-        chosen = [t for t in tuned if t.name in args.tasks]
+        chosen = [t for t in tuned.tasks if t.name in args.tasks]
     load_before = os.getloadavg()
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         for task in chosen:
-            row = best[task.workload_key][0]
+            row = tuned.rows[task.workload_key][0]
             built = build_candidate(tvm.ir.save_json(scheduled(task, row)), dict(device.target.export()))
             if built.artifact is None:
                 console.print(f"{task.name}: record {row.id} does not build: {built.error_msg}")
@@ -134,8 +118,7 @@ def main() -> None:
                       str(e["longest_slow_run"]))  # fmt: skip
     console.print(table)
     write_result(args.out, "host_states", {
-        "machine": {"cpu": device.description.get("model", platform.processor()), "target": str(device.target),
-                    "load_before": load_before, "load_after": os.getloadavg()},
+        "machine": machine(device, load_before),
         "model": args.model, "db": args.db, "slow_factor": SLOW, "records": out,
     })  # fmt: skip
     console.print(f"wrote {args.out}")

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -33,19 +32,15 @@ from rich.console import Console
 
 from search_spaces.verify import arg_specs
 from tuner.db import TuningDatabase
-from tuner.device import parse_device
-from tuner.frontends import load_model
-from tuner.layout import LayoutPlan
 from tuner.measure.builder import build_candidate
 from tuner.measure.runner import TimingConfig, random_args
-from tuner.memory import small_pages
 from tuner.rerank import record_program, time_interleaved
-from tuner.tasks import extract_tasks
 
 console = Console()
 RESULTS = Path(__file__).parent / "results" / "interleaved_rerank.json"
 sys.path.insert(0, str(Path(__file__).parent))
-from result_file import write_result  # noqa: E402
+from result_file import machine, write_result  # noqa: E402
+from tuned_tasks import tuned_tasks  # noqa: E402
 
 
 def main() -> None:
@@ -58,22 +53,12 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
-    small_pages()
-    device = parse_device("cpu")
-    device.use_threads()
-    timing = TimingConfig.of_mode("cold")
-    db = TuningDatabase(args.db)
-    device_id = db.find_device_id(device)
-    if device_id is None:
-        raise SystemExit(f"{args.db} has no records of this CPU ({device.fingerprint})")
-    tasks = extract_tasks(load_model(args.model).bound(), device.target, LayoutPlan.for_target(device.target))
-    rows = {t.workload_key: db.best(t.workload_key, device_id, k=args.top) for t in tasks}
-    tuned = [t for t in tasks if rows[t.workload_key] and rows[t.workload_key][0].mean_sec]
-    tuned.sort(key=lambda t: -t.weight * rows[t.workload_key][0].mean_sec)
+    tuned = tuned_tasks(args.db, args.model, top=args.top)
+    device, rows, timing = tuned.device, tuned.rows, TimingConfig.of_mode("cold")
     load_before = os.getloadavg()
     out = []
     with tempfile.TemporaryDirectory() as tmp:
-        for task in tuned[: args.tasks]:
+        for task in tuned.tasks[: args.tasks]:
             libs, kept = [], []
             for row in rows[task.workload_key]:
                 program = record_program(task, row.record_json)
@@ -109,8 +94,7 @@ def main() -> None:
     console.print(f"these tasks per inference, interleaved medians: stored bests {stored:.3f} ms, "
                   f"picks {picked:.3f} ms; {changed} of {len(out)} tasks change their record")  # fmt: skip
     write_result(args.out, "interleaved_rerank", {
-        "machine": {"cpu": device.description.get("model", platform.processor()), "target": str(device.target),
-                    "load_before": load_before, "load_after": os.getloadavg()},
+        "machine": machine(device, load_before),
         "model": args.model, "db": args.db, "out_db": args.out_db, "rounds": args.rounds, "tasks": out,
         "stored_bests_ms": stored, "picks_ms": picked,
     })  # fmt: skip

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
+import platform
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,3 +21,9 @@ def write_result(path: Path, benchmark: str, body: dict[str, Any]) -> None:
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def machine(device: Any, load_before: tuple[float, float, float], **extra: Any) -> dict[str, Any]:
+    """Where a CPU benchmark ran: the CPU, its TVM target, and the load average before and after."""
+    return {"cpu": device.description.get("model", platform.processor()), "target": str(device.target), **extra,
+            "load_before": load_before, "load_after": os.getloadavg()}  # fmt: skip

@@ -1,0 +1,43 @@
+"""The tuned tasks of a model on this host's CPU, heaviest first: what the scripts that time
+stored records again start from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tuner.db import TuningDatabase
+from tuner.device import Device, parse_device
+from tuner.frontends import load_model
+from tuner.layout import LayoutPlan
+from tuner.memory import small_pages
+from tuner.tasks import Task, extract_tasks
+
+
+@dataclass
+class Tuned:
+    """This CPU, its records in ``db``, and the model's tasks that have any."""
+
+    device: Device
+    db: TuningDatabase
+    device_id: int
+    tasks: list[Task]  # heaviest first: weight x the stored best
+    rows: dict[str, list[Any]]  # per workload key, its ``top`` fastest records
+
+
+def tuned_tasks(db_path: str, model: str, top: int = 1) -> Tuned:
+    """Numpy's huge-page advice off, the host CPU on its ``num-cores`` threads, and the tasks
+    of ``model`` (the host's default layout plan) with records of this CPU in ``db_path``;
+    exits with a message when the database has none."""
+    small_pages()
+    device = parse_device("cpu")
+    device.use_threads()
+    db = TuningDatabase(db_path)
+    device_id = db.find_device_id(device)
+    if device_id is None:
+        raise SystemExit(f"{db_path} has no records of this CPU ({device.fingerprint})")
+    tasks = extract_tasks(load_model(model).bound(), device.target, LayoutPlan.for_target(device.target))
+    rows = {t.workload_key: db.best(t.workload_key, device_id, k=top) for t in tasks}
+    tuned = [t for t in tasks if rows[t.workload_key] and rows[t.workload_key][0].mean_sec]
+    tuned.sort(key=lambda t: -t.weight * rows[t.workload_key][0].mean_sec)
+    return Tuned(device, db, device_id, tuned, rows)
