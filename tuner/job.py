@@ -473,6 +473,8 @@ class TuningJob:
             self._emit("task_reranked", task=j, task_name=task.name, stored_sec=result.stored_sec,
                        best_sec=result.best_sec, retimed=result.retimed, changed=result.changed,
                        elapsed_s=self.elapsed_s)  # fmt: skip
+        # A Ctrl-C during the last task's rounds stops the job too (the next run re-ranks again).
+        self._check_interrupt()
 
     def _timing_node(self) -> str | None:
         """The driver's Ray node, if one of the job's device actors times there."""
