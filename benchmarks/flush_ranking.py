@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import platform
 import statistics
@@ -33,6 +32,7 @@ from tuner.frontends import load_model
 from tuner.layout import LayoutPlan
 from tuner.measure.ray_measure import MeasureConfig, RayMeasurer, connect
 from tuner.measure.runner import TimingConfig
+from tuner.rerank import record_program
 from tuner.tasks import extract_tasks
 
 console = Console()
@@ -43,13 +43,10 @@ from result_file import write_result  # noqa: E402
 
 def scheduled(task, row):
     """The program a stored record makes of ``task``."""
-    from tvm.s_tir import Schedule
-    from tvm.s_tir.meta_schedule.database import TuningRecord, Workload
-
-    record = TuningRecord.from_json(json.loads(row.record_json), Workload(task.mod))
-    sch = Schedule(task.mod)
-    record.trace.apply_to_schedule(sch, remove_postproc=False)
-    return sch.mod
+    program = record_program(task, row.record_json)
+    if program is None:
+        raise ValueError(f"record {row.id} does not replay")
+    return program
 
 
 def median_ms(result) -> float | None:

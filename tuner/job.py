@@ -465,8 +465,9 @@ class TuningJob:
             self._check_interrupt()
             task = self.tasks[j]
             result = self._retrying("database", rerank_task, self.db, task, self.device_id, self.device.target,
-                                    self.timing, top=self.config.rerank_top, rounds=self.config.rerank_rounds,
-                                    lease=lease, cpu_work=self.measurer.cpu_work)  # fmt: skip
+                                    self.timing, self.config.measure.timing, top=self.config.rerank_top,
+                                    rounds=self.config.rerank_rounds, lease=lease,
+                                    cpu_work=self.measurer.cpu_work)  # fmt: skip
             if result is None:
                 continue
             self.scheduler.best_sec[j] = result.best_sec

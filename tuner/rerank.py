@@ -8,10 +8,10 @@ a fast moment, and re-timed one by one the top records meet other moments again.
 ``top`` fastest records of a task are built once and timed in ``rounds`` rounds, one cold
 (or warm) timing of each record per round, so every record meets the same moments; each
 record's timing is replaced by its per-round medians (:meth:`TuningDatabase.retime`) and
-the compiler's pick follows. On a 2,048-trial ResNet-50 database of an AVX2 Zen 3 this
-re-ranking (top 6 of the 14 heaviest tasks, 15 rounds) made the model 2-10% faster in
-three interleaved runs against the database as stored (benchmarks/README.md, "ResNet-50
-fp32 at 2,048 trials on an AVX2 Zen 3").
+the compiler's pick follows. On a 2,048-trial ResNet-50 database of an AVX2 Zen 3, ``tune``'s
+re-ranking (22 tasks, 58 s) made the model 10-13% faster in three interleaved runs against
+the database as stored, ONNX Runtime and OpenVINO beside (benchmarks/README.md,
+"Re-ranking each task's best records in interleaved rounds").
 
 The timing runs in the calling process, so only on a CPU of the same kind as the device the
 records are for, on the node where the job's device actor times (the driver of a local
@@ -62,14 +62,9 @@ class Reranked:
 def time_interleaved(libs: Sequence[tvm.runtime.Module], args: Sequence[tvm.runtime.Tensor], timing: TimingConfig,
                      rounds: int) -> list[list[float]]:  # fmt: skip
     """Per library, the median of each round's timing (seconds), the libraries timed in turn
-    within every round. A round's timing is ``timing.repeat`` single calls with the caches
-    flushed before each (``flush_cache``, TVM's flush of all but the data), else calls
-    lasting ``min_repeat_ms`` each."""
-    flush = timing.flush_cache
-    evaluators = [lib.time_evaluator("main", tvm.cpu(), number=1, repeat=timing.repeat,
-                                     min_repeat_ms=0 if flush else timing.min_repeat_ms,
-                                     f_preproc="cache_flush_cpu_non_first_arg" if flush else "")
-                  for lib in libs]  # fmt: skip
+    within every round; a round's timing is ``timing.repeat`` runs, as the job's device actor
+    times a candidate (:meth:`TimingConfig.evaluator`)."""
+    evaluators = [timing.evaluator(lib, "main", tvm.cpu(), timing.repeat) for lib in libs]
     out: list[list[float]] = [[] for _ in libs]
     for _ in range(rounds):
         for i, evaluate in enumerate(evaluators):
@@ -77,13 +72,13 @@ def time_interleaved(libs: Sequence[tvm.runtime.Module], args: Sequence[tvm.runt
     return out
 
 
-def rerank_task(db: TuningDatabase, task: Task, device_id: int, target: tvm.target.Target, timing: Timing, *,
-                top: int = 4, rounds: int = 10, passes: int = 3, lease: Any = None,
+def rerank_task(db: TuningDatabase, task: Task, device_id: int, target: tvm.target.Target, timing: Timing,
+                config: TimingConfig, *, top: int = 4, rounds: int = 10, passes: int = 3, lease: Any = None,
                 cpu_work: Callable[[], AbstractContextManager[Any]] | None = None) -> Reranked | None:  # fmt: skip
-    """Time the ``top`` fastest records of ``task`` (mode ``timing``) in interleaved rounds and
-    store those times; repeat with the new top while its best is a record not timed in the
-    rounds (at most ``passes`` times). None when the task has fewer than two records or they
-    do not build.
+    """Time the ``top`` fastest records of ``task`` (mode ``timing``, timed as ``config``
+    says) in interleaved rounds and store those times; repeat with the new top while its best
+    is a record not timed in the rounds (at most ``passes`` times; a record is built once).
+    None when the task has fewer than two records or they do not build.
 
     Args:
         lease: held around the rounds (``acquire()``/``release()``), e.g. the node's
@@ -93,26 +88,20 @@ def rerank_task(db: TuningDatabase, task: Task, device_id: int, target: tvm.targ
     first = db.best(task.workload_key, device_id, k=top, timing=timing)
     if len(first) < 2:
         return None
-    config = TimingConfig.of_mode(timing)
     host_args = random_args(arg_specs(task.mod))
     done: set[int] = set()
+    loaded: dict[int, tvm.runtime.Module | None] = {}  # by record id; None: does not build
     rows = first
     with tempfile.TemporaryDirectory(prefix="nightshift-rerank-") as tmp:
         for _ in range(passes):
             if rows[0].id in done:
                 break  # the best is a record timed in the rounds
-            libs, kept = [], []
             with cpu_work() if cpu_work is not None else nullcontext():
                 for row in rows:
-                    program = record_program(task, row.record_json)
-                    built = build_candidate(tvm.ir.save_json(program), dict(target.export())) if program else None
-                    if built is None or built.artifact is None:
-                        logger.warning("task %s: record %d does not build again; not re-ranked", task.name, row.id)
-                        continue
-                    path = Path(tmp) / f"{row.id}.so"
-                    path.write_bytes(built.artifact)
-                    libs.append(tvm_ffi.load_module(str(path), keep_module_alive=False))
-                    kept.append(row)
+                    if row.id not in loaded:
+                        loaded[row.id] = _load(task, row, target, Path(tmp))
+            kept = [row for row in rows if loaded[row.id] is not None]
+            libs = [loaded[row.id] for row in kept]
             if len(kept) < 2:
                 break
             args = [tvm.runtime.tensor(a) for a in host_args]
@@ -134,6 +123,18 @@ def rerank_task(db: TuningDatabase, task: Task, device_id: int, target: tvm.targ
         logger.warning("task %s: after %d passes its best is a record not timed in the rounds", task.name, passes)
     return Reranked(stored_sec=float(first[0].mean_sec), best_sec=float(best.mean_sec), retimed=len(done),
                     changed=best.id != first[0].id)  # fmt: skip
+
+
+def _load(task: Task, row: Any, target: tvm.target.Target, tmp: Path) -> tvm.runtime.Module | None:
+    """A record's program built as the job builds it and loaded, or None (logged)."""
+    program = record_program(task, row.record_json)
+    built = build_candidate(tvm.ir.save_json(program), dict(target.export())) if program else None
+    if built is None or built.artifact is None:
+        logger.warning("task %s: record %d does not build again; not re-ranked", task.name, row.id)
+        return None
+    path = tmp / f"{row.id}.so"
+    path.write_bytes(built.artifact)
+    return tvm_ffi.load_module(str(path), keep_module_alive=False)
 
 
 def record_program(task: Task, record_json: str) -> tvm.IRModule | None:

@@ -70,6 +70,18 @@ class TimingConfig:
         within one call, so it takes more runs for the same spread)."""
         return cls(flush_cache=True, repeat=10) if mode == "cold" else cls()
 
+    def evaluator(self, lib, entry: str, dev, repeat: int, *, flush: bool | None = None):
+        """TVM's ``time_evaluator`` of ``lib[entry]`` timed this way, ``repeat`` runs: with the
+        caches flushed (``flush``, default ``flush_cache``), one call a run after TVM's flush of
+        every argument but the data; else calls lasting ``min_repeat_ms`` a run."""
+        flush = self.flush_cache if flush is None else flush
+        return lib.time_evaluator(
+            entry, dev, number=1, repeat=repeat,
+            min_repeat_ms=0 if flush else self.min_repeat_ms,
+            cooldown_interval_ms=self.cooldown_ms,
+            f_preproc="cache_flush_cpu_non_first_arg" if flush else "",
+        )  # fmt: skip
+
     def mode(self, device_kind: str) -> Timing:
         """How timings taken with this config on a ``device_kind`` device are recorded:
         ``"cold"`` only where the caches are flushed (a CPU), else ``"warm"``."""
@@ -249,12 +261,7 @@ class CandidateRunner:
             secs = secs[:repeat]
 
         def evaluator(n: int):
-            return lib.time_evaluator(
-                entry, self.dev, number=1, repeat=n,
-                min_repeat_ms=0 if flush else timing.min_repeat_ms,
-                cooldown_interval_ms=timing.cooldown_ms,
-                f_preproc="cache_flush_cpu_non_first_arg" if flush else "",
-            )  # fmt: skip
+            return timing.evaluator(lib, entry, self.dev, n, flush=flush)
 
         if len(secs) < repeat:
             n = repeat - len(secs)
