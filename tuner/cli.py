@@ -45,6 +45,9 @@ def _add_model_args(p: argparse.ArgumentParser, *, required: bool = True) -> Non
                         "is, a float one quantized first with onnxruntime")
     p.add_argument("--calibration", type=int, default=None,
                    help="random inputs that --precision int8 calibrates a float model's quantization on (default 32)")
+    p.add_argument("--quantize-ops", default=None,
+                   help="ONNX operator types --precision int8 quantizes in a float model, comma-separated "
+                        "(default all: every one onnxruntime can; MatMul leaves LayerNorm and the adds in fp32)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
@@ -123,15 +126,17 @@ def _load(args: argparse.Namespace):
 def _quantized(args: argparse.Namespace, spec):
     """``spec`` when it is a quantized (QDQ) model; a float one quantized first, said so."""
     from tuner.frontends import load_model
-    from tuner.precision.quantize import DEFAULT_CALIBRATION, has_qdq, quantized_model
+    from tuner.precision.quantize import DEFAULT_CALIBRATION, has_qdq, parse_ops, quantized_model
 
     if has_qdq(spec.bound()):
         return spec
     n = args.calibration or DEFAULT_CALIBRATION
+    ops = parse_ops(getattr(args, "quantize_ops", None))
     with console.status(f"quantizing {spec.name} with onnxruntime on {n} random inputs"):
-        path = quantized_model(spec, args.model, n)
+        path = quantized_model(spec, args.model, n, op_types=ops)
+    which = f"{', '.join(ops)} only" if ops else "every operator it quantizes"
     console.print(f"int8: {spec.name} is a float model; quantized with onnxruntime's quantize_static (QDQ, "
-                  f"per-channel int8 weights, uint8 activations), calibrated on {n} random inputs: {path}")
+                  f"per-channel int8 weights, uint8 activations; {which}), calibrated on {n} random inputs: {path}")
     args.fp32_spec, args.model = spec, str(path)
     return load_model(str(path))
 

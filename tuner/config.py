@@ -132,6 +132,7 @@ OPTIONS: dict[str, Callable[[Any], Any]] = {
     "precision": _choice("fp32", "bf16", "int8"),
     "accuracy_inputs": _pos_int,
     "calibration": _pos_int,
+    "quantize_ops": _str,
     "db": _db,
     "job": _str,
     "time_budget": _duration,

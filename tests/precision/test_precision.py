@@ -220,6 +220,27 @@ def test_a_cached_zoo_model_is_reused_without_exporting_it_again(tmp_path, monke
     assert other != first and other.exists() and exports == ["tiny", "tiny"]
 
 
+def test_quantize_ops_narrows_what_is_quantized_and_keys_the_cached_file(tmp_path):
+    """``--quantize-ops Gemm,MatMul`` (``op_types``): the tiny model's convs stay float32 and
+    its dense layer (a Gemm in ONNX) becomes integer, in a file of its own beside the default
+    recipe's."""
+    pytest.importorskip("onnxruntime.quantization")
+    pytest.importorskip("torch")
+    from tuner.precision.qdq import to_int8
+    from tuner.precision.quantize import parse_ops, quantized_model
+
+    assert parse_ops(None) is None and parse_ops("all") is None and parse_ops("") is None
+    assert parse_ops(" MatMul, Conv,MatMul") == ("Conv", "MatMul")
+    with pytest.raises(UserInputError, match="ONNX operator types"):
+        parse_ops("matmul")
+    spec = load_model("tiny")
+    every = quantized_model(spec, "tiny", 2, directory=tmp_path)
+    matmul = quantized_model(spec, "tiny", 2, op_types=("Gemm", "MatMul"), directory=tmp_path)
+    assert matmul != every and every.exists() and matmul.exists()
+    assert to_int8(load_model(str(every)).bound()).rewritten == {"conv2d": 2, "matmul": 1}
+    assert to_int8(load_model(str(matmul)).bound()).rewritten == {"conv2d": 0, "matmul": 1}
+
+
 def test_compiling_registers_the_intrinsics_that_records_replay():
     """A database record of a dot-product template replays ``tensorize`` by the intrinsic's
     name: compiling registers Nightshift's intrinsics first, in a process that has not tuned

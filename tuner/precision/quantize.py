@@ -4,9 +4,13 @@
 name or an fp32 ONNX file), the CLI quantizes it first, as a user would with
 ``onnxruntime.quantization.quantize_static``: the QDQ format, per-channel symmetric int8
 weights, uint8 activations calibrated (min/max) on ``N`` random inputs with fixed seeds.
-The file is cached under the fp32 model's content hash (an ONNX file's bytes, a zoo model's
-structure and weights): the same model and ``N`` give the same file, so its tasks keep their
-workload keys between ``tune``, ``compile`` and ``bench``.
+``--quantize-ops`` narrows the ONNX operators it quantizes (``op_types_to_quantize``): by
+default every one onnxruntime can, so activations stay int8 between convs; ``MatMul`` alone
+leaves LayerNorm, the residual adds and the embeddings in fp32, which BERT-base needs
+(benchmarks/int8_recipes.py). The file is cached under the fp32 model's content hash (an
+ONNX file's bytes, a zoo model's structure and weights) and the recipe: the same model, ``N``
+and operators give the same file, so its tasks keep their workload keys between ``tune``,
+``compile`` and ``bench``.
 """
 
 from __future__ import annotations
@@ -52,9 +56,24 @@ def cache_dir() -> Path:
     return (Path(root) if root else Path.home() / ".cache" / "nightshift") / "quantized"
 
 
-def quantize_onnx(fp32_onnx: Path, out: Path, spec, num_inputs: int) -> Path:
+def parse_ops(text: str | None) -> tuple[str, ...] | None:
+    """``--quantize-ops``: comma-separated ONNX operator types, or None (every one onnxruntime
+    quantizes) for None, an empty string or ``all``."""
+    if not text or text.strip().lower() == "all":
+        return None
+    ops = tuple(sorted({t.strip() for t in text.split(",") if t.strip()}))
+    bad = [t for t in ops if not t.isidentifier() or not t[0].isupper()]
+    if bad:
+        raise UserInputError(f"--quantize-ops takes ONNX operator types such as MatMul,Conv (or all), "
+                             f"not {', '.join(bad)}")  # fmt: skip
+    return ops
+
+
+def quantize_onnx(fp32_onnx: Path, out: Path, spec, num_inputs: int, *,
+                  op_types: tuple[str, ...] | None = None) -> Path:  # fmt: skip
     """``fp32_onnx`` quantized by ``quantize_static`` (QDQ, per-channel int8 weights, uint8
-    activations) calibrated on ``num_inputs`` random inputs of ``spec``; written to ``out``."""
+    activations) calibrated on ``num_inputs`` random inputs of ``spec``; written to ``out``.
+    ``op_types``: the ONNX operators to quantize (None: every one onnxruntime can)."""
     if num_inputs < 1:
         raise UserInputError(f"--calibration must be a positive count, got {num_inputs}")
     try:
@@ -79,13 +98,16 @@ def quantize_onnx(fp32_onnx: Path, out: Path, spec, num_inputs: int) -> Path:
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         part = Path(tmp) / out.name
         quantize_static(str(fp32_onnx), str(part), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)  # fmt: skip
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                        op_types_to_quantize=list(op_types) if op_types else None)  # fmt: skip
         part.replace(out)
     return out
 
 
-def quantized_model(spec, source: str, num_inputs: int = DEFAULT_CALIBRATION, *, directory: Path | None = None) -> Path:
+def quantized_model(spec, source: str, num_inputs: int = DEFAULT_CALIBRATION, *,
+                    op_types: tuple[str, ...] | None = None, directory: Path | None = None) -> Path:  # fmt: skip
     """The QDQ ONNX file of the float model ``spec`` (``--model source``), made once and cached.
+    ``op_types``: the ONNX operators to quantize (None: every one onnxruntime can).
 
     An ONNX file is keyed by its bytes; a zoo model by what its export is made of
     (``_zoo_digest``), so a cached zoo model is found without exporting it again.
@@ -100,7 +122,8 @@ def quantized_model(spec, source: str, num_inputs: int = DEFAULT_CALIBRATION, *,
 
     def cached(key: str) -> Path:
         # The file's name is the model's name in tables and job names: resnet50-int8.
-        path = directory / f"{key}-cal{num_inputs}" / f"{spec.name}-int8.onnx"
+        recipe = f"-ops-{'-'.join(op_types)}" if op_types else ""
+        path = directory / f"{key}-cal{num_inputs}{recipe}" / f"{spec.name}-int8.onnx"
         if path.exists():
             logger.info("int8: reusing %s", path)
         return path
@@ -115,7 +138,7 @@ def quantized_model(spec, source: str, num_inputs: int = DEFAULT_CALIBRATION, *,
         if zoo is None and (out := cached(hashlib.sha256(fp32.onnx_path.read_bytes()).hexdigest()[:16])).exists():
             return out
         logger.info("int8: quantizing %s on %d random inputs", spec.name, num_inputs)
-        return quantize_onnx(fp32.onnx_path, out, spec, num_inputs)
+        return quantize_onnx(fp32.onnx_path, out, spec, num_inputs, op_types=op_types)
 
 
 def _zoo_digest(spec, source: str) -> str | None:
