@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import platform
+import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -48,7 +49,7 @@ from tuner.peers import create
 from tuner.peers.pytorch import TorchEagerPeer
 from tuner.precision import check_device
 from tuner.precision.accuracy import Accuracy, compare, run_outputs
-from tuner.precision.quantize import DEFAULT_CALIBRATION, quantized_model
+from tuner.precision.quantize import DEFAULT_CALIBRATION, parse_ops, quantized_model
 
 RESULTS = Path(__file__).parent / "results" / "precision_vs_peers.json"
 logger = logging.getLogger(__name__)
@@ -103,6 +104,8 @@ def main() -> None:
     p.add_argument("--accuracy-inputs", type=int, default=1000)
     p.add_argument("--calibration", type=int, default=DEFAULT_CALIBRATION,
                    help="random inputs the int8 quantizer calibrates on (as tune's --calibration)")
+    p.add_argument("--quantize-ops", default=None,
+                   help="ONNX operator types the int8 quantizer quantizes (as tune's --quantize-ops; default all)")
     p.add_argument("--num-cores", type=int, default=None)
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument(
@@ -124,7 +127,7 @@ def main() -> None:
         fp32_build = compile_model(spec, device, db)
         for precision in args.precisions:
             if precision == "int8":
-                qdq = quantized_model(spec, name, args.calibration)
+                qdq = quantized_model(spec, name, args.calibration, op_types=parse_ops(args.quantize_ops))
                 run_spec, source, peers = load_model(str(qdq)), str(qdq), ("onnxruntime", "openvino-f32")
             elif precision == "bf16":
                 # OpenVINO f32 (INFERENCE_PRECISION_HINT=f32, which tuner.bench sets) is the f32
@@ -156,7 +159,7 @@ def main() -> None:
     doc = {
         "benchmark": "precision_vs_peers",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": " ".join(["benchmarks/precision_vs_peers.py", *sys.argv[1:]]),
+        "command": shlex.join(["benchmarks/precision_vs_peers.py", *sys.argv[1:]]),
         "host": platform.node(),
         "cpu": device.description.get("model"),
         "isa_flags": device.description.get("isa_flags"),

@@ -6,6 +6,7 @@ import datetime
 import json
 import os
 import platform
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ def write_result(path: Path, benchmark: str, body: dict[str, Any]) -> None:
     doc = {
         "benchmark": benchmark,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "command": shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         **body,
     }
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -6,8 +6,8 @@ name or an fp32 ONNX file), the CLI quantizes it first, as a user would with
 weights, uint8 activations calibrated (min/max) on ``N`` random inputs with fixed seeds.
 ``--quantize-ops`` narrows the ONNX operators it quantizes (``op_types_to_quantize``): by
 default every one onnxruntime can, so activations stay int8 between convs; ``MatMul`` alone
-leaves LayerNorm, the residual adds and the embeddings in fp32, which BERT-base needs
-(benchmarks/int8_recipes.py). The file is cached under the fp32 model's content hash (an
+leaves LayerNorm, the residual adds and the embeddings in fp32, which BERT-base's accuracy
+prefers (benchmarks/int8_recipes.py). The file is cached under the fp32 model's content hash (an
 ONNX file's bytes, a zoo model's structure and weights) and the recipe: the same model, ``N``
 and operators give the same file, so its tasks keep their workload keys between ``tune``,
 ``compile`` and ``bench``.
