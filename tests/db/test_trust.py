@@ -7,7 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
+import tvm
 from dbtest_utils import add_mod, fake_cpu, matmul_mod
+from tvm import te
 from tvm.s_tir import Schedule
 from tvm.s_tir.meta_schedule.database import JSONDatabase, TuningRecord, Workload
 
@@ -282,3 +284,39 @@ def test_tvm_json_inputs_are_index_maps_of_integer_arithmetic_only(cpu_device):
     assert block_layout[2][0].lstrip().startswith("{")  # TVM writes this one's map as an attribute
     block_layout[2][0] = json.dumps(call)
     assert "tirx.Call" in record_rejection(json.dumps(data))
+
+
+def test_a_record_of_a_same_key_function_with_other_block_names_is_passed_over(db_url, cpu_device, caplog):
+    """A workload key is TVM's structural hash, which ignores block names: two functions that
+    differ only in them share a key (BERT's int8 layer norm, quantized by two recipes). The
+    fastest record's trace gets its block by a name the other function lacks; looking the other
+    up returns its own record, with a warning, instead of failing the compile."""
+    from tuner.trace_json import record_as_json
+
+    def add(block: str):
+        a = te.placeholder((64,), name="a")
+        b = te.compute((64,), lambda i: a[i] + 1, name=block)
+        return tvm.IRModule({"main": te.create_prim_func([a, b]).with_attr("global_symbol", "add")})
+
+    def record(mod, block: str, sec: float) -> str:
+        sch = Schedule(mod)
+        outer, _ = sch.split(sch.get_loops(sch.get_sblock(block))[0], factors=[None, 16])
+        sch.parallel(outer)
+        return json.dumps(record_as_json(TuningRecord(sch.trace, Workload(mod), [sec], cpu_device.target, None)))
+
+    mod_b, mod_c = add("b"), add("c")
+    key = workload_key(mod_b)
+    assert workload_key(mod_c) == key
+    db = TuningDatabase(db_url)
+    dev = db.device_id(cpu_device)
+    db.workload_id(key, "add_b", mod_b, 1.0)
+    db.add_records(dev, None, [NewRecord(key, "b-fast", record(mod_b, "b", 1e-6), [1e-6]),
+                               NewRecord(key, "c-slow", record(mod_c, "c", 2e-6), [2e-6])])  # fmt: skip
+    adapter = MetaScheduleDatabase(db, dev, read_only=True)
+    with caplog.at_level("WARNING", logger="tuner.db.tvm_adapter"):
+        (got,) = adapter.get_top_k(Workload(mod_c), 1)
+    assert [float(s) for s in got.run_secs] == [2e-6]
+    got.trace.apply_to_schedule(Schedule(mod_c), remove_postproc=False)
+    assert "does not apply to" in caplog.text and "shares its workload key" in caplog.text
+    (fast,) = adapter.get_top_k(Workload(mod_b), 1)
+    assert [float(s) for s in fast.run_secs] == [1e-6]

@@ -646,6 +646,7 @@ class TuningDatabase:
         *,
         policy: FallbackPolicy = "same-arch",
         replays: Callable[[RecordRow], bool] | None = None,
+        fits: Callable[[RecordRow], bool] | None = None,
     ) -> list[BestRecord]:
         """The ``k`` best usable records of a workload for a device, with the fallback policy.
 
@@ -664,7 +665,8 @@ class TuningDatabase:
         A different architecture is never used. A record whose trace fails the allow-list
         (:mod:`tuner.db.validate`) is never returned; the reason is kept in :attr:`rejected`.
         Records written by another TVM version are used only when ``replays(row)`` says they
-        replay cleanly on this one (without ``replays`` they are skipped).
+        replay cleanly on this one (without ``replays`` they are skipped). ``fits(row)``, when
+        given, is asked about every record: one it declines is passed over for the next.
         """
         wid = self._workload_ids_of({workload_key}).get(workload_key)
         if wid is None:
@@ -680,16 +682,16 @@ class TuningDatabase:
                 DeviceRow.id.in_(list(family)))).all())  # fmt: skip
             mine = {d: fp for d, fp in family.items() if d == device_id or (me[3] and classes[d] == me[3])}
             others = {d: fp for d, fp in family.items() if d not in mine}
-            found = self._usable(s, wid, mine, k, "device", replays)
+            found = self._usable(s, wid, mine, k, "device", replays, fits)
             if found:
                 return found
             if policy == "same-arch" and others:
-                found = self._usable(s, wid, others, k, "same-arch", replays)
+                found = self._usable(s, wid, others, k, "same-arch", replays, fits)
                 if found:
                     return found
             if replays is None:
                 return []
-            return self._usable(s, wid, mine if policy == "device" else family, k, "foreign", replays)
+            return self._usable(s, wid, mine if policy == "device" else family, k, "foreign", replays, fits)
 
     def _device_row(self, s: Session, device_id: int) -> tuple[str, str, str, str | None] | None:
         me = self._device_rows.get(device_id)
@@ -708,6 +710,7 @@ class TuningDatabase:
         k: int,
         source: Source,
         replays: Callable[[RecordRow], bool] | None,
+        fits: Callable[[RecordRow], bool] | None = None,
     ) -> list[BestRecord]:
         origin = "import" if source == "foreign" else "local"
         for timing in PREFERRED_TIMINGS:  # the k records are of one mode: the first that has any
@@ -717,7 +720,7 @@ class TuningDatabase:
             while len(out) < k:
                 rows = list(s.scalars(_best_stmt(wid, list(devices), origin, timing).offset(offset).limit(page)))
                 for row in rows:
-                    if not self.trace_ok(row):
+                    if not self.trace_ok(row) or (fits is not None and not fits(row)):
                         continue
                     same = row.tvm_version == tvm.__version__
                     # A foreign record's version is only what its importer said: always replay it.

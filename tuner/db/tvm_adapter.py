@@ -100,6 +100,7 @@ class MetaScheduleDatabase(PyDatabase):
         self.decisions: dict[str, Decision] = {}  # workload key -> what was used
         self._query_name: str | None = None
         self._replays: dict[int, bool] = {}
+        self._misfits: dict[str, int] = {}  # function name -> records passed over
 
     # Kept for callers of the first version: workload key -> name, tuned or not.
     @property
@@ -149,8 +150,10 @@ class MetaScheduleDatabase(PyDatabase):
         key = workload_key(workload.mod, self.precision)
         stored = self.db.get_workload(key)
         name = stored.name if stored is not None else (self._query_name or _func_name(workload.mod))
+        parsed: dict[int, TuningRecord] = {}
         found = self.db.lookup(key, self.device_id, top_k, policy=self.policy,
-                               replays=lambda row: self._replays_cleanly(row, workload))  # fmt: skip
+                               replays=lambda row: self._replays_cleanly(row, workload),
+                               fits=lambda row: self._parses(row, workload, name, parsed))  # fmt: skip
         if found:
             first = found[0]
             detail = f"{first.row.mean_sec * 1e3:.3f} ms" if first.row.mean_sec is not None else ""
@@ -161,7 +164,7 @@ class MetaScheduleDatabase(PyDatabase):
             if not first.same_tvm:
                 detail += f", TVM {first.row.tvm_version}"
             self.decisions[key] = Decision(name, _KIND[first.source], detail)
-            return [TuningRecord.from_json(json.loads(b.row.record_json), workload) for b in found]
+            return [parsed[b.row.id] for b in found]
         made = self.fallback(workload) if self.fallback is not None else None
         summary = workload_summary(name, workload.mod)
         if made is None:
@@ -170,6 +173,25 @@ class MetaScheduleDatabase(PyDatabase):
         record, what = made
         self.decisions[key] = Decision(name, "fallback", what, summary)
         return [record]
+
+    def _parses(self, row: RecordRow, workload: Workload, name: str, parsed: dict[int, TuningRecord]) -> bool:
+        """Whether a record's trace applies to this workload (kept in ``parsed`` if so).
+
+        A workload key is TVM's structural hash, which ignores block names: two fused
+        functions that differ only in them (BERT's int8 tasks, quantized by two recipes)
+        share a key, and a trace that gets a block by a name the other lacks cannot replay.
+        Such a record is passed over for the next, said once per function.
+        """
+        try:
+            parsed[row.id] = TuningRecord.from_json(json.loads(row.record_json), workload)
+            return True
+        except (RuntimeError, ValueError, TypeError, KeyError, IndexError, AttributeError) as err:
+            first = name not in self._misfits
+            self._misfits[name] = self._misfits.get(name, 0) + 1
+            (logger.warning if first else logger.debug)(
+                "record %d does not apply to %s, which shares its workload key (%s: %s); using the next one",
+                row.id, name, type(err).__name__, str(err).splitlines()[0] if str(err) else "")  # fmt: skip
+            return False
 
     def _fingerprint(self) -> str:
         return self.db._device_rows.get(self.device_id, ("",))[0]
