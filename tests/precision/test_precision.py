@@ -237,6 +237,7 @@ def test_quantize_ops_narrows_what_is_quantized_and_keys_the_cached_file(tmp_pat
     every = quantized_model(spec, "tiny", 2, directory=tmp_path)
     matmul = quantized_model(spec, "tiny", 2, op_types=("Gemm", "MatMul"), directory=tmp_path)
     assert matmul != every and every.exists() and matmul.exists()
+    assert (every.name, matmul.name) == ("tiny-int8.onnx", "tiny-int8-gemm-matmul.onnx")  # their job names differ
     assert to_int8(load_model(str(every)).bound()).rewritten == {"conv2d": 2, "matmul": 1}
     assert to_int8(load_model(str(matmul)).bound()).rewritten == {"conv2d": 0, "matmul": 1}
 

@@ -121,9 +121,10 @@ def quantized_model(spec, source: str, num_inputs: int = DEFAULT_CALIBRATION, *,
     directory.mkdir(parents=True, exist_ok=True)
 
     def cached(key: str) -> Path:
-        # The file's name is the model's name in tables and job names: resnet50-int8.
-        recipe = f"-ops-{'-'.join(op_types)}" if op_types else ""
-        path = directory / f"{key}-cal{num_inputs}{recipe}" / f"{spec.name}-int8.onnx"
+        # The file's name is the model's name in tables and job names: resnet50-int8, and
+        # bert-base-int8-matmul for --quantize-ops MatMul (so its job is not the default's).
+        recipe = "".join(f"-{op.lower()}" for op in op_types or ())
+        path = directory / f"{key}-cal{num_inputs}{recipe}" / f"{spec.name}-int8{recipe}.onnx"
         if path.exists():
             logger.info("int8: reusing %s", path)
         return path
