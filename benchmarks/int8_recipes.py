@@ -9,10 +9,11 @@ alone, on the same random inputs as ``tune``'s and ``bench``'s accuracy columns
 
 - ``noise E``: the fp32 outputs plus Gaussian noise of ``E`` times each output's largest
   magnitude: how much error the top-1 metric of this model tolerates at all;
-- ``all``: ``tune --precision int8``'s default (``tuner.precision.quantize``: QDQ,
-  per-channel int8 weights, uint8 activations, min/max over ``--calibration`` inputs, every
-  operator onnxruntime quantizes);
-- ``ops=A+B``: only those ONNX operator types quantized (``tune --quantize-ops A,B``);
+- ``all``: ``tuner.precision.quantize``'s recipe (QDQ, per-channel int8 weights, uint8
+  activations, min/max over ``--calibration`` inputs) on every operator onnxruntime
+  quantizes (``tune --quantize-ops all``; the default until the nineteenth session);
+- ``ops=A+B``: only those ONNX operator types quantized (``tune --quantize-ops A,B``;
+  ``ops=Conv+Gemm+MatMul`` is ``tune``'s default now);
 - ``... calN``: calibrated on N inputs instead;
 - ``dynamic``: ``quantize_dynamic`` (each activation's scale computed at run time), a
   reference row: Nightshift does not import it (no QDQ chain to rewrite).

@@ -47,7 +47,7 @@ def _add_model_args(p: argparse.ArgumentParser, *, required: bool = True) -> Non
                    help="random inputs that --precision int8 calibrates a float model's quantization on (default 32)")
     p.add_argument("--quantize-ops", default=None,
                    help="ONNX operator types --precision int8 quantizes in a float model, comma-separated "
-                        "(default all: every one onnxruntime can; MatMul leaves LayerNorm and the adds in fp32)")
+                        "(default Conv,Gemm,MatMul: LayerNorm and the adds stay fp32; all: every one onnxruntime can)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
@@ -134,7 +134,7 @@ def _quantized(args: argparse.Namespace, spec):
     ops = parse_ops(getattr(args, "quantize_ops", None))
     with console.status(f"quantizing {spec.name} with onnxruntime on {n} random inputs"):
         path = quantized_model(spec, args.model, n, op_types=ops)
-    which = f"{', '.join(ops)} only" if ops else "every operator it quantizes"
+    which = f"{', '.join(ops)} only" if ops is not None else "every operator it quantizes"
     console.print(f"int8: {spec.name} is a float model; quantized with onnxruntime's quantize_static (QDQ, "
                   f"per-channel int8 weights, uint8 activations; {which}), calibrated on {n} random inputs: {path}")
     args.fp32_spec, args.model = spec, str(path)

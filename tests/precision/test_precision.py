@@ -188,7 +188,7 @@ def test_int8_on_a_float_model_quantizes_it_first_and_reuses_the_file(tmp_path):
     assert "is a float model; quantized with onnxruntime's quantize_static" in out, out
     assert "calibrated on 3 random inputs" in out
     assert "int8: rewrote 2 conv2d, 1 matmul" in out
-    files = list((tmp_path / "cache" / "quantized").glob("*-cal3/tiny-int8.onnx"))
+    files = list((tmp_path / "cache" / "quantized").glob("*-cal3-conv-gemm-matmul/tiny-int8.onnx"))
     assert len(files) == 1
     tasks = [[line for line in r.stdout.splitlines() if "fused_" in line] for r in runs]
     assert tasks[0] and tasks[0] == tasks[1]
@@ -223,22 +223,27 @@ def test_a_cached_zoo_model_is_reused_without_exporting_it_again(tmp_path, monke
 def test_quantize_ops_narrows_what_is_quantized_and_keys_the_cached_file(tmp_path):
     """``--quantize-ops Gemm,MatMul`` (``op_types``): the tiny model's convs stay float32 and
     its dense layer (a Gemm in ONNX) becomes integer, in a file of its own beside the default
-    recipe's."""
+    recipe's (Conv, Gemm, MatMul) and ``all``'s."""
     pytest.importorskip("onnxruntime.quantization")
     pytest.importorskip("torch")
     from tuner.precision.qdq import to_int8
-    from tuner.precision.quantize import parse_ops, quantized_model
+    from tuner.precision.quantize import DEFAULT_OPS, parse_ops, quantized_model
 
-    assert parse_ops(None) is None and parse_ops("all") is None and parse_ops("") is None
+    assert parse_ops(None) == parse_ops("") == DEFAULT_OPS == ("Conv", "Gemm", "MatMul")
+    assert parse_ops("all") is None
     assert parse_ops(" MatMul, Conv,MatMul") == ("Conv", "MatMul")
     with pytest.raises(UserInputError, match="ONNX operator types"):
         parse_ops("matmul")
     spec = load_model("tiny")
-    every = quantized_model(spec, "tiny", 2, directory=tmp_path)
+    default = quantized_model(spec, "tiny", 2, directory=tmp_path)
+    every = quantized_model(spec, "tiny", 2, op_types=None, directory=tmp_path)
     matmul = quantized_model(spec, "tiny", 2, op_types=("Gemm", "MatMul"), directory=tmp_path)
-    assert matmul != every and every.exists() and matmul.exists()
-    assert (every.name, matmul.name) == ("tiny-int8.onnx", "tiny-int8-gemm-matmul.onnx")  # their job names differ
-    assert to_int8(load_model(str(every)).bound()).rewritten == {"conv2d": 2, "matmul": 1}
+    assert len({default, every, matmul}) == 3 and all(p.exists() for p in (default, every, matmul))
+    # Their job names differ; the default keeps the plain name.
+    assert [p.name for p in (default, every, matmul)] == ["tiny-int8.onnx", "tiny-int8-all.onnx",
+                                                          "tiny-int8-gemm-matmul.onnx"]  # fmt: skip
+    for path in (default, every):
+        assert to_int8(load_model(str(path)).bound()).rewritten == {"conv2d": 2, "matmul": 1}
     assert to_int8(load_model(str(matmul)).bound()).rewritten == {"conv2d": 0, "matmul": 1}
 
 
