@@ -43,12 +43,13 @@ from rich.console import Console
 from rich.table import Table
 
 from tuner.bench import peer_model
+from tuner.device import parse_device
 from tuner.frontends import load_model
 from tuner.precision.accuracy import compare
 from tuner.precision.quantize import DEFAULT_CALIBRATION, parse_ops, quantize_onnx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from result_file import write_result
+from result_file import machine, write_result
 
 RESULTS = Path(__file__).parent / "results"
 logger = logging.getLogger(__name__)
@@ -63,9 +64,8 @@ def _session(path: Path, threads: int):
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def _make(recipe: str, fp32: Path, spec, workdir: Path, calibration: int) -> Path:
-    """The int8 file of ``recipe`` (see the module's docstring)."""
-    out = workdir / f"{spec.name}-{len(list(workdir.glob('*-int8-*.onnx')))}-int8-{recipe.replace(' ', '_')}.onnx"
+def _make(recipe: str, fp32: Path, spec, out: Path, calibration: int) -> Path:
+    """The int8 file of ``recipe`` (see the module's docstring), written to ``out``."""
     if recipe == "dynamic":
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -112,10 +112,10 @@ def main() -> None:
                 noisy = [[r + rng.normal(0.0, e * float(np.abs(r).max()), r.shape).astype(r.dtype) for r in outs]
                          for outs in reference]  # fmt: skip
                 rows.append({"model": name, "recipe": f"noise {e:g}", **compare(reference, noisy).to_json()})
-            for recipe in args.recipes:
+            for i, recipe in enumerate(args.recipes):
                 with console.status(f"{name}: {recipe}"):
                     t0 = time.perf_counter()
-                    path = _make(recipe, fp32, spec, workdir, args.calibration)
+                    path = _make(recipe, fp32, spec, workdir / f"{name}-int8-{i}.onnx", args.calibration)
                     made_s = time.perf_counter() - t0
                     session = _session(path, args.threads)
                     acc = compare(reference, [session.run(None, x) for x in inputs])
@@ -137,17 +137,10 @@ def main() -> None:
     import onnxruntime
 
     write_result(args.out, "int8_recipes", {
-        "machine": {"cpu": _cpu(), "threads": args.threads, "load_before": load_before, "load_after": os.getloadavg()},
+        "machine": machine(parse_device("cpu"), load_before, threads=args.threads),
         "onnxruntime": onnxruntime.__version__, "inputs": args.inputs, "calibration": args.calibration, "rows": rows,
     })  # fmt: skip
     console.print(f"wrote {args.out}")
-
-
-def _cpu() -> str:
-    from tuner.device import host_cpu_info
-
-    info = host_cpu_info()
-    return f"{info.get('model', '?')} ({info['mcpu']})"
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ a fast moment, and re-timed one by one the top records meet other moments again.
 record's timing is replaced by its per-round medians (:meth:`TuningDatabase.retime`) and
 the compiler's pick follows. On a 2,048-trial ResNet-50 database of an AVX2 Zen 3, ``tune``'s
 re-ranking (22 tasks, 58 s) made the model 10-13% faster in three interleaved runs against
-the database as stored, ONNX Runtime and OpenVINO beside (benchmarks/README.md,
+the database as stored, ONNX Runtime and OpenVINO f32 (``INFERENCE_PRECISION_HINT`` f32, not
+its bf16 default) beside (benchmarks/README.md,
 "Re-ranking each task's best records in interleaved rounds").
 
 The timing runs in the calling process, so only on a CPU of the same kind as the device the
