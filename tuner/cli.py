@@ -37,9 +37,11 @@ def _add_model_args(p: argparse.ArgumentParser, *, required: bool = True) -> Non
     p.add_argument("--num-cores", type=int, default=None, help="CPU threads to tune for")
     p.add_argument("--batch-size", type=int, default=1, help="model batch size (default 1)")
     p.add_argument("--dtype", default="float32", help="zoo models' dtype (default float32)")
-    p.add_argument("--layout", default=None, choices=("auto", "NCHW", "NHWC", "NCHWc"),
+    p.add_argument("--layout", default=None, choices=("auto", "NCHW", "NHWC", "NCHWc", "NCHWc:w4", "NCHWc:w2"),
                    help="convs' data layout; auto (default): on x86 with AVX2/AVX-512, tune each conv in NCHWc "
-                        "(blocked by the vector width) and NCHW, compile each in the layout its measurements favour")
+                        "(blocked by the vector width), NCHWc with its 3x3 stride-1 convs by Winograd F(4, 3) or "
+                        "F(2, 3) (NCHWc:w4, NCHWc:w2) and NCHW, compile each in the layout its measurements "
+                        "favour")
     p.add_argument("--precision", default=None, choices=("fp32", "bf16", "int8"),
                    help="fp32 (default); bf16 (needs AVX512_BF16 or AMX); int8 (needs VNNI): a QDQ model as it "
                         "is, a float one quantized first with onnxruntime")

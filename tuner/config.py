@@ -128,7 +128,7 @@ OPTIONS: dict[str, Callable[[Any], Any]] = {
     "num_cores": _pos_int,
     "batch_size": _pos_int,
     "dtype": _str,
-    "layout": _choice("auto", "NCHW", "NHWC", "NCHWc"),
+    "layout": _choice("auto", "NCHW", "NHWC", "NCHWc", "NCHWc:w4", "NCHWc:w2"),
     "precision": _choice("fp32", "bf16", "int8"),
     "accuracy_inputs": _pos_int,
     "calibration": _pos_int,

@@ -11,12 +11,17 @@ lanes so the innermost loop of the conv fills a vector register. Relax's ``Conve
 rewrites the graph and inserts ``layout_transform`` where a consumer keeps another layout;
 the weights' transforms are constants and fold away at compile time.
 
+A blocked layout may carry a Winograd tile, ``NCHW16c:w4``: each 3x3 stride-1 float32 conv
+planned so runs by Winograd F(4, 3) (:mod:`tuner.winograd`, weights transformed at compile
+time) in that layout; a conv it does not fit runs as in ``NCHW16c``.
+
 Dense layers have one layout on CPUs: a float32 matmul by a constant weight reads it packed
 (:func:`pack_dense_weight`), done while legalizing (:func:`prepare`), whatever the plan.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -37,6 +42,7 @@ logger = logging.getLogger(__name__)
 NCHW = "NCHW"
 NHWC = "NHWC"
 _BLOCKED = re.compile(r"NCHW(\d+)c")
+_WINOGRAD = re.compile(r"(NCHW\d+c):w(\d+)")
 _CONV2D = "relax.nn.conv2d"
 _MATMUL = "relax.matmul"
 _GELU = "relax.nn.gelu"
@@ -51,16 +57,39 @@ def blocked(block: int) -> str:
 
 
 def block_of(layout: str) -> int | None:
-    """The channel block of ``NCHW{b}c``; None for an unblocked layout."""
-    m = _BLOCKED.fullmatch(layout)
+    """The channel block of ``NCHW{b}c`` (or ``NCHW{b}c:w{m}``); None for an unblocked layout."""
+    m = _BLOCKED.fullmatch(data_layout(layout))
     return int(m.group(1)) if m else None
+
+
+def winograd(layout: str, tile: int = 4) -> str:
+    """The blocked ``layout`` whose 3x3 stride-1 convs run by Winograd F(``tile``, 3)."""
+    return f"{data_layout(layout)}:w{tile}"
+
+
+def winograd_tile(layout: str) -> int | None:
+    """The Winograd output tile of ``NCHW{b}c:w{m}``; None for a layout without one."""
+    m = _WINOGRAD.fullmatch(layout)
+    return int(m.group(2)) if m else None
+
+
+def data_layout(layout: str) -> str:
+    """The layout the tensors are in: ``NCHW16c`` for ``NCHW16c:w4`` (the algorithm aside)."""
+    m = _WINOGRAD.fullmatch(layout)
+    return m.group(1) if m else layout
 
 
 def check_layout(layout: str) -> str:
     """``layout`` if it is one a plan can hold, else ValueError naming the choices."""
+    from tuner.winograd import TILES
+
+    tile = winograd_tile(layout)
+    if tile is not None and tile not in TILES:
+        raise ValueError(f"Winograd tile {tile} in {layout!r} is not one of {TILES}")
     if layout in (NCHW, NHWC) or (block_of(layout) or 0) > 0:
         return layout
-    raise ValueError(f"unknown conv layout {layout!r}: use NCHW, NHWC or NCHW<block>c (e.g. NCHW16c)")
+    raise ValueError(f"unknown conv layout {layout!r}: use NCHW, NHWC, NCHW<block>c (e.g. NCHW16c) "
+                     "or NCHW<block>c:w4 (its 3x3 convs by Winograd)")
 
 
 def vector_lanes(target: tvm.target.Target) -> int:
@@ -126,11 +155,14 @@ class LayoutPlan:
     @classmethod
     def parse(cls, text: str, target: tvm.target.Target) -> LayoutPlan:
         """``auto`` (:meth:`for_target`), ``NCHW``, ``NHWC``, ``NCHWc`` (the target's vector
-        width) or ``NCHW<b>c``, applied to every conv."""
+        width), ``NCHWc:w4`` (the same, 3x3 stride-1 convs by Winograd) or ``NCHW<b>c[:w<m>]``,
+        applied to every conv."""
         if text == "auto":
             return cls.for_target(target)
         if text == "NCHWc":
             return cls(blocked(vector_lanes(target)))
+        if text.startswith("NCHWc:"):
+            return cls(check_layout(blocked(vector_lanes(target)) + text[len("NCHWc"):]))
         return cls(check_layout(text))
 
 
@@ -168,7 +200,7 @@ def conv_layouts(call: relax.Call, layout: str) -> list[str] | None:
     if layout == NHWC:
         return [NHWC, "OHWI", NHWC]
     block = block_of(layout)
-    assert block is not None
+    assert block is not None, layout
     out_ch, in_ch = (int(d) for d in call.args[1].ty.shape.values[:2])
     if depthwise:
         # Each output channel reads its own input channel: one block for both, and the
@@ -177,6 +209,17 @@ def conv_layouts(call: relax.Call, layout: str) -> list[str] | None:
         return [blocked(b), f"OIHW1i{b}o", blocked(b)]
     ib, ob = _largest_divisor(in_ch, block), _largest_divisor(out_ch, block)
     return [blocked(ib), f"OIHW{ib}i{ob}o", blocked(ob)]
+
+
+def winograd_fits(call: relax.Call) -> bool:
+    """True for a conv that Winograd F(m, 3) computes here: 3x3, stride 1, no dilation, one
+    group, float32 data and weights, batch 1."""
+    attrs = call.attrs
+    kernel = [int(d) for d in call.args[1].ty.shape.values]
+    return (len(kernel) == 4 and kernel[2:] == [3, 3] and int(attrs.groups) == 1
+            and all(int(s) == 1 for s in attrs.strides) and all(int(d) == 1 for d in attrs.dilation)
+            and str(call.args[0].ty.dtype) == "float32" and str(call.args[1].ty.dtype) == "float32"
+            and int(call.args[0].ty.shape.values[0]) == 1)  # fmt: skip
 
 
 def is_depthwise(call: relax.Call) -> bool:
@@ -271,23 +314,33 @@ def conv2d_nchwc_dot(data: te.Tensor, kernel: te.Tensor, strides: Sequence[int],
     )
 
 
-def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call,
+                     winograd_calls: Sequence[tuple[relax.Call, int]] = ()) -> relax.Expr:  # fmt: skip
     """TOPI's ``conv2d_NCHWc`` for a blocked conv (the generic legalization leaves it as is),
-    :func:`conv2d_nchwc_dot` with packed weights for one that fits a dot-product instruction
-    (bf16, uint8 x int8; :func:`dot_elements`), :func:`depthwise_conv2d_nchwc` for a blocked
-    depthwise one; TVM's own legalization otherwise."""
+    :func:`tuner.winograd.conv2d_nchwc_winograd` with transformed weights for one of
+    ``winograd_calls`` (with its tile), :func:`conv2d_nchwc_dot` with packed weights for one
+    that fits a dot-product instruction (bf16, uint8 x int8; :func:`dot_elements`),
+    :func:`depthwise_conv2d_nchwc` for a blocked depthwise one; TVM's own legalization
+    otherwise."""
     attrs = call.attrs
     if block_of(str(attrs.data_layout)) is None:
         return relax.transform.legalize_ops.nn._nn_conv2d(bb, call)
     # An unset out_dtype (None or "") means the data's dtype.
     out_dtype = str(attrs.out_dtype) if attrs.out_dtype not in (None, "", "void") else str(call.args[0].ty.dtype)
+    tile = next((m for c, m in winograd_calls if c.same_as(call)), None)
+    weight = _constant(bb, call.args[1])
+    if tile is not None and weight is not None:
+        from tuner.winograd import conv2d_nchwc_winograd, transform_weight
+
+        packed = relax.const(transform_weight(weight.value.numpy(), tile), str(weight.ty.dtype))
+        return bb.call_te(conv2d_nchwc_winograd, call.args[0], packed, [int(p) for p in attrs.padding], tile,
+                          out_dtype, primfunc_name_hint="conv2d_NCHWc_winograd")  # fmt: skip
     if int(attrs.groups) != 1:
         return bb.call_te(
             depthwise_conv2d_nchwc, call.args[0], call.args[1], [int(s) for s in attrs.strides],
             [int(p) for p in attrs.padding], [int(d) for d in attrs.dilation], out_dtype,
             primfunc_name_hint="depthwise_conv2d_NCHWc",
         )
-    weight = _constant(bb, call.args[1])
     n = dot_elements(call, weight)
     if n is not None and weight is not None:
         packed = relax.const(pack_dot_weight(weight.value.numpy(), n), str(weight.ty.dtype))
@@ -450,10 +503,14 @@ def prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> t
     if plan.is_identity and not cpu:
         return mod
     wanted: dict[relax.Call, list[str]] = {}
+    tiles: dict[int, int] = {}
     for index, call in enumerate(conv_calls(mod)):
         layouts = conv_layouts(call, plan.layout_of(index))
         if layouts is not None:
             wanted[call] = layouts
+            tile = winograd_tile(plan.layout_of(index))
+            if tile is not None and block_of(layouts[0]) is not None and winograd_fits(call):
+                tiles[index] = tile
     converted = sum(layouts[0] != NCHW for layouts in wanted.values())
     if not converted and not cpu:
         return mod
@@ -473,7 +530,14 @@ def prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> t
         relax.transform.ConvertLayout({}, layout_cb),
         relax.transform.CanonicalizeBindings(),
     ])  # fmt: skip
-    custom = {_CONV2D: _legalize_conv2d, _LAYOUT_TRANSFORM: _legalize_layout_transform}
+    with target, tvm.transform.PassContext(opt_level=3):
+        # The weights' layout transforms are folded in numpy before legalizing (tuner.fold);
+        # FoldConstant would build each of them with LLVM.
+        folded = fold_constants(convert(mod) if converted else mod)
+    # ConvertLayout and the folding keep the convs in binding order: the plan's indices.
+    winograd_calls = [(call, tiles[i]) for i, call in enumerate(conv_calls(folded)) if i in tiles]
+    custom = {_CONV2D: functools.partial(_legalize_conv2d, winograd_calls=winograd_calls),
+              _LAYOUT_TRANSFORM: _legalize_layout_transform}  # fmt: skip
     if cpu:
         custom[_GELU] = _legalize_gelu
         custom[_ERF] = _legalize_erf
@@ -485,10 +549,9 @@ def prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> t
         relax.transform.FoldConstant(),
     ])  # fmt: skip
     with target, tvm.transform.PassContext(opt_level=3):
-        # The weights' layout transforms are folded in numpy before legalizing (tuner.fold);
-        # FoldConstant would build each of them with LLVM.
-        out = legalize(fold_constants(convert(mod) if converted else mod))
-    logger.info("layout plan %s: %d of %d convs converted", plan, converted, len(wanted))
+        out = legalize(folded)
+    logger.info("layout plan %s: %d of %d convs converted, %d by Winograd", plan, converted, len(wanted),
+                len(winograd_calls))  # fmt: skip
     return out
 
 
@@ -582,7 +645,8 @@ def choose_layouts(
             for it; at least one per conv).
         transform_cost: ``transform_cost(i, a, b)``: seconds to bring conv ``i``'s input from
             layout ``a`` (what conv ``i - 1`` wrote, or ``input_layout`` for ``i = 0``) to ``b``;
-            called with ``a != b`` only. ``i = len(conv_seconds)`` is the model's output.
+            called only where ``a`` and ``b`` lay the data out differently.
+            ``i = len(conv_seconds)`` is the model's output.
         input_layout: layout of the model's input.
         output_layout: layout the last conv's output must reach (NCHW: what the frontend's
             classifier head reads).
@@ -607,18 +671,24 @@ def choose_layouts(
         step: dict[str, tuple[float, tuple[str, ...]]] = {}
         for layout, secs in options.items():
             step[layout] = min(
-                ((cost + secs + (transform_cost(i, prev, layout) if prev != layout else 0.0), (*path, layout))
+                ((cost + secs + (transform_cost(i, prev, layout) if _moves(prev, layout) else 0.0), (*path, layout))
                  for prev, (cost, path) in best.items()),
                 key=lambda c: c[0],
             )  # fmt: skip
         best = step
     end = len(conv_seconds)
     total, path = min(
-        ((cost + (transform_cost(end, last, output_layout) if last != output_layout else 0.0), path)
+        ((cost + (transform_cost(end, last, output_layout) if _moves(last, output_layout) else 0.0), path)
          for last, (cost, path) in best.items()),
         key=lambda c: c[0],
     )  # fmt: skip
     return LayoutChoice(LayoutPlan(path[-1], path), total)
+
+
+def _moves(src: str, dst: str) -> bool:
+    """Whether going from a conv in ``src`` to one in ``dst`` transforms the tensor between
+    them (not from ``NCHW16c`` to ``NCHW16c:w4``: the same data, another algorithm)."""
+    return data_layout(src) != data_layout(dst)
 
 
 def activation_elements(mod: tvm.IRModule) -> list[int]:
@@ -635,6 +705,11 @@ def task_layout(mod: tvm.IRModule) -> str:
     sch = Schedule(mod)
     names = (("conv2d_NCHWc", None), ("depthwise_conv2d_NCHWc", None), ("conv2d_nchw", NCHW), ("conv2d_nhwc", NHWC),
              ("group_conv2d_nchw", NCHW), ("group_conv2d_nhwc", NHWC))  # fmt: skip
+    try:
+        inverse = sch.get(sch.get_sblock("inverse"))  # a Winograd conv: (oc_chunk, tile, m, m, oc_block)
+        return winograd(blocked(int(inverse.iter_vars[4].dom.extent)), int(inverse.iter_vars[2].dom.extent))
+    except (RuntimeError, ValueError):  # no such block
+        pass
     for name, layout in names:
         try:
             block = sch.get(sch.get_sblock(name))
@@ -660,15 +735,20 @@ def io_bytes(mod: tvm.IRModule) -> int:
 
 def auto_layouts(target: tvm.target.Target) -> tuple[str, ...]:
     """The layouts ``--layout auto`` tunes every conv in and chooses between, preferred first:
-    the target's blocked layout (:meth:`LayoutPlan.for_target`) and NCHW; NCHW alone where
-    no blocked layout applies (CUDA, CPUs without AVX2).
+    the target's blocked layout (:meth:`LayoutPlan.for_target`), the same with its 3x3
+    stride-1 convs by Winograd F(4, 3) and F(2, 3) (``NCHW16c:w4``, ``NCHW16c:w2``; a conv
+    they do not fit gives the blocked layout's task, so only those convs add tasks) and
+    NCHW; NCHW alone where no blocked layout applies (CUDA, CPUs without AVX2). F(4, 3) does
+    4x fewer multiply-adds than a direct conv but reads 4x the weights, F(2, 3) 2.25x fewer
+    and 1.8x: which wins depends on how the weights compare with the work (a 7x7 map's
+    many channels against a 56x56 map's few), so both are measured.
 
     NHWC is not a candidate by default: each candidate layout costs every conv a probe batch,
     and NHWC's spaces were not measured competitive here (pass it explicitly to
     :func:`tuner.tasks.extract_layout_tasks` and :func:`choose_from_database` to weigh it).
     """
     preferred = LayoutPlan.for_target(target).default
-    return (preferred,) if preferred == NCHW else (preferred, NCHW)
+    return (preferred,) if preferred == NCHW else (preferred, winograd(preferred, 4), winograd(preferred, 2), NCHW)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """Hand-written schedule templates for operator patterns, and their registry.
 
 A template is a schedule function over a few named knobs, for the tasks it recognizes.
-Templates ship here (``x86-conv2d-nchw``, ``x86-conv2d-nchwc``, ``x86-conv2d-nchwc-dot``, ``x86-dense``,
-``x86-dense-bf16``, ``x86-dense-vnni``, ``x86-depthwise-conv2d-nchw``, ``x86-depthwise-conv2d-nchwc``) or come
-from other packages, either by calling
+Templates ship here (``x86-conv2d-nchw``, ``x86-conv2d-nchwc``, ``x86-conv2d-nchwc-dot``,
+``x86-conv2d-winograd``, ``x86-dense``, ``x86-dense-bf16``, ``x86-dense-vnni``,
+``x86-depthwise-conv2d-nchw``, ``x86-depthwise-conv2d-nchwc``) or come from other packages,
+either by calling
 :func:`register_template` or through the ``nightshift.templates`` entry-point group, whose
 entries load to a :class:`Template` (or a zero-argument callable returning one)::
 
@@ -114,6 +115,7 @@ from search_spaces.templates import (  # noqa: E402, F401
     x86_conv2d,
     x86_conv2d_nchwc,
     x86_conv2d_nchwc_dot,
+    x86_conv2d_winograd,
     x86_dense,
     x86_dense_dot,
     x86_depthwise,

@@ -222,6 +222,23 @@ def conv_nchwc_dot(dtype: str = "bfloat16", stride: int = 1, residual: bool = Fa
     return tvm.IRModule({"main": te.create_prim_func([*args, out])})
 
 
+def conv_winograd(c: int = 32, hw: int = 14, o: int = 32, m: int = 4, block: int = 16, *,
+                  epilogue: bool = True) -> tvm.IRModule:
+    """A 3x3 conv (pad 1) by Winograd F(m, 3) in NCHW{block}c, as ``tuner.layout`` legalizes
+    one under an ``NCHW{block}c:w{m}`` plan (weights transformed), + bias + relu (without
+    ``epilogue``, the bare conv)."""
+    from tuner.winograd import conv2d_nchwc_winograd
+
+    data = te.placeholder((1, c // block, hw, hw, block), name="data")
+    kernel = te.placeholder((m + 2, m + 2, o // block, c, block), name="kernel")
+    conv = conv2d_nchwc_winograd(data, kernel, (1, 1, 1, 1), m)
+    if not epilogue:
+        return tvm.IRModule({"main": te.create_prim_func([data, kernel, conv])})
+    bias = te.placeholder((1, o // block, 1, 1, block), name="bias")
+    out = topi.nn.relu(topi.add(conv, bias))
+    return tvm.IRModule({"main": te.create_prim_func([data, kernel, bias, out])})
+
+
 def relu() -> tvm.IRModule:
     """An elementwise op small enough that its whole space can be enumerated."""
     x = te.placeholder((4, 8), name="x")
@@ -247,6 +264,9 @@ TASKS: dict[str, Callable[[], tvm.IRModule]] = {
     "conv_nchwc_u8": lambda: conv_nchwc_dot("uint8"),
     "conv_nchwc_u8_residual": lambda: conv_nchwc_dot("uint8", stride=2, residual=True),
     "dense_u8s8": dense_u8s8,
+    "conv_winograd": conv_winograd,
+    # A 7x7 map in tiles of 2 (the last row and column of tiles reach past it), no epilogue.
+    "conv_winograd_m2_bare": lambda: conv_winograd(hw=7, m=2, epilogue=False),
 }
 
 # Target configs by name; CUDA ones cross-build (no GPU is needed).
@@ -262,6 +282,7 @@ TASK_TARGETS = [("matmul", "llvm"), ("conv", "llvm"), ("relu", "llvm"), ("conv_n
                 ("dense", "llvm"), ("dense_packed", "llvm"), ("depthwise", "llvm"), ("depthwise_nchwc", "llvm"),
                 ("dense_bf16", "llvm"),
                 ("conv_nchwc_bf16", "llvm"), ("conv_nchwc_u8", "llvm"), ("dense_u8s8", "llvm"),
+                ("conv_winograd", "llvm"),
                 ("matmul", "cuda-sm90"), ("conv", "cuda-sm90")]  # fmt: skip
 
 

@@ -30,6 +30,8 @@ from search_spaces import Limits, Point, TemplateSpace
 def _regs(kind: str, values: dict, lanes: int) -> int:
     if kind == "x86-conv2d-nchwc":
         return values["reg_n"] * values["tile_oh"] * values["tile_oc"] * math.ceil(values["oc_block"] / lanes)
+    if kind == "x86-conv2d-winograd":
+        return values["tile_p"] * values["tile_oc"] * math.ceil(values["oc_block"] / lanes)
     if kind == "x86-depthwise-conv2d-nchw":
         return values["tile_c"] * values["tile_h"] * math.ceil(values["tile_w"] / lanes)
     if kind == "x86-depthwise-conv2d-nchwc":
@@ -40,7 +42,7 @@ def _regs(kind: str, values: dict, lanes: int) -> int:
 @pytest.mark.parametrize(("kind", "task_name", "fewest"), [
     ("x86-conv2d-nchwc", "conv_nchwc", 4), ("x86-dense", "dense", 4), ("x86-dense", "dense_packed", 4),
     ("x86-depthwise-conv2d-nchw", "depthwise", 1),
-    ("x86-depthwise-conv2d-nchwc", "depthwise_nchwc16", 4),
+    ("x86-depthwise-conv2d-nchwc", "depthwise_nchwc16", 4), ("x86-conv2d-winograd", "conv_winograd", 4),
 ])
 @pytest.mark.parametrize("vector_bits", [512, 256])
 def test_register_budget_holds_for_every_point(kind, task_name, fewest, vector_bits):
@@ -48,7 +50,7 @@ def test_register_budget_holds_for_every_point(kind, task_name, fewest, vector_b
     AVX-512, and fewer of AVX2's 16 (where a 16-lane channel block takes two registers), so
     nothing spills; and the bound bites."""
     most = 24 if vector_bits == 512 else {"x86-conv2d-nchwc": 14, "x86-depthwise-conv2d-nchwc": 12,
-                                          "x86-dense": 14}.get(kind, 24)
+                                          "x86-dense": 14, "x86-conv2d-winograd": 14}.get(kind, 24)
     limits = Limits(vector_bits=vector_bits, num_cores=2)
     sp = TemplateSpace(task(task_name), target("llvm"), kind, limits=limits)
     knobs = sp.knobs(0)
@@ -70,6 +72,9 @@ def test_templates_take_only_their_pattern():
     llvm = target("llvm")
     # NCHW conv is the other template's; a plain 64^3 matmul block named C is not "matmul".
     assert "x86-conv2d-nchwc" not in search_spaces.applicable_kinds(task("conv"), llvm)
+    # A direct blocked conv is not the Winograd template's, nor a Winograd conv the direct one's.
+    assert "x86-conv2d-winograd" not in search_spaces.applicable_kinds(task("conv_nchwc"), llvm)
+    assert "x86-conv2d-nchwc" not in search_spaces.applicable_kinds(task("conv_winograd"), llvm)
     assert "x86-dense" not in search_spaces.applicable_kinds(task("matmul"), llvm)
     # An NT matmul (B is [n, k]) would load B's columns with a stride: not this template's.
     a = te.placeholder((1, 32, 64), name="A")
@@ -101,7 +106,8 @@ def _compacted(mod: tvm.IRModule, *then: tvm.transform.Pass) -> str:
                                                         ("x86-depthwise-conv2d-nchw", "depthwise",
                                                          "group_conv2d_nchw_local"),
                                                         ("x86-depthwise-conv2d-nchwc", "depthwise_nchwc",
-                                                         "depthwise_conv2d_NCHWc_local")])
+                                                         "depthwise_conv2d_NCHWc_local"),
+                                                        ("x86-conv2d-winograd", "conv_winograd", "bgemm_local")])
 def test_accumulators_are_one_register_tile(kind, task_name, acc):
     """After TVM's buffer planning the accumulator buffer holds exactly the register tile,
     so LLVM can keep it in registers (a full-size buffer would live in memory)."""
@@ -113,6 +119,8 @@ def test_accumulators_are_one_register_tile(kind, task_name, acc):
     shapes = [[int(d) for d in found[0].split(",") if d.strip()]]
     if kind == "x86-conv2d-nchwc":
         want = values["tile_oh"] * values["reg_n"] * values["tile_oc"] * values["oc_block"]
+    elif kind == "x86-conv2d-winograd":
+        want = values["tile_p"] * values["tile_oc"] * values["oc_block"]
     elif kind == "x86-depthwise-conv2d-nchw":
         want = values["tile_c"] * values["tile_h"] * values["tile_w"]
     elif kind == "x86-depthwise-conv2d-nchwc":

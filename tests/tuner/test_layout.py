@@ -358,7 +358,7 @@ def test_auto_tasks_hold_each_conv_in_each_layout_once(tiny, cpu_device):
     _spec, bound, _ = tiny
     target = cpu_device.target
     layouts = auto_layouts(target)
-    assert layouts[0] == f"NCHW{vector_lanes(target)}c" and layouts[1:] == ("NCHW",)
+    assert layouts[0] == f"NCHW{vector_lanes(target)}c" and layouts[-1] == "NCHW"
     tasks = extract_layout_tasks(bound, target, ("NCHW8c", "NCHW"))
     per_plan = {layout: extract_tasks(bound, target, LayoutPlan(layout)) for layout in ("NCHW8c", "NCHW")}
     union = {t.workload_key: t.weight for plan_tasks in per_plan.values() for t in plan_tasks}

@@ -1,0 +1,180 @@
+"""``x86-conv2d-winograd``: a Winograd F(m, 3) conv in NCHW[x]c (+ fused epilogue) for x86.
+
+The task is :func:`tuner.winograd.conv2d_nchwc_winograd`'s compute followed by the conv's
+elementwise epilogue. Four passes, each parallel over the threads:
+
+1. ``data_pack``: each input tile's transform ``B^T d B``, its row half (``wino_rows``)
+   computed per tile and channel block, vectorized along the channel block; the padding
+   inlined into its loads or a pass of its own (``pad_inline``).
+2. ``bgemm``: ``(m+2)^2`` GEMMs, register-tiled as the direct conv's template tiles pixels:
+   ``tile_p`` tiles x ``tile_oc`` output channel blocks of accumulators, each broadcast of a
+   transformed input value feeding ``tile_oc`` FMAs, ``tile_ci`` input channels unrolled.
+3. ``inverse``: each output tile's ``A^T M A``, vectorized along the output channel block.
+4. The output put back in ``NCHW[x]c`` order with the epilogue applied.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import tvm
+from tvm.s_tir import Schedule
+
+from search_spaces.constraints import Limits
+from search_spaces.knobs import Knob, divisors
+from search_spaces.templates import Template, register_template
+from search_spaces.templates.blocks import elementwise_tail, root_blocks
+from search_spaces.templates.x86_conv2d_nchwc import _acc_budget, _regs_per_pixel
+
+logger = logging.getLogger(__name__)
+
+NAME = "x86-conv2d-winograd"
+_OUTPUT = "conv2d_NCHWc_winograd"
+_STAGES = ("data_pad", "wino_rows", "data_pack", "bgemm", "wino_inv_rows", "inverse", _OUTPUT)
+_MIN_ACC_REGISTERS = 4
+_MAX_UNROLLED_FMAS = 512
+
+
+def _is_winograd(sch: Schedule) -> bool:
+    names = [sch.get(b).name_hint for b in root_blocks(sch)]
+    return names[:len(_STAGES)] == list(_STAGES)
+
+
+def _tail(sch: Schedule) -> list[str] | None:
+    return elementwise_tail(sch, sch.get_sblock(_OUTPUT), 5)
+
+
+def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tuple[Knob, ...] | None:
+    if str(target.kind.name) != "llvm":
+        return None
+    sch = Schedule(mod)
+    if not _is_winograd(sch) or _tail(sch) is None:
+        return None
+    _, _, oc_chunks, tiles, oc_block, channels = (int(sch.get(loop).extent)
+                                                  for loop in sch.get_loops(sch.get_sblock("bgemm")))
+    max_tiles = _acc_budget(limits) // _regs_per_pixel(oc_block, limits)
+    return (
+        # Tiles (of the GEMM's rows) in the register tile.
+        Knob("tile_p", "choice", tuple(d for d in divisors(tiles) if d <= max_tiles)),
+        # Output channel blocks of the register tile: each broadcast feeds tile_oc FMAs.
+        Knob("tile_oc", "choice", tuple(d for d in divisors(oc_chunks) if d <= 4)),
+        # Input channels unrolled per step of the reduction.
+        Knob("tile_ci", "choice", tuple(d for d in divisors(channels) if d <= 16)),
+        # 0: padding is its own parallel pass; 1: inlined into the input transform's loads.
+        Knob("pad_inline", "choice", (0, 1)),
+        # Fixed by the task; a knob so the constraint can read it.
+        Knob("oc_block", "choice", (oc_block,)),
+    )
+
+
+def _constraint(values: dict[str, Any], limits: Limits) -> str | None:
+    regs = values["tile_p"] * values["tile_oc"] * _regs_per_pixel(values["oc_block"], limits)
+    budget = _acc_budget(limits)
+    if regs > budget:
+        return f"register tile needs {regs} vector registers, more than {budget}"
+    if regs < _MIN_ACC_REGISTERS:
+        return f"register tile of {regs} vector registers, fewer than {_MIN_ACC_REGISTERS}"
+    if regs * values["tile_ci"] > _MAX_UNROLLED_FMAS:
+        return f"unrolled reduction body of ~{regs * values['tile_ci']} vector FMAs, more than {_MAX_UNROLLED_FMAS}"
+    return None
+
+
+def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
+    if not _is_winograd(sch):
+        raise ValueError("not a Winograd conv task")
+    tail = _tail(sch)
+    if tail is None:
+        raise ValueError("an epilogue block is not elementwise over the conv's output")
+    _schedule_input(sch, values)
+    _schedule_gemm(sch, values)
+    _schedule_inverse(sch)
+    _schedule_output(sch, tail)
+    logger.debug("scheduled a Winograd conv with %s", values)
+
+
+def _schedule_input(sch: Schedule, values: dict[str, Any]) -> None:
+    pad = sch.get_sblock("data_pad")
+    if values["pad_inline"]:
+        sch.compute_inline(pad)
+    else:
+        loops = sch.get_loops(pad)
+        sch.parallel(sch.fuse(*loops[:3]))
+        sch.vectorize(loops[-1])
+    pack = sch.get_sblock("data_pack")
+    eps, nu, p, c, b = sch.get_loops(pack)
+    sch.reorder(p, c, eps, nu, b)
+    outer = sch.fuse(p, c)
+    sch.parallel(outer)
+    sch.unroll(eps)
+    sch.unroll(nu)
+    sch.vectorize(b)
+    rows = sch.get_sblock("wino_rows")
+    sch.compute_at(rows, outer)
+    *_, r_eps, r_j, r_b = sch.get_loops(rows)
+    sch.unroll(r_eps)
+    sch.unroll(r_j)
+    sch.vectorize(r_b)
+
+
+def _schedule_gemm(sch: Schedule, values: dict[str, Any]) -> None:
+    gemm = sch.get_sblock("bgemm")
+    store = sch.cache_write(gemm, 0, "local")
+    eps, nu, co, p, k, ci = sch.get_loops(gemm)
+    e = sch.fuse(eps, nu)
+    co_o, co_t = sch.split(co, [None, values["tile_oc"]])
+    p_o, p_t = sch.split(p, [None, values["tile_p"]])
+    ci_o, ci_i = sch.split(ci, [None, values["tile_ci"]])
+    sch.reorder(e, co_o, p_o, ci_o, ci_i, p_t, co_t, k)
+    sch.reverse_compute_at(store, p_o)
+    # (eps * nu, oc tiles) alone: at least 36 chunks of work, and fusing the tile rows in too
+    # made LLVM take minutes over some points (a 245 s build of a 28x28 map's).
+    sch.parallel(sch.fuse(e, co_o))
+    sch.unroll(ci_i)
+    sch.unroll(p_t)
+    sch.unroll(co_t)
+    sch.vectorize(k)
+    *_, s_co, s_p, s_k = sch.get_loops(store)
+    sch.vectorize(s_k)
+    sch.unroll(s_p)
+    sch.unroll(s_co)
+    init = sch.decompose_reduction(gemm, ci_o)
+    sch.vectorize(sch.get_loops(init)[-1])
+
+
+def _schedule_inverse(sch: Schedule) -> None:
+    inverse = sch.get_sblock("inverse")
+    co, p, vh, vw, k = sch.get_loops(inverse)
+    outer = sch.fuse(co, p)
+    sch.parallel(outer)
+    sch.unroll(vh)
+    sch.unroll(vw)
+    sch.vectorize(k)
+    rows = sch.get_sblock("wino_inv_rows")
+    sch.compute_at(rows, outer)
+    *_, r_vh, r_nu, r_k = sch.get_loops(rows)
+    sch.unroll(r_vh)
+    sch.unroll(r_nu)
+    sch.vectorize(r_k)
+
+
+def _schedule_output(sch: Schedule, tail: list[str]) -> None:
+    if tail:
+        sch.compute_inline(sch.get_sblock(_OUTPUT))
+        for name in tail[:-1]:
+            sch.compute_inline(sch.get_sblock(name))
+        last = sch.get_sblock(tail[-1])
+    else:
+        last = sch.get_sblock(_OUTPUT)
+    n, co, y, _, k = sch.get_loops(last)
+    sch.parallel(sch.fuse(n, co, y))
+    sch.vectorize(k)
+
+
+X86_CONV2D_WINOGRAD = register_template(Template(
+    name=NAME,
+    knobs=_knobs,
+    schedule=_schedule,
+    constraint=_constraint,
+    description="conv2d 3x3/1 by Winograd F(m, 3) in NCHW[x]c + epilogue: transforms, register-tiled GEMMs (x86)",
+))

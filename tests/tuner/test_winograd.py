@@ -1,0 +1,149 @@
+"""Winograd F(m, 3) convs: the compute, the weight transform, and the layout plan that asks for them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, te, topi
+
+import search_spaces
+from tuner.layout import (
+    LayoutPlan,
+    auto_layouts,
+    block_of,
+    check_layout,
+    choose_layouts,
+    data_layout,
+    prepare,
+    vector_lanes,
+    winograd,
+    winograd_tile,
+)
+from tuner.tasks import extract_layout_tasks, extract_tasks
+from tuner.winograd import conv2d_nchwc_winograd, matrices, transform_weight
+
+
+def _build(args: list[te.Tensor]):
+    return tvm.compile(te.create_prim_func(args), target="llvm")
+
+
+@pytest.mark.parametrize("m", [2, 4])
+@pytest.mark.parametrize(("c", "o", "hw", "ib", "padding"), [
+    (16, 32, 10, 16, (1, 1, 1, 1)), (32, 16, 7, 16, (1, 1, 1, 1)),
+    (3, 8, 9, 3, (1, 1, 1, 1)), (16, 16, 8, 8, (0, 0, 0, 0)),
+])
+def test_winograd_computes_the_direct_conv(m, c, o, hw, ib, padding):
+    """Against TOPI's direct conv2d_NCHWc: every tile size, a map its tiles do not divide, a
+    3-channel input block (ResNet's first conv), and no padding."""
+    rng = np.random.default_rng(0)
+    ob = min(o, 16)
+    x = rng.standard_normal((1, c // ib, hw, hw, ib)).astype("float32")
+    w = rng.standard_normal((o // ob, c // ib, 3, 3, ib, ob)).astype("float32")
+    u = transform_weight(w, m)
+    assert u.shape == (m + 2, m + 2, o // ob, c, ob)
+    xt, ut, wt = (te.placeholder(a.shape, name=n) for a, n in ((x, "x"), (u, "u"), (w, "w")))
+    out = conv2d_nchwc_winograd(xt, ut, padding, m)
+    with tvm.target.Target("llvm"):
+        ref = topi.nn.conv2d_NCHWc(xt, wt, 1, padding, 1, f"NCHW{ib}c", f"NCHW{ob}c", "float32")
+    assert tuple(int(d) for d in out.shape) == tuple(int(d) for d in ref.shape)
+    got, want = (tvm.runtime.tensor(np.zeros([int(d) for d in t.shape], "float32")) for t in (out, ref))
+    _build([xt, ut, out])(tvm.runtime.tensor(x), tvm.runtime.tensor(u), got)
+    _build([xt, wt, ref])(tvm.runtime.tensor(x), tvm.runtime.tensor(w), want)
+    error = np.abs(got.numpy() - want.numpy()).max() / np.abs(want.numpy()).max()
+    assert error < 1e-5, error
+
+
+def test_the_transforms_reject_what_they_cannot_compute():
+    with pytest.raises(ValueError, match="tile 3"):
+        matrices(3)
+    with pytest.raises(ValueError, match="3x3 kernel"):
+        transform_weight(np.zeros((1, 1, 1, 1, 16, 16), "float32"), 4)
+
+
+def test_layout_names_carry_the_tile():
+    assert winograd("NCHW16c") == "NCHW16c:w4" and winograd("NCHW8c:w4", 2) == "NCHW8c:w2"
+    assert winograd_tile("NCHW16c:w4") == 4 and winograd_tile("NCHW16c") is None
+    assert data_layout("NCHW16c:w4") == "NCHW16c" and block_of("NCHW16c:w2") == 16
+    assert check_layout("NCHW8c:w2") == "NCHW8c:w2"
+    with pytest.raises(ValueError, match="tile 3"):
+        check_layout("NCHW8c:w3")
+    with pytest.raises(ValueError, match="unknown conv layout"):
+        check_layout("NCHW:w4")
+    # One block size, with and without the algorithm.
+    assert LayoutPlan("NCHW8c:w4", ("NCHW8c", "NCHW")).layout_of(0) == "NCHW8c"
+
+
+def test_auto_layouts_weigh_winograd_on_x86(cpu_device):
+    layouts = auto_layouts(cpu_device.target)
+    blocked = f"NCHW{vector_lanes(cpu_device.target)}c"
+    assert layouts == (blocked, f"{blocked}:w4", f"{blocked}:w2", "NCHW")
+    assert auto_layouts(tvm.target.Target({"kind": "cuda", "arch": "sm_90"})) == ("NCHW",)
+
+
+def test_switching_to_winograd_in_the_same_blocks_costs_no_transform():
+    """The chooser charges a transform where the data's layout changes, not the algorithm."""
+    seconds = [{"NCHW8c": 1.0, "NCHW8c:w4": 0.5}, {"NCHW8c": 0.5, "NCHW8c:w4": 1.0}]
+    charged = []
+
+    def cost(i, a, b):
+        charged.append((i, a, b))
+        return 10.0
+
+    choice = choose_layouts(seconds, cost)
+    assert choice.plan.layouts == ("NCHW8c:w4", "NCHW8c") and choice.seconds == 21.0
+    assert all(data_layout(a) != data_layout(b) for _, a, b in charged)
+
+
+def _three_convs() -> tvm.IRModule:
+    """3x3 stride 1, 3x3 stride 2, 1x1: only the first is Winograd's."""
+    rng = np.random.default_rng(1)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16, 12, 12), "float32"))
+
+    def weight(*shape):
+        return relax.const((rng.standard_normal(shape) * 0.2).astype("float32"))
+
+    op = relax.op.nn
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(op.relu(op.conv2d(x, weight(16, 16, 3, 3), padding=1)))
+            y = bb.emit(op.relu(op.conv2d(y, weight(16, 16, 3, 3), strides=2, padding=1)))
+            out = bb.emit_output(op.conv2d(y, weight(16, 16, 1, 1)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _run(mod: tvm.IRModule, target: tvm.target.Target, x: np.ndarray) -> np.ndarray:
+    vm = relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())
+    return vm["main"](tvm.runtime.tensor(x)).numpy()
+
+
+def test_a_winograd_plan_converts_only_the_convs_it_fits_and_computes_the_same(cpu_device):
+    target = cpu_device.target
+    mod = _three_convs()
+    x = np.random.default_rng(2).standard_normal((1, 16, 12, 12)).astype("float32")
+    want = _run(mod, target, x)
+    plan = LayoutPlan("NCHW8c:w4")
+    got = _run(prepare(mod, target, plan), target, x)
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-5
+    layouts = sorted(t.layout for t in extract_tasks(mod, target, plan) if t.layout)
+    assert layouts == ["NCHW8c", "NCHW8c", "NCHW8c:w4"]
+    # Per conv: Winograd asked for the stride-2 conv only, which it does not fit: none is.
+    plan = LayoutPlan("NCHW8c", ("NCHW8c", "NCHW8c:w4"))
+    assert sorted(t.layout for t in extract_tasks(mod, target, plan) if t.layout) == ["NCHW8c"] * 3
+
+
+def test_auto_tasks_add_a_winograd_variant_only_where_it_fits(cpu_device):
+    """Under --layout auto's candidates the 3x3 stride-1 conv has three variants; the others
+    keep two, the Winograd plan giving them the blocked plan's task."""
+    target = cpu_device.target
+    tasks = extract_layout_tasks(_three_convs(), target, ("NCHW8c", "NCHW8c:w4", "NCHW"))
+    variants: dict[str, set[str]] = {}
+    for t in tasks:
+        if t.layout:
+            variants.setdefault(t.choice, set()).add(t.layout)
+    assert sorted(map(sorted, variants.values())) == [["NCHW", "NCHW8c"], ["NCHW", "NCHW8c"],
+                                                      ["NCHW", "NCHW8c", "NCHW8c:w4"]]  # fmt: skip
+    wino = next(t for t in tasks if t.layout == "NCHW8c:w4")
+    assert "x86-conv2d-winograd" in search_spaces.applicable_kinds(wino.mod, target)
