@@ -50,6 +50,9 @@ def reduction_size(mod) -> tuple[int, int, int, int] | None:
     from search_spaces.templates.blocks import iter_kinds, root_blocks
 
     sch = Schedule(mod)
+    direct = _winograd_size(sch, mod)
+    if direct is not None:
+        return direct
     best = None
     for block in root_blocks(sch):
         kinds = iter_kinds(sch, block)
@@ -63,6 +66,20 @@ def reduction_size(mod) -> tuple[int, int, int, int] | None:
     if best is None or len(params) < 2:
         return None
     return (*best, *(math.prod(int(d) for d in b.shape) for b in params[:2]))
+
+
+def _winograd_size(sch, mod) -> tuple[int, int, int, int] | None:
+    """A Winograd conv's size as the direct 3x3 conv it computes (what the peers run), or
+    None for another function: its GEMMs' sizes name no ONNX node."""
+    try:
+        out = sch.get(sch.get_sblock("conv2d_NCHWc_winograd"))
+        gemm = sch.get(sch.get_sblock("bgemm"))
+    except (RuntimeError, ValueError):  # no such block
+        return None
+    outputs = math.prod(int(iv.dom.extent) for iv in out.iter_vars)
+    _, _, oc_chunks, _, ob, channels = (int(iv.dom.extent) for iv in gemm.iter_vars)
+    data = math.prod(int(d) for d in mod["main"].params[0].shape)
+    return outputs, outputs * channels * 9, data, oc_chunks * ob * channels * 9
 
 
 def heavy_ops(onnx_path: Path) -> dict[str, HeavyOp]:

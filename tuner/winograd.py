@@ -55,7 +55,7 @@ def transform_weight(weight: np.ndarray, m: int) -> np.ndarray:
         raise ValueError(f"Winograd F({m}, 3) needs a 3x3 kernel, got {kh}x{kw}")
     _, _, g = matrices(m)
     w = weight.astype(np.float64).transpose(0, 1, 4, 5, 2, 3)  # (O/o, I/i, i, o, kh, kw)
-    u = np.einsum("ek,abcdkl,nl->enabcd", g, w, g)  # (alpha, alpha, O/o, I/i, i, o)
+    u = np.einsum("ek,abcdkl,nl->enabcd", g, w, g, optimize=True)  # (alpha, alpha, O/o, I/i, i, o)
     alpha = m + KERNEL - 1
     return np.ascontiguousarray(u.reshape(alpha, alpha, oc, ic * ib, ob)).astype(weight.dtype)
 
