@@ -751,6 +751,14 @@ def auto_layouts(target: tvm.target.Target) -> tuple[str, ...]:
     return (preferred,) if preferred == NCHW else (preferred, winograd(preferred, 4), winograd(preferred, 2), NCHW)
 
 
+def useful_layouts(mod: tvm.IRModule, layouts: Sequence[str]) -> tuple[str, ...]:
+    """``layouts`` without the Winograd ones when no conv of ``mod`` fits Winograd (BERT,
+    MobileNet): their plans would repeat the blocked layout's, task for task."""
+    if any(winograd_fits(call) for call in conv_calls(mod)):
+        return tuple(layouts)
+    return tuple(x for x in layouts if winograd_tile(x) is None)
+
+
 @dataclass(frozen=True)
 class PlanWorkloads:
     """The fused tasks a plan gives a model: ``tasks`` maps workload keys to (name, weight,
@@ -934,6 +942,7 @@ def choose_from_database(
     measured in is unmeasured (inf). When no plan is measured, the target's default plan.
     """
     LayoutPlan(NCHW, tuple(layouts))  # rejects unknown layouts and mixed blocks up front
+    layouts = useful_layouts(mod, layouts)
     uniform = [plan_workloads(mod, target, LayoutPlan(layout), precision=precision) for layout in layouts]
     measured = measured_bandwidth(uniform, best_seconds)
     bw = bandwidth or measured or DEFAULT_BANDWIDTH

@@ -17,7 +17,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.analysis import estimate_tir_flops
 from tvm.s_tir.schedule import Trace
 
-from tuner.layout import LayoutPlan, conv_calls, prepare, task_layout
+from tuner.layout import LayoutPlan, conv_calls, prepare, task_layout, useful_layouts
 
 logger = logging.getLogger(__name__)
 
@@ -191,6 +191,7 @@ def extract_layout_tasks(
     if not layouts:
         raise ValueError("no candidate layouts")
     base = apply_precision(mod, precision)
+    layouts = useful_layouts(base, layouts)
     calls = conv_calls(base)
     itemsize = [tvm.DataType(str(c.args[0].ty.dtype)).bits // 8 for c in calls]
     io_bytes = [(math.prod(int(d) for d in c.args[0].ty.shape.values) + math.prod(int(d) for d in c.ty.shape.values))
@@ -226,12 +227,18 @@ def extract_layout_tasks(
     choice = {k: min(members) for members in groups.values() if len(members) > 1 for k in members}
     tasks = [replace(t, choice=choice.get(k, ""), choice_rank=rank[k], io_bytes=conv_io.get(k, 0))
              for k, t in merged.items()]  # fmt: skip
-    # Two plans' modules each name their functions: a later plan's task that takes a name the
-    # first plan's holds (a `mean` reading NCHW8c beside one reading NCHW) says its layout, so
-    # tables, events and reports keyed by name keep them apart.
-    taken = {t.name for t in tasks if t.choice_rank == 0}
-    tasks = [replace(t, name=f"{t.name}[{layouts[t.choice_rank]}]") if t.choice_rank and t.name in taken else t
-             for t in tasks]  # fmt: skip
+    # Two plans' modules each name their functions: a later plan's task that takes a name an
+    # earlier plan's holds (a `mean` reading NCHW8c beside one reading NCHW, the F(2, 3)
+    # Winograd conv beside the F(4, 3) one) says its layout, so tables, events and reports
+    # keyed by name keep them apart.
+    taken: set[str] = set()
+    named = []
+    for t in sorted(tasks, key=lambda t: t.choice_rank):
+        if t.choice_rank and t.name in taken:
+            t = replace(t, name=f"{t.name}[{layouts[t.choice_rank]}]")
+        taken.add(t.name)
+        named.append(t)
+    tasks = named
     tasks.sort(key=lambda t: (-t.weight * t.flops, t.name))
     logger.info("%d tasks over layouts %s, %d convs with alternatives", len(tasks), ", ".join(layouts), len(choice))
     return tasks

@@ -16,6 +16,7 @@ from tuner.layout import (
     choose_layouts,
     data_layout,
     prepare,
+    useful_layouts,
     vector_lanes,
     winograd,
     winograd_tile,
@@ -95,8 +96,9 @@ def test_switching_to_winograd_in_the_same_blocks_costs_no_transform():
     assert all(data_layout(a) != data_layout(b) for _, a, b in charged)
 
 
-def _three_convs() -> tvm.IRModule:
-    """3x3 stride 1, 3x3 stride 2, 1x1: only the first is Winograd's."""
+def _three_convs(first_stride: int = 1) -> tvm.IRModule:
+    """3x3 stride 1, 3x3 stride 2, 1x1: only the first is Winograd's (none with
+    ``first_stride`` 2)."""
     rng = np.random.default_rng(1)
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((1, 16, 12, 12), "float32"))
@@ -107,7 +109,7 @@ def _three_convs() -> tvm.IRModule:
     op = relax.op.nn
     with bb.function("main", [x]):
         with bb.dataflow():
-            y = bb.emit(op.relu(op.conv2d(x, weight(16, 16, 3, 3), padding=1)))
+            y = bb.emit(op.relu(op.conv2d(x, weight(16, 16, 3, 3), strides=first_stride, padding=1)))
             y = bb.emit(op.relu(op.conv2d(y, weight(16, 16, 3, 3), strides=2, padding=1)))
             out = bb.emit_output(op.conv2d(y, weight(16, 16, 1, 1)))
         bb.emit_func_output(out)
@@ -135,15 +137,27 @@ def test_a_winograd_plan_converts_only_the_convs_it_fits_and_computes_the_same(c
 
 
 def test_auto_tasks_add_a_winograd_variant_only_where_it_fits(cpu_device):
-    """Under --layout auto's candidates the 3x3 stride-1 conv has three variants; the others
-    keep two, the Winograd plan giving them the blocked plan's task."""
+    """Under --layout auto's candidates the 3x3 stride-1 conv has four variants; the others
+    keep two, the Winograd plans giving them the blocked plan's task."""
     target = cpu_device.target
-    tasks = extract_layout_tasks(_three_convs(), target, ("NCHW8c", "NCHW8c:w4", "NCHW"))
+    tasks = extract_layout_tasks(_three_convs(), target, ("NCHW8c", "NCHW8c:w4", "NCHW8c:w2", "NCHW"))
     variants: dict[str, set[str]] = {}
     for t in tasks:
         if t.layout:
             variants.setdefault(t.choice, set()).add(t.layout)
     assert sorted(map(sorted, variants.values())) == [["NCHW", "NCHW8c"], ["NCHW", "NCHW8c"],
-                                                      ["NCHW", "NCHW8c", "NCHW8c:w4"]]  # fmt: skip
+                                                      ["NCHW", "NCHW8c", "NCHW8c:w2", "NCHW8c:w4"]]  # fmt: skip
     wino = next(t for t in tasks if t.layout == "NCHW8c:w4")
     assert "x86-conv2d-winograd" in search_spaces.applicable_kinds(wino.mod, target)
+    # The two Winograd variants' functions have one name in their own plans: apart here.
+    names = [t.name for t in tasks]
+    assert len(names) == len(set(names))
+    assert next(t for t in tasks if t.layout == "NCHW8c:w2").name == f"{wino.name}[NCHW8c:w2]"
+
+
+def test_winograd_candidates_are_dropped_for_a_model_without_a_conv_they_fit():
+    """No fitting conv (BERT, MobileNet): the Winograd plans would repeat the blocked one's
+    tasks, so they are not extracted nor weighed again."""
+    candidates = ("NCHW8c", "NCHW8c:w4", "NCHW8c:w2", "NCHW")
+    assert useful_layouts(_three_convs(), candidates) == candidates
+    assert useful_layouts(_three_convs(first_stride=2), candidates) == ("NCHW8c", "NCHW")
