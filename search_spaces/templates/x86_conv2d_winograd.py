@@ -101,20 +101,32 @@ def _schedule_input(sch: Schedule, values: dict[str, Any]) -> None:
         loops = sch.get_loops(pad)
         sch.parallel(sch.fuse(*loops[:3]))
         sch.vectorize(loops[-1])
-    pack = sch.get_sblock("data_pack")
-    eps, nu, p, c, b = sch.get_loops(pack)
-    sch.reorder(p, c, eps, nu, b)
-    outer = sch.fuse(p, c)
+    _schedule_transform(sch, "data_pack", "wino_rows", tiles_first=False)
+
+
+def _schedule_transform(sch: Schedule, name: str, rows: str, *, tiles_first: bool) -> None:
+    """One of the two transforms, block ``name`` after its row-wise half ``rows``: parallel
+    over tiles and channel blocks, a tile's two positions unrolled, the channel lanes
+    vectorized; ``rows`` computed per tile and channel block, the same way. ``tiles_first``:
+    the block's loops are (tiles or blocks, blocks or tiles, i, j, lanes) already, else
+    (i, j, tiles, blocks, lanes)."""
+    block = sch.get_sblock(name)
+    if tiles_first:
+        tile, chunk, i, j, lanes = sch.get_loops(block)
+    else:
+        i, j, tile, chunk, lanes = sch.get_loops(block)
+        sch.reorder(tile, chunk, i, j, lanes)
+    outer = sch.fuse(tile, chunk)
     sch.parallel(outer)
-    sch.unroll(eps)
-    sch.unroll(nu)
-    sch.vectorize(b)
-    rows = sch.get_sblock("wino_rows")
-    sch.compute_at(rows, outer)
-    *_, r_eps, r_j, r_b = sch.get_loops(rows)
-    sch.unroll(r_eps)
+    sch.unroll(i)
+    sch.unroll(j)
+    sch.vectorize(lanes)
+    half = sch.get_sblock(rows)
+    sch.compute_at(half, outer)
+    *_, r_i, r_j, r_lanes = sch.get_loops(half)
+    sch.unroll(r_i)
     sch.unroll(r_j)
-    sch.vectorize(r_b)
+    sch.vectorize(r_lanes)
 
 
 def _schedule_gemm(sch: Schedule, values: dict[str, Any]) -> None:
@@ -143,19 +155,7 @@ def _schedule_gemm(sch: Schedule, values: dict[str, Any]) -> None:
 
 
 def _schedule_inverse(sch: Schedule) -> None:
-    inverse = sch.get_sblock("inverse")
-    co, p, vh, vw, k = sch.get_loops(inverse)
-    outer = sch.fuse(co, p)
-    sch.parallel(outer)
-    sch.unroll(vh)
-    sch.unroll(vw)
-    sch.vectorize(k)
-    rows = sch.get_sblock("wino_inv_rows")
-    sch.compute_at(rows, outer)
-    *_, r_vh, r_nu, r_k = sch.get_loops(rows)
-    sch.unroll(r_vh)
-    sch.unroll(r_nu)
-    sch.vectorize(r_k)
+    _schedule_transform(sch, "inverse", "wino_inv_rows", tiles_first=True)
 
 
 def _schedule_output(sch: Schedule, tail: list[str]) -> None:

@@ -79,6 +79,7 @@ def test_auto_layouts_weigh_winograd_on_x86(cpu_device):
     layouts = auto_layouts(cpu_device.target)
     blocked = f"NCHW{vector_lanes(cpu_device.target)}c"
     assert layouts == (blocked, f"{blocked}:w4", f"{blocked}:w2", "NCHW")
+    assert LayoutPlan.parse("NCHWc:w4", cpu_device.target).default == f"{blocked}:w4"  # --layout NCHWc:w4
     assert auto_layouts(tvm.target.Target({"kind": "cuda", "arch": "sm_90"})) == ("NCHW",)
 
 
