@@ -706,7 +706,8 @@ def task_layout(mod: tvm.IRModule) -> str:
     names = (("conv2d_NCHWc", None), ("depthwise_conv2d_NCHWc", None), ("conv2d_nchw", NCHW), ("conv2d_nhwc", NHWC),
              ("group_conv2d_nchw", NCHW), ("group_conv2d_nhwc", NHWC))  # fmt: skip
     try:
-        inverse = sch.get(sch.get_sblock("inverse"))  # a Winograd conv: (oc_chunk, tile, m, m, oc_block)
+        sch.get_sblock("conv2d_NCHWc_winograd")  # tuner.winograd's conv: its tile is its inverse's
+        inverse = sch.get(sch.get_sblock("inverse"))  # (oc_chunk, tile, m, m, oc_block)
         return winograd(blocked(int(inverse.iter_vars[4].dom.extent)), int(inverse.iter_vars[2].dom.extent))
     except (RuntimeError, ValueError):  # no such block
         pass

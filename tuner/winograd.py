@@ -16,12 +16,12 @@ multiply-adds per channel pair: 4x fewer multiply-adds for ``m = 4``, 2.25x for 
 
 The transforms are written out term by term with the matrices' nonzero entries (selected by
 the unrolled tile loops), so no multiply by 0 or 1 reaches the code. This is what oneDNN,
-NNPACK and TVM's own ``topi`` Winograd compute; the peers on this CPU (oneDNN, MLAS) run
-direct convs instead, so on these 3x3 convs this is an algorithmic lead, not a tuning one.
+NNPACK and TVM's own ``topi`` Winograd compute; the peers' libraries (oneDNN, MLAS) run
+direct convs by default, so on these 3x3 convs this is an algorithmic lead, not a tuning one.
 
-Rounding: against TOPI's direct conv, about 1.3e-6 of the largest output for ``m = 4`` and
-8e-7 for ``m = 2`` on random data (the tests hold it to 1e-5, tests/tuner/test_winograd.py);
-ResNet-50's output differs from ONNX Runtime's by 1.3e-6 (benchmarks/README.md).
+Rounding: tests/tuner/test_winograd.py holds each conv to 1e-5 of TOPI's direct conv (of
+the largest output); ResNet-50's output differs from ONNX Runtime's by 1.3e-6
+(benchmarks/README.md).
 """
 
 from __future__ import annotations
