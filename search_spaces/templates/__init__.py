@@ -117,6 +117,7 @@ from search_spaces.templates import (  # noqa: E402, F401
     x86_conv2d_nchwc_dot,
     x86_conv2d_winograd,
     x86_dense,
+    x86_dense_amx,
     x86_dense_dot,
     x86_depthwise,
 )

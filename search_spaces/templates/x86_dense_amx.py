@@ -1,0 +1,140 @@
+"""``x86-dense-amx-bf16`` and ``x86-dense-amx-int8``: matmul by a packed weight (+ epilogue)
+on Intel AMX tiles (``tdpbf16ps``, ``tdpbusd``).
+
+The task is the one of ``x86-dense-bf16`` / ``x86-dense-vnni`` (:mod:`.x86_dense_dot`): a
+block ``matmul_bf16`` (``matmul_u8s8``) reading A[..., m, e ko + ki] and the weight packed
+at compile time as W[ko, n, ki], whose rows of 16 columns x ``e`` reduction elements are
+64 bytes: one row of an AMX B tile, so the weight needs no other layout. The register tile
+is ``tile_m`` x ``tile_n`` accumulator tiles of 16 x 16 (up to 2 x 2: with their A and B
+tiles, the 8 tile registers), kept in the tile registers across the whole reduction
+(:mod:`.intrin_amx`); each reduction step loads ``tile_m`` A tiles (16 rows x 64 bytes)
+and ``tile_n`` B tiles and issues ``tile_m * tile_n`` tile products. The accumulators are
+stored once per register tile to a local buffer, from which the epilogue (bias, GELU,
+residual; requantize for int8) writes the output, vectorized, as in ``x86-dense``.
+
+Rows and columns must be whole tiles (BERT's 128 tokens and its 768/3072 features are);
+other shapes leave the task to the AVX-512 templates.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import tvm
+from tvm.s_tir import Schedule
+
+from search_spaces.constraints import Limits
+from search_spaces.knobs import Knob, divisors
+from search_spaces.templates import Template, register_template
+from search_spaces.templates.blocks import accumulate_locally, elementwise_prologue
+from search_spaces.templates.intrin_amx import (
+    AMX_BF16,
+    AMX_INT8,
+    AMX_TILE_FEATURE,
+    SHAPES,
+    TILE,
+    AmxInstruction,
+    register_amx_intrinsics,
+)
+from search_spaces.templates.intrin_x86 import BF16_DOT, VNNI_DOT, target_has
+from search_spaces.templates.x86_dense_dot import _Dot, _matmul_block, _tail
+
+logger = logging.getLogger(__name__)
+
+_VECTOR = 16
+
+
+def _knobs(dot: _Dot, inst: AmxInstruction, mod: tvm.IRModule, target: tvm.target.Target,
+           limits: Limits) -> tuple[Knob, ...] | None:
+    if not (target_has(target, inst.feature) and target_has(target, AMX_TILE_FEATURE)):
+        return None
+    sch = Schedule(mod)
+    block = _matmul_block(sch, dot)
+    if block is None or _tail(sch, block) is None:
+        return None
+    *_, m, n, groups, _ = (int(sch.get(loop).extent) for loop in sch.get_loops(block))
+    if m % TILE or n % TILE or groups % TILE:
+        return None
+    shapes = [(tm, tn) for tm, tn in SHAPES if m % (tm * TILE) == 0 and n % (tn * TILE) == 0]
+    return (
+        Knob("tile_m", "choice", tuple(sorted({tm for tm, _ in shapes}))),
+        Knob("tile_n", "choice", tuple(sorted({tn for _, tn in shapes}))),
+        # Column tiles per panel of W kept in cache, in tiles of 16 (a divisor of n / 16).
+        Knob("panel", "choice", tuple(d for d in divisors(n // TILE) if d <= 16)),
+        # Reduction steps (64 bytes of A each) unrolled.
+        Knob("unroll_k", "choice", tuple(d for d in divisors(groups // TILE) if d <= 4)),
+        # 0: panels outermost; 1: row tiles outermost.
+        Knob("order", "choice", (0, 1)),
+        Knob("parallel_depth", "choice", (1, 2)),
+        # Fixed by the task; knobs so the constraint can read them.
+        Knob("rows", "choice", (m,)),
+    )
+
+
+def _constraint(values: dict[str, Any], limits: Limits) -> str | None:
+    tm, tn = values["tile_m"], values["tile_n"]
+    if (tm, tn) not in SHAPES:
+        return f"{tm} x {tn} accumulator tiles with their A and B tiles need more than 8 tile registers"
+    if values["rows"] % (tm * TILE):
+        return f"{values['rows']} rows are not whole tiles of {tm * TILE}"
+    if values["panel"] % tn:
+        return "a panel is not a whole number of column tiles"
+    return None
+
+
+def _schedule(dot: _Dot, inst: AmxInstruction, sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
+    register_amx_intrinsics()
+    block = _matmul_block(sch, dot)
+    if block is None:
+        raise ValueError(f"no {dot.prefix} block")
+    tail = _tail(sch, block)
+    if tail is None:
+        raise ValueError("an epilogue block is not elementwise over the matmul's output")
+    name = sch.get(block).name_hint
+    for t in [*(elementwise_prologue(sch, block) or []), *tail[:-1]]:
+        sch.compute_inline(sch.get_sblock(t))
+    block, store = accumulate_locally(sch, name, tail)
+    tm, tn = values["tile_m"], values["tile_n"]
+    *batch, i, j, ko, ki = sch.get_loops(block)
+    i_o, i_i = sch.split(i, [None, tm * TILE])
+    j_oo, j_o, j_i = sch.split(j, [None, values["panel"] // tn, tn * TILE])
+    k_o, k_u, k_i = sch.split(ko, [None, values["unroll_k"], TILE])
+    outer = [j_oo, i_o, j_o] if values["order"] == 0 else [i_o, j_oo, j_o]
+    sch.reorder(*batch, *outer, k_o, k_u, i_i, j_i, k_i, ki)
+    sch.reverse_compute_at(store, outer[-1])
+    acc = sch.get(block).writes[0].source
+    index = next(k for k, r in enumerate(sch.get(store).reads) if r.source.same_as(acc))
+    # The store intrinsic's target: the accumulators leave the tile registers here.
+    copy = sch.cache_read(store, index, "local")
+    sch.parallel(sch.fuse(*batch, *outer[:values["parallel_depth"]]))
+    init = sch.decompose_reduction(block, k_o)
+    sch.tensorize(i_i, inst.intrin("update", tm, tn))
+    sch.unroll(k_u)
+    sch.tensorize(sch.get_loops(init)[-2], inst.intrin("init", tm, tn))
+    sch.tensorize(sch.get_loops(copy)[-2], inst.intrin("store", tm, tn))
+    epi = sch.get_loops(store)
+    j_e_o, j_e_i = sch.split(epi[-1], [None, _VECTOR])
+    sch.vectorize(j_e_i)
+    sch.unroll(j_e_o)
+    logger.debug("scheduled %s with %s", name, values)
+
+
+def _template(name: str, dot: _Dot, inst: AmxInstruction, description: str) -> Template:
+    return register_template(Template(
+        name=name,
+        knobs=lambda mod, target, limits: _knobs(dot, inst, mod, target, limits),
+        schedule=lambda sch, values, limits: _schedule(dot, inst, sch, values, limits),
+        constraint=_constraint,
+        description=description,
+    ))  # fmt: skip
+
+
+X86_DENSE_AMX_BF16 = _template(
+    "x86-dense-amx-bf16", _Dot("matmul_bf16", BF16_DOT), AMX_BF16,
+    "bf16 matmul by a packed weight + epilogue, AMX tdpbf16ps tiles (x86 AMX-BF16)",
+)
+X86_DENSE_AMX_INT8 = _template(
+    "x86-dense-amx-int8", _Dot("matmul_u8s8", VNNI_DOT), AMX_INT8,
+    "uint8 x int8 matmul by a packed weight + epilogue, AMX tdpbusd tiles (x86 AMX-INT8)",
+)
