@@ -6,6 +6,8 @@ import inspect
 import linecache
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 
 _PRELOAD_LOCK = threading.Lock()
@@ -14,12 +16,25 @@ _PRELOAD_LOCK = threading.Lock()
 @cache
 def preload_tensor_intrinsics() -> None:
     """Import TVM's tensor intrinsics fast (:func:`import_tvm_intrinsics`) and register
-    Nightshift's over them (``search_spaces.templates.intrin_x86``): every process that
-    builds or replays a schedule calls this first."""
+    Nightshift's over them (``search_spaces.templates.intrin_x86``, and
+    ``intrin_amx`` on a host with AMX): every process that builds or replays a schedule
+    calls this first."""
     import_tvm_intrinsics()
+    from search_spaces.templates.intrin_amx import register_amx_intrinsics
     from search_spaces.templates.intrin_x86 import register_intrinsics
 
     register_intrinsics()
+    if host_has_amx():  # 42 prim_funcs, a second or two: not where no record can use them
+        register_amx_intrinsics()
+
+
+def host_has_amx() -> bool:
+    """Whether this machine's CPU lists AMX tiles (``amx_tile`` in /proc/cpuinfo)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " amx_tile" in line for line in f)
+    except OSError:
+        return False
 
 
 def import_tvm_intrinsics() -> None:
@@ -34,11 +49,19 @@ def import_tvm_intrinsics() -> None:
     """
     if "tvm.s_tir.tensor_intrin" in sys.modules:
         return
+    with quick_tvmscript():
+        import tvm.s_tir.tensor_intrin  # noqa: F401
+
+
+@contextmanager
+def quick_tvmscript() -> Iterator[None]:
+    """Parse TVMScript prim_funcs with :func:`_quick_stack` in place of ``inspect.stack``
+    (see :func:`import_tvm_intrinsics`): for modules that define many intrinsics."""
     with _PRELOAD_LOCK:
         original = inspect.stack
         inspect.stack = _quick_stack
         try:
-            import tvm.s_tir.tensor_intrin  # noqa: F401
+            yield
         finally:
             inspect.stack = original
 

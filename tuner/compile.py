@@ -27,6 +27,8 @@ from tvm.s_tir.schedule import Trace
 from search_spaces import lowering
 from search_spaces.constraints import target_with_limits
 from search_spaces.preload import preload_tensor_intrinsics
+from search_spaces.templates.intrin_amx import AMX_TILE_FEATURE, register_amx_intrinsics
+from search_spaces.templates.intrin_x86 import target_has
 from tuner.codegen import per_function
 from tuner.db import TuningDatabase
 from tuner.db.database import FallbackPolicy
@@ -108,6 +110,8 @@ def compile_model(
     # Records replay tensorize steps by intrinsic name (x86-dense-vnni's, ours of TVM's VNNI
     # one): they must be registered in this process before the database is read.
     preload_tensor_intrinsics()
+    if target_has(device.target, AMX_TILE_FEATURE):  # a cross-build for an AMX CPU
+        register_amx_intrinsics()
     lowering.install()  # the records' partial tiles are peeled as they were when timed
     plan = LayoutPlan.for_target(device.target) if plan is None else plan
     mod = prepare(apply_precision(spec.bound(), precision), device.target, plan)

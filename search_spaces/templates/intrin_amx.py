@@ -252,7 +252,10 @@ def inst_bytes(dtype: str) -> int:
 def register_amx_intrinsics() -> None:
     """Register every AMX intrinsic (once per process: TensorIntrin names are global, and
     records of ``x86-dense-amx`` replay a tensorize by the intrinsic's name)."""
-    for inst in (AMX_BF16, AMX_INT8):
-        for tm, tn in SHAPES:
-            for name, (desc, impl) in _intrinsics(inst, tm, tn).items():
-                TensorIntrin.register(name, desc, impl, override=True)
+    from search_spaces.preload import quick_tvmscript
+
+    with quick_tvmscript():
+        intrinsics = [_intrinsics(inst, tm, tn) for inst in (AMX_BF16, AMX_INT8) for tm, tn in SHAPES]
+    for group in intrinsics:
+        for name, (desc, impl) in group.items():
+            TensorIntrin.register(name, desc, impl, override=True)
