@@ -276,6 +276,8 @@ TARGETS: dict[str, dict] = {
     # An AVX-512 VNNI CPU, for checks of the dot-product templates that build nothing: they
     # must run on a host without those instructions too (an AVX2 Zen 3 runs CI some days).
     "llvm-vnni": {"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2},
+    # An AMX CPU, for the AMX templates' checks that build nothing.
+    "llvm-amx": {"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2},
 }
 # The (task, target) pairs the suite covers; CUDA keeps to the two heavy patterns.
 TASK_TARGETS = [("matmul", "llvm"), ("conv", "llvm"), ("relu", "llvm"), ("conv_nchwc", "llvm"),
@@ -292,6 +294,10 @@ NCHWC_DEFAULTS = {"tile_oh": 1, "tile_oc": 1, "tile_ic": 4, "order": 0, "unroll_
 # The dot-product instructions' tests run where the CPU has them.
 needs_bf16 = pytest.mark.skipif("avx512_bf16" not in host_cpu_info()["isa_flags"], reason="this CPU has no AVX512_BF16")
 needs_vnni = pytest.mark.skipif("avx512_vnni" not in host_cpu_info()["isa_flags"], reason="this CPU has no AVX512_VNNI")
+needs_amx_bf16 = pytest.mark.skipif(not {"amx_tile", "amx_bf16"} <= set(host_cpu_info()["isa_flags"]),
+                                    reason="this CPU has no AMX-BF16")
+needs_amx_int8 = pytest.mark.skipif(not {"amx_tile", "amx_int8"} <= set(host_cpu_info()["isa_flags"]),
+                                    reason="this CPU has no AMX-INT8")
 DOT_DEFAULTS = {"tile_oh": 1, "tile_oc": 1, "tile_ic": 1, "order": 0, "unroll_kw": 1, "parallel_depth": 2,
                 "fuse_pixels": 1}
 DENSE_DOT_DEFAULTS = {"tile_n": 16, "panel": 1, "unroll_k": 1, "order": 0, "parallel_depth": 1}

@@ -1,0 +1,115 @@
+"""The AMX tile intrinsics (tdpbf16ps, tdpbusd) and the templates on them (beyond the
+conformance suite, which covers them on an AMX host through the host target)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tvm
+from conftest import needs_amx_bf16, needs_amx_int8, space, target, task
+
+import search_spaces
+from search_spaces.verify import arg_specs, check_point, reference
+
+AMX_DEFAULTS = {"tile_m": 1, "tile_n": 1, "panel": 1, "unroll_k": 1, "order": 0, "parallel_depth": 1}
+
+
+def _asm(mod: tvm.IRModule) -> str:
+    lib = tvm.compile(mod, target=target("llvm"))
+    return lib.mod.inspect_source("asm")
+
+
+def test_templates_need_amx_and_whole_tiles():
+    amx, vnni = target("llvm-amx"), target("llvm-vnni")
+    assert "x86-dense-amx-bf16" in search_spaces.applicable_kinds(task("dense_bf16"), amx)
+    assert "x86-dense-amx-int8" in search_spaces.applicable_kinds(task("dense_u8s8"), amx)
+    # AVX512_BF16 / VNNI without tiles: the AVX-512 templates' tasks.
+    assert "x86-dense-amx-bf16" not in search_spaces.applicable_kinds(task("dense_bf16"), vnni)
+    assert "x86-dense-amx-int8" not in search_spaces.applicable_kinds(task("dense_u8s8"), vnni)
+    # Rows that are not whole tiles of 16.
+    from conftest import dense_bf16
+
+    assert "x86-dense-amx-bf16" not in search_spaces.applicable_kinds(dense_bf16(m=24), amx)
+
+
+def test_register_tiles_fit_the_tile_registers():
+    sp = space("x86-dense-amx-bf16", "dense_bf16", "llvm-amx")
+    names = [k.name for k in sp.knobs(0)]
+
+    def why(**values) -> str | None:
+        named = {**AMX_DEFAULTS, **values}
+        return sp.static_violation(search_spaces.Point(0, tuple(
+            named.get(n, k.choices[0]) for n, k in zip(names, sp.knobs(0), strict=True))))
+
+    assert why() is None
+    assert why(tile_m=2, tile_n=1) is None
+    assert "whole number of column tiles" in why(tile_n=3, panel=1)
+    assert why(tile_n=3, panel=3) is None
+
+
+def _points(kind: str, task_name: str, count: int, seed: int):
+    sp = space(kind, task_name, "llvm")
+    rng = np.random.default_rng(seed)
+    return sp, [sp.sample(rng) for _ in range(count)]
+
+
+@needs_amx_bf16
+def test_bf16_points_run_on_tiles_and_match_the_reference():
+    """Stated tolerance: the reference is the unscheduled task on the same bf16 inputs; the
+    tiles sum the exact bf16 products in float32, so a candidate matches within the float32
+    tolerance (tuner.measure's 1e-4)."""
+    sp, points = _points("x86-dense-amx-bf16", "dense_bf16", 4, 5)
+    ref = reference(task("dense_bf16"), target("llvm"))
+    for point in points:
+        check = check_point(sp, point, ref)
+        assert check.error is None and check.elementwise_ok, (sp.values(point), check.error, check.detail)
+    asm = _asm(sp.apply(points[-1]).mod)
+    assert "tdpbf16ps" in asm and "ldtilecfg" in asm and "tilestored" in asm
+
+
+@needs_amx_int8
+def test_int8_points_compute_exactly():
+    """uint8 x int8 sums in int32 are exact: bit for bit on full-range inputs."""
+    mod = task("dense_u8s8")
+    rng = np.random.default_rng(11)
+    inputs = [rng.integers(*{"uint8": (0, 256), "int8": (-128, 128)}.get(a.dtype, (-1000, 1000)), a.shape)
+              .astype(a.dtype) for a in arg_specs(mod)]  # fmt: skip
+    want = _run(mod, inputs)
+    assert np.count_nonzero(want), "the reference output is all zeros: the check would prove nothing"
+    sp, points = _points("x86-dense-amx-int8", "dense_u8s8", 4, 6)
+    for point in points:
+        np.testing.assert_array_equal(_run(sp.apply(point).mod, inputs), want, err_msg=str(sp.values(point)))
+    assert "tdpbusd" in _asm(sp.apply(points[-1]).mod)
+
+
+def _run(mod: tvm.IRModule, inputs: list[np.ndarray]) -> np.ndarray:
+    lib = tvm.compile(mod, target=target("llvm"))
+    arrays = [tvm.runtime.tensor(x) for x in inputs]
+    lib["main"](*arrays)
+    return arrays[-1].numpy()
+
+
+@needs_amx_bf16
+def test_a_compiled_kernel_asks_linux_for_the_tiles_itself(tmp_path):
+    """Linux faults the first AMX instruction of a process that did not ask for the tile state
+    (arch_prctl): a library exported here runs in a fresh process that loads nothing but TVM's
+    runtime, as a deployment would."""
+    sp, points = _points("x86-dense-amx-bf16", "dense_bf16", 1, 7)
+    lib_path = tmp_path / "amx.so"
+    tvm.compile(sp.apply(points[0]).mod, target=target("llvm")).export_library(str(lib_path))
+    script = textwrap.dedent(f"""
+        import ml_dtypes, numpy as np, tvm
+        lib = tvm.runtime.load_module({str(lib_path)!r})
+        a = np.ones((1, 32, 64), ml_dtypes.bfloat16)
+        w = np.ones((32, 48, 2), ml_dtypes.bfloat16)
+        out = tvm.runtime.tensor(np.zeros((1, 32, 48), np.float32))
+        lib["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(w), tvm.runtime.tensor(np.zeros(48, np.float32)), out)
+        print(float(out.numpy().min()), float(out.numpy().max()))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["64.0", "64.0"]  # relu(64 products of 1 + bias 0)
