@@ -63,9 +63,9 @@ class AmxInstruction:
         """Reduction elements per ``update``: one 64-byte tile row of A."""
         return TILE * self.elements
 
-    def intrin(self, kind: str, tm: int, tn: int) -> str:
+    def intrin(self, kind: str, shape: TileShape) -> str:
         """The tensor intrinsic's registered name (``kind``: init, update, store)."""
-        return f"nightshift_amx_{self.name}_{kind}_{tm}x{tn}"
+        return f"nightshift_amx_{self.name}_{kind}_{shape.tag(self)}"
 
 
 AMX_BF16 = AmxInstruction("bf16", "tdpbf16ps", ("bfloat16", "bfloat16"), 2, "float32", "amx-bf16")
@@ -78,30 +78,64 @@ _ARCH_REQ_XCOMP_PERM = 0x1023
 _XFEATURE_XTILEDATA = 18
 
 
-def _tile_config() -> str:
-    """The 64-byte ``ldtilecfg`` operand: palette 1, every tile 16 rows of 64 bytes."""
+@dataclass(frozen=True)
+class TileShape:
+    """A register tile: ``tm`` x ``tn`` accumulator tiles of ``rows`` x 16, each reduction
+    step ``k`` elements (``k * bytes`` of each A row, ``k / elements`` rows of B)."""
+
+    tm: int
+    tn: int
+    rows: int = TILE
+    k: int = 0  # 0: a whole 64-byte A row
+
+    def step(self, inst: AmxInstruction) -> int:
+        """Reduction elements per update."""
+        return self.k or inst.step
+
+    def tag(self, inst: AmxInstruction) -> str:
+        return f"{self.tm}x{self.tn}" + (f"_r{self.rows}_k{self.k}" if (self.rows, self.k) != (TILE, 0) else "")
+
+
+#: A conv tile: pixels of one output row (rows; ResNet's and MobileNet's rows are multiples
+#: of 7 or 8), tn output channel blocks, one input channel block of 16 per step (NCHW16c).
+CONV_ROWS = (7, 8, 14, 16)
+CONV_BLOCK = 16
+CONV_SHAPES = tuple(TileShape(1, tn, rows, CONV_BLOCK) for rows in CONV_ROWS for tn in (1, 2, 3))
+
+
+def _tile_config(shape: TileShape, inst: AmxInstruction) -> tuple[str, str]:
+    """The global's name and the 64-byte ``ldtilecfg`` operand (palette 1): accumulator and A
+    tiles of ``rows`` rows, A rows of ``step`` elements, B tiles of ``step / elements`` rows."""
+    a_bytes = shape.step(inst) * inst_bytes(inst.dtypes[0])
+    b_rows = shape.step(inst) // inst.elements
     cfg = [0] * 64
     cfg[0] = 1
+    c_tiles, a_tiles = shape.tm * shape.tn, shape.tm
     for t in range(TILE_REGISTERS):
-        cfg[16 + 2 * t] = TILE_BYTES
-        cfg[48 + t] = TILE
-    return "".join(f"\\{b:02X}" for b in cfg)
+        colsb, rows = (TILE_BYTES, shape.rows) if t < c_tiles else (
+            (a_bytes, shape.rows) if t < c_tiles + a_tiles else (TILE_BYTES, b_rows))
+        cfg[16 + 2 * t] = colsb
+        cfg[48 + t] = rows
+    name = f"nightshift_amx_cfg_r{shape.rows}_a{a_bytes}_b{b_rows}_c{c_tiles}_{a_tiles}"
+    return name, "".join(f"\\{b:02X}" for b in cfg)
 
 
-def _c_tiles(tm: int, tn: int) -> list[tuple[int, int, int]]:
-    """(register, row, column) of each accumulator tile; A tiles follow, then B tiles."""
-    return [(i * tn + j, i, j) for i in range(tm) for j in range(tn)]
+def _helpers(inst: AmxInstruction, shape: TileShape) -> tuple[str, str, str, str]:
+    """Names of the init, update and store helpers, and their LLVM IR.
 
-
-def _helpers(inst: AmxInstruction, tm: int, tn: int) -> tuple[str, str, str, str]:
-    """Names of the init, update and store helpers, and their LLVM IR."""
-    shape = f"{tm}x{tn}"
-    init, update, store = (f"nightshift_amx_{k}_{shape}" for k in ("init", f"{inst.name}", "store"))
-    c_tiles = _c_tiles(tm, tn)
+    update(a, sa, b, sb, sbj): A tile ``i`` at ``a + 16 i sa`` (rows ``sa`` bytes apart), B
+    tile ``j`` at ``b + j sbj`` (rows ``sb`` apart); store(c, sc, scj): accumulator (i, j) at
+    ``c + 16 i sc + j scj``.
+    """
+    tm, tn = shape.tm, shape.tn
+    cfg_name, cfg = _tile_config(shape, inst)
+    tag = shape.tag(inst)
+    init, update, store = (f"nightshift_amx_{k}_{tag}" for k in ("init", inst.name, "store"))
+    c_tiles = [(i * tn + j, i, j) for i in range(tm) for j in range(tn)]
     a_reg, b_reg = tm * tn, tm * tn + tm
     zero = "\n".join(f"  call void @llvm.x86.tilezero(i8 {r})" for r, _, _ in c_tiles)
     loads_b = "\n".join(
-        f"  %b{j} = getelementptr i8, ptr %b, i64 {j * TILE_BYTES}\n"
+        f"  %bo{j} = mul i64 %sbj, {j}\n  %b{j} = getelementptr i8, ptr %b, i64 %bo{j}\n"
         f"  call void @llvm.x86.tileloadd64(i8 {b_reg + j}, ptr %b{j}, i64 %sb)" for j in range(tn))
     body = []
     for i in range(tm):
@@ -110,11 +144,11 @@ def _helpers(inst: AmxInstruction, tm: int, tn: int) -> tuple[str, str, str, str
         body += [f"  call void @llvm.x86.{inst.llvm}(i8 {i * tn + j}, i8 {a_reg + i}, i8 {b_reg + j})"
                  for j in range(tn)]
     stores = "\n".join(
-        f"  %co{r} = mul i64 %sc, {i * TILE}\n  %cr{r} = getelementptr i8, ptr %c, i64 %co{r}\n"
-        f"  %c{r} = getelementptr i8, ptr %cr{r}, i64 {j * TILE_BYTES}\n"
+        f"  %co{r} = mul i64 %sc, {i * TILE}\n  %cj{r} = mul i64 %scj, {j}\n"
+        f"  %cr{r} = getelementptr i8, ptr %c, i64 %co{r}\n  %c{r} = getelementptr i8, ptr %cr{r}, i64 %cj{r}\n"
         f"  call void @llvm.x86.tilestored64(i8 {r}, ptr %c{r}, i64 %sc)" for r, i, j in c_tiles)
     ir = f"""
-@nightshift_amx_cfg = linkonce_odr constant [64 x i8] c"{_tile_config()}", align 64
+@{cfg_name} = linkonce_odr constant [64 x i8] c"{cfg}", align 64
 @nightshift_amx_ready = linkonce_odr global i32 0, align 4
 declare i64 @syscall(i64, ...)
 declare void @llvm.x86.ldtilecfg(ptr)
@@ -133,19 +167,19 @@ ask:
   store atomic i32 1, ptr @nightshift_amx_ready monotonic, align 4
   br label %config
 config:
-  call void @llvm.x86.ldtilecfg(ptr @nightshift_amx_cfg)
+  call void @llvm.x86.ldtilecfg(ptr @{cfg_name})
 {zero}
   ret i32 0
 }}
 
-define linkonce_odr i32 @{update}(ptr %a, i64 %sa, ptr %b, i64 %sb) alwaysinline {{
+define linkonce_odr i32 @{update}(ptr %a, i64 %sa, ptr %b, i64 %sb, i64 %sbj) alwaysinline {{
 entry:
 {loads_b}
 {chr(10).join(body)}
   ret i32 0
 }}
 
-define linkonce_odr i32 @{store}(ptr %c, i64 %sc) {{
+define linkonce_odr i32 @{store}(ptr %c, i64 %sc, i64 %scj) {{
 entry:
 {stores}
   ret i32 0
@@ -154,33 +188,117 @@ entry:
     return init, update, store, ir
 
 
-def _intrinsics(inst: AmxInstruction, tm: int, tn: int) -> dict[str, tuple]:
-    """(description, implementation) of the init, update and store intrinsics."""
-    m, n, e, k = tm * TILE, tn * TILE, inst.elements, TILE
+def _init_store(inst: AmxInstruction, c_shape: tuple[int, ...], ir: str, init_fn: str,
+                store_fn: str) -> tuple[tuple, tuple]:
+    """(desc, impl) of the init and store intrinsics for an accumulator of ``c_shape``: (m, n)
+    for a matmul (tile j 16 columns on), (tn, m, 16) for a conv (tile j one channel block on)."""
+    acc = inst.acc
+    if len(c_shape) == 2:
+        m, n = c_shape
+
+        @T.prim_func(s_tir=True)
+        def init_desc(c: T.handle) -> None:
+            C = T.match_buffer(c, (m, n), acc, offset_factor=1, scope="local")
+            with T.sblock("root"):
+                T.reads()
+                T.writes(C[0:m, 0:n])
+                for i, j in T.grid(m, n):
+                    with T.sblock("init"):
+                        vi, vj = T.axis.remap("SS", [i, j])
+                        C[vi, vj] = T.cast(0, acc)
+
+        @T.prim_func(s_tir=True)
+        def init_impl(c: T.handle) -> None:
+            C = T.match_buffer(c, (m, n), acc, offset_factor=1, scope="local")
+            with T.sblock("root"):
+                T.reads()
+                T.writes(C[0:m, 0:n])
+                with T.attr(0, "pragma_import_llvm", ir):
+                    T.evaluate(T.call_extern("int32", init_fn))
+
+        @T.prim_func(s_tir=True)
+        def store_desc(c: T.handle, d: T.handle) -> None:
+            sd = T.int32()
+            C = T.match_buffer(c, (m, n), acc, offset_factor=1, scope="local")
+            D = T.match_buffer(d, (m, n), acc, offset_factor=1, scope="local", strides=[sd, 1])
+            with T.sblock("root"):
+                T.reads(C[0:m, 0:n])
+                T.writes(D[0:m, 0:n])
+                for i, j in T.grid(m, n):
+                    with T.sblock("store"):
+                        vi, vj = T.axis.remap("SS", [i, j])
+                        D[vi, vj] = C[vi, vj]
+
+        @T.prim_func(s_tir=True)
+        def store_impl(c: T.handle, d: T.handle) -> None:
+            sd = T.int32()
+            C = T.match_buffer(c, (m, n), acc, offset_factor=1, scope="local")
+            D = T.match_buffer(d, (m, n), acc, offset_factor=1, scope="local", strides=[sd, 1])
+            with T.sblock("root"):
+                T.reads(C[0:m, 0:n])
+                T.writes(D[0:m, 0:n])
+                with T.attr(0, "pragma_import_llvm", ir):
+                    T.evaluate(T.call_extern("int32", store_fn, D.access_ptr("w"), T.int64(sd) * T.int64(4),
+                                             T.int64(TILE_BYTES)))
+    else:
+        tn, m, lanes = c_shape
+
+        @T.prim_func(s_tir=True)
+        def init_desc(c: T.handle) -> None:
+            C = T.match_buffer(c, (tn, m, lanes), acc, offset_factor=1, scope="local")
+            with T.sblock("root"):
+                T.reads()
+                T.writes(C[0:tn, 0:m, 0:lanes])
+                for t, i, j in T.grid(tn, m, lanes):
+                    with T.sblock("init"):
+                        vt, vi, vj = T.axis.remap("SSS", [t, i, j])
+                        C[vt, vi, vj] = T.cast(0, acc)
+
+        @T.prim_func(s_tir=True)
+        def init_impl(c: T.handle) -> None:
+            C = T.match_buffer(c, (tn, m, lanes), acc, offset_factor=1, scope="local")
+            with T.sblock("root"):
+                T.reads()
+                T.writes(C[0:tn, 0:m, 0:lanes])
+                with T.attr(0, "pragma_import_llvm", ir):
+                    T.evaluate(T.call_extern("int32", init_fn))
+
+        @T.prim_func(s_tir=True)
+        def store_desc(c: T.handle, d: T.handle) -> None:
+            sd0, sd1 = T.int32(), T.int32()
+            C = T.match_buffer(c, (tn, m, lanes), acc, offset_factor=1, scope="local")
+            D = T.match_buffer(d, (tn, m, lanes), acc, offset_factor=1, scope="local", strides=[sd0, sd1, 1])
+            with T.sblock("root"):
+                T.reads(C[0:tn, 0:m, 0:lanes])
+                T.writes(D[0:tn, 0:m, 0:lanes])
+                for t, i, j in T.grid(tn, m, lanes):
+                    with T.sblock("store"):
+                        vt, vi, vj = T.axis.remap("SSS", [t, i, j])
+                        D[vt, vi, vj] = C[vt, vi, vj]
+
+        @T.prim_func(s_tir=True)
+        def store_impl(c: T.handle, d: T.handle) -> None:
+            sd0, sd1 = T.int32(), T.int32()
+            C = T.match_buffer(c, (tn, m, lanes), acc, offset_factor=1, scope="local")
+            D = T.match_buffer(d, (tn, m, lanes), acc, offset_factor=1, scope="local", strides=[sd0, sd1, 1])
+            with T.sblock("root"):
+                T.reads(C[0:tn, 0:m, 0:lanes])
+                T.writes(D[0:tn, 0:m, 0:lanes])
+                with T.attr(0, "pragma_import_llvm", ir):
+                    T.evaluate(T.call_extern("int32", store_fn, D.access_ptr("w"), T.int64(sd1) * T.int64(4),
+                                             T.int64(sd0) * T.int64(4)))
+
+    return (init_desc, init_impl), (store_desc, store_impl)
+
+
+def _dense_intrinsics(inst: AmxInstruction, shape: TileShape) -> dict[str, tuple]:
+    """(description, implementation) of the init, update and store intrinsics of a matmul
+    ``C[m, n] += A[m, k] B[k / e, n, e]`` tile."""
+    m, n, e, k = shape.tm * shape.rows, shape.tn * TILE, inst.elements, shape.step(inst) // inst.elements
     a_dtype, b_dtype = inst.dtypes
     acc = inst.acc
-    init_fn, update_fn, store_fn, ir = _helpers(inst, tm, tn)
-    acc_bytes, a_bytes, b_bytes = 4, inst_bytes(a_dtype), inst_bytes(b_dtype)
-
-    @T.prim_func(s_tir=True)
-    def init_desc(c: T.handle) -> None:
-        C = T.match_buffer(c, (m, n), acc, offset_factor=1, scope="local")
-        with T.sblock("root"):
-            T.reads()
-            T.writes(C[0:m, 0:n])
-            for i, j in T.grid(m, n):
-                with T.sblock("init"):
-                    vi, vj = T.axis.remap("SS", [i, j])
-                    C[vi, vj] = T.cast(0, acc)
-
-    @T.prim_func(s_tir=True)
-    def init_impl(c: T.handle) -> None:
-        C = T.match_buffer(c, (m, n), acc, offset_factor=1, scope="local")
-        with T.sblock("root"):
-            T.reads()
-            T.writes(C[0:m, 0:n])
-            with T.attr(0, "pragma_import_llvm", ir):
-                T.evaluate(T.call_extern("int32", init_fn))
+    init_fn, update_fn, store_fn, ir = _helpers(inst, shape)
+    a_bytes, b_bytes = inst_bytes(a_dtype), inst_bytes(b_dtype)
 
     @T.prim_func(s_tir=True)
     def update_desc(a: T.handle, b: T.handle, c: T.handle) -> None:
@@ -207,40 +325,59 @@ def _intrinsics(inst: AmxInstruction, tm: int, tn: int) -> dict[str, tuple]:
             T.writes(C[0:m, 0:n])
             with T.attr(0, "pragma_import_llvm", ir):
                 T.evaluate(T.call_extern(
-                    "int32", update_fn,
-                    T.address_of(A[0, 0]), T.int64(sa) * T.int64(a_bytes),
-                    T.address_of(B[0, 0, 0]), T.int64(sb0) * T.int64(b_bytes),
+                    "int32", update_fn, T.address_of(A[0, 0]), T.int64(sa) * T.int64(a_bytes),
+                    T.address_of(B[0, 0, 0]), T.int64(sb0) * T.int64(b_bytes), T.int64(TILE_BYTES),
                 ))
 
-    @T.prim_func(s_tir=True)
-    def store_desc(c: T.handle, d: T.handle) -> None:
-        C = T.match_buffer(c, (m, n), acc, offset_factor=1, scope="local")
-        sd = T.int32()
-        D = T.match_buffer(d, (m, n), acc, offset_factor=1, scope="local", strides=[sd, 1])
-        with T.sblock("root"):
-            T.reads(C[0:m, 0:n])
-            T.writes(D[0:m, 0:n])
-            for i, j in T.grid(m, n):
-                with T.sblock("store"):
-                    vi, vj = T.axis.remap("SS", [i, j])
-                    D[vi, vj] = C[vi, vj]
+    init, store = _init_store(inst, (m, n), ir, init_fn, store_fn)
+    return {inst.intrin("init", shape): init, inst.intrin("update", shape): (update_desc, update_impl),
+            inst.intrin("store", shape): store}
+
+
+def _conv_intrinsics(inst: AmxInstruction, shape: TileShape) -> dict[str, tuple]:
+    """(description, implementation) of the init, update and store intrinsics of a blocked
+    conv tile: ``tn`` output channel blocks x ``rows`` pixels of one output row,
+    ``C[t, i, c] += A[i, g e + l] B[t, g, c, l]`` over one input channel block (``k``
+    channels, ``k / e`` groups) at one kernel tap. A's pixels are ``sa`` apart (stride 1)."""
+    tn, m, e = shape.tn, shape.rows, inst.elements
+    g = shape.step(inst) // e
+    a_dtype, b_dtype = inst.dtypes
+    acc = inst.acc
+    init_fn, update_fn, store_fn, ir = _helpers(inst, shape)
+    a_bytes, b_bytes = inst_bytes(a_dtype), inst_bytes(b_dtype)
 
     @T.prim_func(s_tir=True)
-    def store_impl(c: T.handle, d: T.handle) -> None:
-        C = T.match_buffer(c, (m, n), acc, offset_factor=1, scope="local")
-        sd = T.int32()
-        D = T.match_buffer(d, (m, n), acc, offset_factor=1, scope="local", strides=[sd, 1])
+    def update_desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+        sa, sb0, sb1, sb2 = T.int32(), T.int32(), T.int32(), T.int32()
+        A = T.match_buffer(a, (m, g * e), a_dtype, offset_factor=1, strides=[sa, 1])
+        B = T.match_buffer(b, (tn, g, TILE, e), b_dtype, offset_factor=1, strides=[sb0, sb1, sb2, 1])
+        C = T.match_buffer(c, (tn, m, TILE), acc, offset_factor=1, scope="local")
         with T.sblock("root"):
-            T.reads(C[0:m, 0:n])
-            T.writes(D[0:m, 0:n])
+            T.reads(C[0:tn, 0:m, 0:TILE], A[0:m, 0:g * e], B[0:tn, 0:g, 0:TILE, 0:e])
+            T.writes(C[0:tn, 0:m, 0:TILE])
+            for t, i, c, r, q in T.grid(tn, m, TILE, g, e):
+                with T.sblock("update"):
+                    vt, vi, vc, vr, vq = T.axis.remap("SSSRR", [t, i, c, r, q])
+                    C[vt, vi, vc] = C[vt, vi, vc] + T.cast(A[vi, vr * e + vq], acc) * T.cast(B[vt, vr, vc, vq], acc)
+
+    @T.prim_func(s_tir=True)
+    def update_impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        sa, sb0, sb1, sb2 = T.int32(), T.int32(), T.int32(), T.int32()
+        A = T.match_buffer(a, (m, g * e), a_dtype, offset_factor=1, strides=[sa, 1])
+        B = T.match_buffer(b, (tn, g, TILE, e), b_dtype, offset_factor=1, strides=[sb0, sb1, sb2, 1])
+        C = T.match_buffer(c, (tn, m, TILE), acc, offset_factor=1, scope="local")
+        with T.sblock("root"):
+            T.reads(C[0:tn, 0:m, 0:TILE], A[0:m, 0:g * e], B[0:tn, 0:g, 0:TILE, 0:e])
+            T.writes(C[0:tn, 0:m, 0:TILE])
             with T.attr(0, "pragma_import_llvm", ir):
-                T.evaluate(T.call_extern("int32", store_fn, D.access_ptr("w"), T.int64(sd) * T.int64(acc_bytes)))
+                T.evaluate(T.call_extern(
+                    "int32", update_fn, T.address_of(A[0, 0]), T.int64(sa) * T.int64(a_bytes),
+                    T.address_of(B[0, 0, 0, 0]), T.int64(sb1) * T.int64(b_bytes), T.int64(sb0) * T.int64(b_bytes),
+                ))
 
-    return {
-        inst.intrin("init", tm, tn): (init_desc, init_impl),
-        inst.intrin("update", tm, tn): (update_desc, update_impl),
-        inst.intrin("store", tm, tn): (store_desc, store_impl),
-    }
+    init, store = _init_store(inst, (tn, m, TILE), ir, init_fn, store_fn)
+    return {inst.intrin("init", shape): init, inst.intrin("update", shape): (update_desc, update_impl),
+            inst.intrin("store", shape): store}
 
 
 def inst_bytes(dtype: str) -> int:
@@ -255,7 +392,8 @@ def register_amx_intrinsics() -> None:
     from search_spaces.preload import quick_tvmscript
 
     with quick_tvmscript():
-        intrinsics = [_intrinsics(inst, tm, tn) for inst in (AMX_BF16, AMX_INT8) for tm, tn in SHAPES]
+        intrinsics = [_dense_intrinsics(inst, TileShape(tm, tn)) for inst in (AMX_BF16, AMX_INT8) for tm, tn in SHAPES]
+        intrinsics += [_conv_intrinsics(inst, shape) for inst in (AMX_BF16, AMX_INT8) for shape in CONV_SHAPES]
     for group in intrinsics:
         for name, (desc, impl) in group.items():
             TensorIntrin.register(name, desc, impl, override=True)

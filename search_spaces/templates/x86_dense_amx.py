@@ -35,6 +35,7 @@ from search_spaces.templates.intrin_amx import (
     SHAPES,
     TILE,
     AmxInstruction,
+    TileShape,
     register_amx_intrinsics,
 )
 from search_spaces.templates.intrin_x86 import BF16_DOT, VNNI_DOT, target_has
@@ -96,6 +97,7 @@ def _schedule(dot: _Dot, inst: AmxInstruction, sch: Schedule, values: dict[str, 
         sch.compute_inline(sch.get_sblock(t))
     block, store = accumulate_locally(sch, name, tail)
     tm, tn = values["tile_m"], values["tile_n"]
+    shape = TileShape(tm, tn)
     *batch, i, j, ko, ki = sch.get_loops(block)
     i_o, i_i = sch.split(i, [None, tm * TILE])
     j_oo, j_o, j_i = sch.split(j, [None, values["panel"] // tn, tn * TILE])
@@ -109,10 +111,10 @@ def _schedule(dot: _Dot, inst: AmxInstruction, sch: Schedule, values: dict[str, 
     copy = sch.cache_read(store, index, "local")
     sch.parallel(sch.fuse(*batch, *outer[:values["parallel_depth"]]))
     init = sch.decompose_reduction(block, k_o)
-    sch.tensorize(i_i, inst.intrin("update", tm, tn))
+    sch.tensorize(i_i, inst.intrin("update", shape))
     sch.unroll(k_u)
-    sch.tensorize(sch.get_loops(init)[-2], inst.intrin("init", tm, tn))
-    sch.tensorize(sch.get_loops(copy)[-2], inst.intrin("store", tm, tn))
+    sch.tensorize(sch.get_loops(init)[-2], inst.intrin("init", shape))
+    sch.tensorize(sch.get_loops(copy)[-2], inst.intrin("store", shape))
     epi = sch.get_loops(store)
     j_e_o, j_e_i = sch.split(epi[-1], [None, _VECTOR])
     sch.vectorize(j_e_i)
