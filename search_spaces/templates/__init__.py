@@ -113,6 +113,7 @@ def _load_entry_points() -> None:
 # The built-in templates register themselves on import.
 from search_spaces.templates import (  # noqa: E402, F401
     x86_conv2d,
+    x86_conv2d_amx,
     x86_conv2d_nchwc,
     x86_conv2d_nchwc_dot,
     x86_conv2d_winograd,

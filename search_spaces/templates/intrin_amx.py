@@ -241,51 +241,53 @@ def _init_store(inst: AmxInstruction, c_shape: tuple[int, ...], ir: str, init_fn
                     T.evaluate(T.call_extern("int32", store_fn, D.access_ptr("w"), T.int64(sd) * T.int64(4),
                                              T.int64(TILE_BYTES)))
     else:
-        tn, m, lanes = c_shape
+        # (tn, 1, m, lanes): the conv's output row is a unit dimension between the channel
+        # blocks and the pixels, which TVM's tensorize compares dimension for dimension.
+        tn, _, m, lanes = c_shape
 
         @T.prim_func(s_tir=True)
         def init_desc(c: T.handle) -> None:
-            C = T.match_buffer(c, (tn, m, lanes), acc, offset_factor=1, scope="local")
+            C = T.match_buffer(c, (tn, 1, m, lanes), acc, offset_factor=1, scope="local")
             with T.sblock("root"):
                 T.reads()
-                T.writes(C[0:tn, 0:m, 0:lanes])
+                T.writes(C[0:tn, 0:1, 0:m, 0:lanes])
                 for t, i, j in T.grid(tn, m, lanes):
                     with T.sblock("init"):
                         vt, vi, vj = T.axis.remap("SSS", [t, i, j])
-                        C[vt, vi, vj] = T.cast(0, acc)
+                        C[vt, 0, vi, vj] = T.cast(0, acc)
 
         @T.prim_func(s_tir=True)
         def init_impl(c: T.handle) -> None:
-            C = T.match_buffer(c, (tn, m, lanes), acc, offset_factor=1, scope="local")
+            C = T.match_buffer(c, (tn, 1, m, lanes), acc, offset_factor=1, scope="local")
             with T.sblock("root"):
                 T.reads()
-                T.writes(C[0:tn, 0:m, 0:lanes])
+                T.writes(C[0:tn, 0:1, 0:m, 0:lanes])
                 with T.attr(0, "pragma_import_llvm", ir):
                     T.evaluate(T.call_extern("int32", init_fn))
 
         @T.prim_func(s_tir=True)
         def store_desc(c: T.handle, d: T.handle) -> None:
-            sd0, sd1 = T.int32(), T.int32()
-            C = T.match_buffer(c, (tn, m, lanes), acc, offset_factor=1, scope="local")
-            D = T.match_buffer(d, (tn, m, lanes), acc, offset_factor=1, scope="local", strides=[sd0, sd1, 1])
+            sd0, sd1, sd2 = T.int32(), T.int32(), T.int32()
+            C = T.match_buffer(c, (tn, 1, m, lanes), acc, offset_factor=1, scope="local")
+            D = T.match_buffer(d, (tn, 1, m, lanes), acc, offset_factor=1, scope="local", strides=[sd0, sd1, sd2, 1])
             with T.sblock("root"):
-                T.reads(C[0:tn, 0:m, 0:lanes])
-                T.writes(D[0:tn, 0:m, 0:lanes])
+                T.reads(C[0:tn, 0:1, 0:m, 0:lanes])
+                T.writes(D[0:tn, 0:1, 0:m, 0:lanes])
                 for t, i, j in T.grid(tn, m, lanes):
                     with T.sblock("store"):
                         vt, vi, vj = T.axis.remap("SSS", [t, i, j])
-                        D[vt, vi, vj] = C[vt, vi, vj]
+                        D[vt, 0, vi, vj] = C[vt, 0, vi, vj]
 
         @T.prim_func(s_tir=True)
         def store_impl(c: T.handle, d: T.handle) -> None:
-            sd0, sd1 = T.int32(), T.int32()
-            C = T.match_buffer(c, (tn, m, lanes), acc, offset_factor=1, scope="local")
-            D = T.match_buffer(d, (tn, m, lanes), acc, offset_factor=1, scope="local", strides=[sd0, sd1, 1])
+            sd0, sd1, sd2 = T.int32(), T.int32(), T.int32()
+            C = T.match_buffer(c, (tn, 1, m, lanes), acc, offset_factor=1, scope="local")
+            D = T.match_buffer(d, (tn, 1, m, lanes), acc, offset_factor=1, scope="local", strides=[sd0, sd1, sd2, 1])
             with T.sblock("root"):
-                T.reads(C[0:tn, 0:m, 0:lanes])
-                T.writes(D[0:tn, 0:m, 0:lanes])
+                T.reads(C[0:tn, 0:1, 0:m, 0:lanes])
+                T.writes(D[0:tn, 0:1, 0:m, 0:lanes])
                 with T.attr(0, "pragma_import_llvm", ir):
-                    T.evaluate(T.call_extern("int32", store_fn, D.access_ptr("w"), T.int64(sd1) * T.int64(4),
+                    T.evaluate(T.call_extern("int32", store_fn, D.access_ptr("w"), T.int64(sd2) * T.int64(4),
                                              T.int64(sd0) * T.int64(4)))
 
     return (init_desc, init_impl), (store_desc, store_impl)
@@ -348,34 +350,40 @@ def _conv_intrinsics(inst: AmxInstruction, shape: TileShape) -> dict[str, tuple]
 
     @T.prim_func(s_tir=True)
     def update_desc(a: T.handle, b: T.handle, c: T.handle) -> None:
-        sa, sb0, sb1, sb2 = T.int32(), T.int32(), T.int32(), T.int32()
+        sa, sb0, sb1, sb2, sb3, sb4, sb5 = (T.int32(), T.int32(), T.int32(), T.int32(), T.int32(), T.int32(),
+                                            T.int32())
         A = T.match_buffer(a, (m, g * e), a_dtype, offset_factor=1, strides=[sa, 1])
-        B = T.match_buffer(b, (tn, g, TILE, e), b_dtype, offset_factor=1, strides=[sb0, sb1, sb2, 1])
-        C = T.match_buffer(c, (tn, m, TILE), acc, offset_factor=1, scope="local")
+        B = T.match_buffer(b, (tn, 1, 1, 1, g, TILE, e), b_dtype, offset_factor=1,
+                           strides=[sb0, sb1, sb2, sb3, sb4, sb5, 1])
+        C = T.match_buffer(c, (tn, 1, m, TILE), acc, offset_factor=1, scope="local")
         with T.sblock("root"):
-            T.reads(C[0:tn, 0:m, 0:TILE], A[0:m, 0:g * e], B[0:tn, 0:g, 0:TILE, 0:e])
-            T.writes(C[0:tn, 0:m, 0:TILE])
+            T.reads(C[0:tn, 0:1, 0:m, 0:TILE], A[0:m, 0:g * e], B[0:tn, 0:1, 0:1, 0:1, 0:g, 0:TILE, 0:e])
+            T.writes(C[0:tn, 0:1, 0:m, 0:TILE])
             for t, i, c, r, q in T.grid(tn, m, TILE, g, e):
                 with T.sblock("update"):
                     vt, vi, vc, vr, vq = T.axis.remap("SSSRR", [t, i, c, r, q])
-                    C[vt, vi, vc] = C[vt, vi, vc] + T.cast(A[vi, vr * e + vq], acc) * T.cast(B[vt, vr, vc, vq], acc)
+                    C[vt, 0, vi, vc] = C[vt, 0, vi, vc] + T.cast(A[vi, vr * e + vq], acc) * T.cast(
+                        B[vt, 0, 0, 0, vr, vc, vq], acc)
 
     @T.prim_func(s_tir=True)
     def update_impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-        sa, sb0, sb1, sb2 = T.int32(), T.int32(), T.int32(), T.int32()
+        sa, sb0, sb1, sb2, sb3, sb4, sb5 = (T.int32(), T.int32(), T.int32(), T.int32(), T.int32(), T.int32(),
+                                            T.int32())
         A = T.match_buffer(a, (m, g * e), a_dtype, offset_factor=1, strides=[sa, 1])
-        B = T.match_buffer(b, (tn, g, TILE, e), b_dtype, offset_factor=1, strides=[sb0, sb1, sb2, 1])
-        C = T.match_buffer(c, (tn, m, TILE), acc, offset_factor=1, scope="local")
+        B = T.match_buffer(b, (tn, 1, 1, 1, g, TILE, e), b_dtype, offset_factor=1,
+                           strides=[sb0, sb1, sb2, sb3, sb4, sb5, 1])
+        C = T.match_buffer(c, (tn, 1, m, TILE), acc, offset_factor=1, scope="local")
         with T.sblock("root"):
-            T.reads(C[0:tn, 0:m, 0:TILE], A[0:m, 0:g * e], B[0:tn, 0:g, 0:TILE, 0:e])
-            T.writes(C[0:tn, 0:m, 0:TILE])
+            T.reads(C[0:tn, 0:1, 0:m, 0:TILE], A[0:m, 0:g * e], B[0:tn, 0:1, 0:1, 0:1, 0:g, 0:TILE, 0:e])
+            T.writes(C[0:tn, 0:1, 0:m, 0:TILE])
             with T.attr(0, "pragma_import_llvm", ir):
                 T.evaluate(T.call_extern(
                     "int32", update_fn, T.address_of(A[0, 0]), T.int64(sa) * T.int64(a_bytes),
-                    T.address_of(B[0, 0, 0, 0]), T.int64(sb1) * T.int64(b_bytes), T.int64(sb0) * T.int64(b_bytes),
+                    T.address_of(B[0, 0, 0, 0, 0, 0, 0]), T.int64(sb4) * T.int64(b_bytes),
+                    T.int64(sb0) * T.int64(b_bytes),
                 ))
 
-    init, store = _init_store(inst, (tn, m, TILE), ir, init_fn, store_fn)
+    init, store = _init_store(inst, (tn, 1, m, TILE), ir, init_fn, store_fn)
     return {inst.intrin("init", shape): init, inst.intrin("update", shape): (update_desc, update_impl),
             inst.intrin("store", shape): store}
 

@@ -1,0 +1,139 @@
+"""``x86-conv2d-amx``: blocked stride-1 conv2d on Intel AMX tiles (``tdpbf16ps`` for bf16,
+``tdpbusd`` for uint8 x int8), + epilogue.
+
+The task is the one of ``x86-conv2d-nchwc-dot`` (:mod:`.x86_conv2d_nchwc_dot`): block
+``conv2d_NCHWc_dot`` over ``NCHW16c`` data with weights packed ``OIHW{16/e}i16o{e}i``, whose
+rows of 16 output channels x ``e`` input channels are 64 bytes: one row of an AMX B tile.
+An accumulator tile is ``rows`` output pixels of one output row x one output channel block
+of 16; the register tile is ``tile_oc`` of them side by side (the same pixels). One
+reduction step is one input channel block (16 channels, 32 bytes of bf16 or 16 of uint8 per
+pixel) at one kernel tap: an A tile of ``rows`` input pixels, 16 channels each, that a
+stride-1 conv reads at a constant stride (the channel block's 16 elements), and ``tile_oc``
+B tiles. The accumulators stay in the tile registers across every channel block and tap
+(:mod:`.intrin_amx`); the epilogue then runs from a local copy, vectorized.
+
+``rows`` divides the output row (7, 8, 14 or 16 pixels: tiles of fewer than 16 rows are
+fine for AMX, each row of A is one step of the tile multiply), so no tile is partial. An
+``NCHW16c`` block fills only half of a bf16 A row (a quarter of a uint8 one): a 32-channel
+block would double each instruction's work, but every other kernel and layout transform
+in the blocked plan is built on 16.
+
+Strided convs, and rows that none of the tile heights divide, stay on the AVX-512 template.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import tvm
+from tvm.s_tir import Schedule
+
+from search_spaces.constraints import Limits
+from search_spaces.knobs import Knob
+from search_spaces.templates import Template, register_template
+from search_spaces.templates.blocks import accumulate_locally, elementwise_prologue
+from search_spaces.templates.intrin_amx import (
+    AMX_DOTS,
+    AMX_TILE_FEATURE,
+    CONV_BLOCK,
+    CONV_ROWS,
+    AmxInstruction,
+    TileShape,
+    register_amx_intrinsics,
+)
+from search_spaces.templates.intrin_x86 import target_has
+from search_spaces.templates.x86_conv2d_nchwc import _PAD, _has_pad
+from search_spaces.templates.x86_conv2d_nchwc_dot import _conv_block, _tail
+
+logger = logging.getLogger(__name__)
+
+NAME = "x86-conv2d-amx"
+_TILE_OC = (1, 2, 3)
+
+
+def _instruction(sch: Schedule, conv: Any) -> AmxInstruction | None:
+    """The AMX instruction for the conv's (data, weight) dtypes, or None; the data must be
+    an ``NCHW16c`` block of it and the conv stride 1 (data rows = output rows + taps - 1)."""
+    reads = sch.get(conv).reads
+    inst = AMX_DOTS.get(tuple(str(r.source.dtype) for r in reads)) if len(reads) == 2 else None
+    if inst is None:
+        return None
+    _, _, oh, ow, _, kh, kw, _, groups, lanes = (int(sch.get(loop).extent) for loop in sch.get_loops(conv))
+    data = reads[0].source
+    _, _, h, w, block = (int(d) for d in data.shape)
+    if lanes != inst.elements or groups * lanes != CONV_BLOCK or block != CONV_BLOCK:
+        return None
+    return inst if (h, w) == (oh + kh - 1, ow + kw - 1) else None
+
+
+def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tuple[Knob, ...] | None:
+    sch = Schedule(mod)
+    conv = _conv_block(sch)
+    if conv is None or _tail(sch, conv) is None:
+        return None
+    inst = _instruction(sch, conv)
+    if inst is None or not (target_has(target, inst.feature) and target_has(target, AMX_TILE_FEATURE)):
+        return None
+    _, oc_chunks, _, ow, oc_block, *_ = (int(sch.get(loop).extent) for loop in sch.get_loops(conv))
+    rows = tuple(r for r in CONV_ROWS if ow % r == 0)
+    if oc_block != CONV_BLOCK or not rows:
+        return None
+    return (
+        Knob("rows", "choice", rows),
+        Knob("tile_oc", "choice", tuple(t for t in _TILE_OC if oc_chunks % t == 0)),
+        # 0: output channel tiles outermost; 1: pixel rows outermost.
+        Knob("order", "choice", (0, 1)),
+        # 0: channel blocks outside the kernel taps; 1: taps outside.
+        Knob("reduce_order", "choice", (0, 1)),
+        Knob("parallel_depth", "choice", (1, 2, 3)),
+    )
+
+
+def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
+    register_amx_intrinsics()
+    conv = _conv_block(sch)
+    inst = None if conv is None else _instruction(sch, conv)
+    if conv is None or inst is None:
+        raise ValueError("no stride-1 conv2d_NCHWc_dot block over NCHW16c bfloat16 or uint8 x int8 data")
+    tail = _tail(sch, conv)
+    if tail is None:
+        raise ValueError("an epilogue block is not elementwise over the conv's output")
+    conv_name = sch.get(conv).name_hint
+    for name in [*(elementwise_prologue(sch, conv, keep=(_PAD,)) or []), *tail[:-1]]:
+        sch.compute_inline(sch.get_sblock(name))
+    conv, store = accumulate_locally(sch, conv_name, tail)
+    shape = TileShape(1, values["tile_oc"], values["rows"], CONV_BLOCK)
+    n, oc, oh, ow, oc_block, kh, kw, ic_chunk, ic_group, ic_lane = sch.get_loops(conv)
+    oc_o, oc_i = sch.split(oc, [None, shape.tn])
+    ow_o, ow_i = sch.split(ow, [None, shape.rows])
+    outer = [n, oc_o, oh, ow_o] if values["order"] == 0 else [n, oh, ow_o, oc_o]
+    reduction = [ic_chunk, kh, kw] if values["reduce_order"] == 0 else [kh, kw, ic_chunk]
+    sch.reorder(*outer, *reduction, oc_i, ow_i, oc_block, ic_group, ic_lane)
+    sch.reverse_compute_at(store, outer[-1])
+    acc = sch.get(conv).writes[0].source
+    index = next(k for k, r in enumerate(sch.get(store).reads) if r.source.same_as(acc))
+    # The store intrinsic's target: the accumulators leave the tile registers here.
+    copy = sch.cache_read(store, index, "local")
+    sch.parallel(sch.fuse(*outer[:values["parallel_depth"] + 1]))
+    init = sch.decompose_reduction(conv, reduction[0])
+    sch.tensorize(oc_i, inst.intrin("update", shape))
+    sch.tensorize(sch.get_loops(init)[-3], inst.intrin("init", shape))
+    oc_c, row_c, pixels_c, _ = sch.get_loops(copy)[-4:]
+    sch.fuse(row_c, pixels_c)  # the unit output row, which the intrinsic has no loop for
+    sch.tensorize(oc_c, inst.intrin("store", shape))
+    epi = sch.get_loops(store)
+    sch.vectorize(epi[-1])
+    if _has_pad(sch):
+        pad_loops = sch.get_loops(sch.get_sblock(_PAD))
+        sch.parallel(sch.fuse(*pad_loops[:3]))
+        sch.vectorize(pad_loops[-1])
+    logger.debug("scheduled %s with %s", conv_name, values)
+
+
+X86_CONV2D_AMX = register_template(Template(
+    name=NAME,
+    knobs=_knobs,
+    schedule=_schedule,
+    description="stride-1 conv2d NCHW16c + epilogue on AMX tiles: tdpbf16ps (bf16), tdpbusd (uint8 x int8) (x86)",
+))
