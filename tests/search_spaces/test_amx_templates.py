@@ -34,6 +34,11 @@ def test_templates_need_amx_and_whole_tiles():
     from conftest import dense_bf16
 
     assert "x86-dense-amx-bf16" not in search_spaces.applicable_kinds(dense_bf16(m=24), amx)
+    assert "x86-conv2d-amx" in search_spaces.applicable_kinds(task("conv_nchwc_bf16"), amx)
+    assert "x86-conv2d-amx" in search_spaces.applicable_kinds(task("conv_nchwc_u8"), amx)
+    assert "x86-conv2d-amx" not in search_spaces.applicable_kinds(task("conv_nchwc_bf16"), vnni)
+    # A strided conv's pixels are not one tile's rows apart.
+    assert "x86-conv2d-amx" not in search_spaces.applicable_kinds(task("conv_nchwc_bf16_s2"), amx)
 
 
 def test_register_tiles_fit_the_tile_registers():
@@ -58,12 +63,14 @@ def _points(kind: str, task_name: str, count: int, seed: int):
 
 
 @needs_amx_bf16
-def test_bf16_points_run_on_tiles_and_match_the_reference():
+@pytest.mark.parametrize(("kind", "task_name"), [("x86-dense-amx-bf16", "dense_bf16"),
+                                                 ("x86-conv2d-amx", "conv_nchwc_bf16")])  # fmt: skip
+def test_bf16_points_run_on_tiles_and_match_the_reference(kind, task_name):
     """Stated tolerance: the reference is the unscheduled task on the same bf16 inputs; the
     tiles sum the exact bf16 products in float32, so a candidate matches within the float32
     tolerance (tuner.measure's 1e-4)."""
-    sp, points = _points("x86-dense-amx-bf16", "dense_bf16", 4, 5)
-    ref = reference(task("dense_bf16"), target("llvm"))
+    sp, points = _points(kind, task_name, 4, 5)
+    ref = reference(task(task_name), target("llvm"))
     for point in points:
         check = check_point(sp, point, ref)
         assert check.error is None and check.elementwise_ok, (sp.values(point), check.error, check.detail)
@@ -72,15 +79,20 @@ def test_bf16_points_run_on_tiles_and_match_the_reference():
 
 
 @needs_amx_int8
-def test_int8_points_compute_exactly():
-    """uint8 x int8 sums in int32 are exact: bit for bit on full-range inputs."""
-    mod = task("dense_u8s8")
+@pytest.mark.parametrize(("kind", "task_name"), [("x86-dense-amx-int8", "dense_u8s8"),
+                                                 ("x86-conv2d-amx", "conv_nchwc_u8")])  # fmt: skip
+def test_int8_points_compute_exactly(kind, task_name):
+    """uint8 x int8 sums in int32 are exact: bit for bit on full-range inputs (not the 0/1
+    integers of tuner.measure, under which a kernel that dropped part of the reduction could
+    still pass)."""
+    mod = task(task_name)
     rng = np.random.default_rng(11)
     inputs = [rng.integers(*{"uint8": (0, 256), "int8": (-128, 128)}.get(a.dtype, (-1000, 1000)), a.shape)
-              .astype(a.dtype) for a in arg_specs(mod)]  # fmt: skip
+              .astype(a.dtype) if a.dtype != "float32" else rng.uniform(-1, 1, a.shape).astype(a.dtype)
+              for a in arg_specs(mod)]  # fmt: skip
     want = _run(mod, inputs)
     assert np.count_nonzero(want), "the reference output is all zeros: the check would prove nothing"
-    sp, points = _points("x86-dense-amx-int8", "dense_u8s8", 4, 6)
+    sp, points = _points(kind, task_name, 4, 6)
     for point in points:
         np.testing.assert_array_equal(_run(sp.apply(point).mod, inputs), want, err_msg=str(sp.values(point)))
     assert "tdpbusd" in _asm(sp.apply(points[-1]).mod)

@@ -34,11 +34,19 @@ from tuner.tasks import extract_tasks
                                                  ("x86-conv2d-nchwc-dot", "conv_nchwc_u8"),
                                                  ("x86-conv2d-nchwc-dot", "conv_nchwc_u8_residual"),
                                                  ("x86-dense-vnni", "dense_u8s8"),
+                                                 ("x86-dense-amx-bf16", "dense_bf16"),
+                                                 ("x86-dense-amx-int8", "dense_u8s8"),
+                                                 ("x86-conv2d-amx", "conv_nchwc_bf16"),
+                                                 ("x86-conv2d-amx", "conv_nchwc_u8"),
                                                  ("x86-conv2d-winograd", "conv_winograd"),
                                                  ("x86-conv2d-winograd", "conv_winograd_m2_bare")])  # fmt: skip
 def test_sampled_points_match_the_reference(kind, task_name):
     if kind in ("x86-conv2d-nchwc-dot", "x86-dense-vnni"):
         feature = "avx512_bf16" if "bf16" in task_name else "avx512_vnni"
+        if feature not in host_cpu_info()["isa_flags"]:
+            pytest.skip(f"this CPU has no {feature}")
+    elif "amx" in kind:
+        feature = "amx_bf16" if "bf16" in task_name else "amx_int8"
         if feature not in host_cpu_info()["isa_flags"]:
             pytest.skip(f"this CPU has no {feature}")
     elif kind not in search_spaces.applicable_kinds(task(task_name), target("llvm")):
