@@ -125,3 +125,24 @@ def test_a_compiled_kernel_asks_linux_for_the_tiles_itself(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["64.0", "64.0"]  # relu(64 products of 1 + bias 0)
+
+
+@needs_amx_bf16
+def test_kernels_of_different_tile_configurations_alternate_on_one_thread():
+    """Each kernel reloads the tile configuration only when the thread's differs from its
+    own: a conv of 7-row tiles between two runs of a matmul of 16-row ones leaves both right."""
+    from search_spaces.base import Point
+
+    def run_case(kind: str, task_name: str, values: dict):
+        sp = space(kind, task_name, "llvm")
+        point = Point(0, tuple(values.get(k.name, k.choices[0]) for k in sp.knobs(0)))
+        mod = sp.apply(point).mod
+        ref = reference(task(task_name), target("llvm"))
+        lib = tvm.compile(mod, target=target("llvm"))
+        arrays = [tvm.runtime.tensor(x) for x in ref.inputs]  # every argument, the output last
+        return lambda: (lib["main"](*arrays), arrays[-1].numpy())[1], ref.outputs[-1]
+
+    dense, dense_want = run_case("x86-dense-amx-bf16", "dense_bf16", {"tile_m": 2, "tile_n": 1, "parallel_depth": 1})
+    conv, conv_want = run_case("x86-conv2d-amx", "conv_nchwc_bf16", {"rows": 7, "tile_oc": 2, "parallel_depth": 1})
+    for run, want in ((dense, dense_want), (conv, conv_want), (dense, dense_want), (conv, conv_want)):
+        np.testing.assert_allclose(run(), want, rtol=1e-4, atol=1e-4)
