@@ -1,14 +1,18 @@
 """Intel AMX tile intrinsics: ``tdpbf16ps`` (AMX-BF16) and ``tdpbusd`` (AMX-INT8) on a
-register tile of up to 2 x 2 accumulator tiles of 16 x 16 float32 (int32).
+register tile of up to 2 x 2 accumulator tiles of up to 16 rows x 16 float32 (int32).
 
 An AMX accumulator lives in a tile register (``tmm0``-``tmm7``), not in memory, across the
 whole reduction, as oneDNN's brgemm kernels keep it. Three tensor intrinsics per tile shape
-(``tm`` x ``tn`` tiles of 16 x 16) do that in TIR:
+(:class:`TileShape`) do that in TIR:
 
 - ``init``: the accumulators' zero-initialization (the block ``decompose_reduction`` makes);
-  its implementation configures the tiles (``ldtilecfg``) and zeroes the accumulator tiles.
-- ``update``: one step of the reduction, 32 bfloat16 (64 uint8) reduction elements: loads
-  the A tiles (rows of the activations) and the B tiles (the packed weight, whose pairs
+  its implementation configures the tiles and zeroes the accumulator tiles. The thread's
+  tile configuration is read back (``sttilecfg``, ~25 cycles on an Emerald Rapids) and
+  loaded only when it differs (``ldtilecfg``, ~220 cycles, a tenth of a conv tile's
+  products): another kernel, or another runtime on the same thread, may have changed it.
+- ``update``: one step of the reduction (a matmul's: 32 bfloat16 or 64 uint8 elements, a
+  whole 64-byte A row; a conv's: one 16-channel block at one kernel tap): loads the A
+  tiles (rows of the activations) and the B tiles (the packed weight, whose pairs
   (quadruples) of reduction elements are adjacent, ``[K/e, N, e]``, exactly AMX's layout of
   B) and accumulates ``tm * tn`` tile products into the tile registers.
 - ``store``: a copy of the accumulators (a ``cache_read`` block) whose implementation
@@ -17,7 +21,7 @@ whole reduction, as oneDNN's brgemm kernels keep it. Three tensor intrinsics per
 The descriptions say what each step computes on the accumulator buffer; the
 implementations keep it in the tile registers, which is sound because the three are
 scheduled in sequence inside one thread's loop body (init, every update, store), as the
-template ``x86-dense-amx`` does.
+templates ``x86-dense-amx-*`` and ``x86-conv2d-amx`` do.
 
 The instructions need the process to ask Linux for the tile data state once
 (``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``), or they fault: the ``init``
@@ -152,6 +156,8 @@ def _helpers(inst: AmxInstruction, shape: TileShape) -> tuple[str, str, str, str
 @nightshift_amx_ready = linkonce_odr global i32 0, align 4
 declare i64 @syscall(i64, ...)
 declare void @llvm.x86.ldtilecfg(ptr)
+declare void @llvm.x86.sttilecfg(ptr)
+declare i1 @llvm.vector.reduce.or.v8i1(<8 x i1>)
 declare void @llvm.x86.tilezero(i8 immarg)
 declare void @llvm.x86.tileloadd64(i8 immarg, ptr, i64)
 declare void @llvm.x86.tilestored64(i8 immarg, ptr, i64)
@@ -167,7 +173,17 @@ ask:
   store atomic i32 1, ptr @nightshift_amx_ready monotonic, align 4
   br label %config
 config:
+  %current = alloca <8 x i64>, align 64
+  call void @llvm.x86.sttilecfg(ptr %current)
+  %have = load <8 x i64>, ptr %current, align 64
+  %want = load <8 x i64>, ptr @{cfg_name}, align 64
+  %differs = icmp ne <8 x i64> %have, %want
+  %stale = call i1 @llvm.vector.reduce.or.v8i1(<8 x i1> %differs)
+  br i1 %stale, label %load, label %zero
+load:
   call void @llvm.x86.ldtilecfg(ptr @{cfg_name})
+  br label %zero
+zero:
 {zero}
   ret i32 0
 }}
