@@ -105,6 +105,8 @@ class TileShape:
 CONV_ROWS = (7, 8, 14, 16)
 CONV_BLOCK = 16
 CONV_SHAPES = tuple(TileShape(1, tn, rows, CONV_BLOCK) for rows in CONV_ROWS for tn in (1, 2, 3))
+#: Conv strides an update reads A's pixels at (ResNet's downsampling convs are stride 2).
+CONV_STRIDES = (1, 2)
 
 
 def _tile_config(shape: TileShape, inst: AmxInstruction) -> tuple[str, str]:
@@ -353,55 +355,70 @@ def _dense_intrinsics(inst: AmxInstruction, shape: TileShape) -> dict[str, tuple
 
 
 def _conv_intrinsics(inst: AmxInstruction, shape: TileShape) -> dict[str, tuple]:
-    """(description, implementation) of the init, update and store intrinsics of a blocked
-    conv tile: ``tn`` output channel blocks x ``rows`` pixels of one output row,
+    """The init and store intrinsics of a conv tile, and its update for each of
+    :data:`CONV_STRIDES` (:func:`_conv_update`)."""
+    init_fn, update_fn, store_fn, ir = _helpers(inst, shape)
+    init, store = _init_store(inst, (shape.tn, 1, shape.rows, TILE), ir, init_fn, store_fn)
+    out = {inst.intrin("init", shape): init, inst.intrin("store", shape): store}
+    for stride in CONV_STRIDES:
+        out[conv_update(inst, shape, stride)] = _conv_update(inst, shape, stride, ir, update_fn)
+    return out
+
+
+def conv_update(inst: AmxInstruction, shape: TileShape, stride: int) -> str:
+    """The registered name of a conv tile's update intrinsic for ``stride``."""
+    return inst.intrin("update", shape) + (f"_s{stride}" if stride != 1 else "")
+
+
+def _conv_update(inst: AmxInstruction, shape: TileShape, stride: int, ir: str, update_fn: str) -> tuple:
+    """(description, implementation) of the update of a blocked conv tile: ``tn`` output
+    channel blocks x ``rows`` pixels of one output row,
     ``C[t, i, c] += A[i, g e + l] B[t, g, c, l]`` over one input channel block (``k``
-    channels, ``k / e`` groups) at one kernel tap. A's pixels are ``sa`` apart (stride 1)."""
+    channels, ``k / e`` groups) at one kernel tap. A's pixels are ``stride`` input pixels
+    apart, so its tile rows are ``stride * sa`` elements apart."""
     tn, m, e = shape.tn, shape.rows, inst.elements
     g = shape.step(inst) // e
     a_dtype, b_dtype = inst.dtypes
     acc = inst.acc
-    init_fn, update_fn, store_fn, ir = _helpers(inst, shape)
+    span = stride * (m - 1) + 1  # input pixels the tile's rows reach over
     a_bytes, b_bytes = inst_bytes(a_dtype), inst_bytes(b_dtype)
 
     @T.prim_func(s_tir=True)
     def update_desc(a: T.handle, b: T.handle, c: T.handle) -> None:
         sa, sb0, sb1, sb2, sb3, sb4, sb5 = (T.int32(), T.int32(), T.int32(), T.int32(), T.int32(), T.int32(),
                                             T.int32())
-        A = T.match_buffer(a, (m, g * e), a_dtype, offset_factor=1, strides=[sa, 1])
+        A = T.match_buffer(a, (span, g * e), a_dtype, offset_factor=1, strides=[sa, 1])
         B = T.match_buffer(b, (tn, 1, 1, 1, g, TILE, e), b_dtype, offset_factor=1,
                            strides=[sb0, sb1, sb2, sb3, sb4, sb5, 1])
         C = T.match_buffer(c, (tn, 1, m, TILE), acc, offset_factor=1, scope="local")
         with T.sblock("root"):
-            T.reads(C[0:tn, 0:1, 0:m, 0:TILE], A[0:m, 0:g * e], B[0:tn, 0:1, 0:1, 0:1, 0:g, 0:TILE, 0:e])
+            T.reads(C[0:tn, 0:1, 0:m, 0:TILE], A[0:span, 0:g * e], B[0:tn, 0:1, 0:1, 0:1, 0:g, 0:TILE, 0:e])
             T.writes(C[0:tn, 0:1, 0:m, 0:TILE])
             for t, i, c, r, q in T.grid(tn, m, TILE, g, e):
                 with T.sblock("update"):
                     vt, vi, vc, vr, vq = T.axis.remap("SSSRR", [t, i, c, r, q])
-                    C[vt, 0, vi, vc] = C[vt, 0, vi, vc] + T.cast(A[vi, vr * e + vq], acc) * T.cast(
+                    C[vt, 0, vi, vc] = C[vt, 0, vi, vc] + T.cast(A[vi * stride, vr * e + vq], acc) * T.cast(
                         B[vt, 0, 0, 0, vr, vc, vq], acc)
 
     @T.prim_func(s_tir=True)
     def update_impl(a: T.handle, b: T.handle, c: T.handle) -> None:
         sa, sb0, sb1, sb2, sb3, sb4, sb5 = (T.int32(), T.int32(), T.int32(), T.int32(), T.int32(), T.int32(),
                                             T.int32())
-        A = T.match_buffer(a, (m, g * e), a_dtype, offset_factor=1, strides=[sa, 1])
+        A = T.match_buffer(a, (span, g * e), a_dtype, offset_factor=1, strides=[sa, 1])
         B = T.match_buffer(b, (tn, 1, 1, 1, g, TILE, e), b_dtype, offset_factor=1,
                            strides=[sb0, sb1, sb2, sb3, sb4, sb5, 1])
         C = T.match_buffer(c, (tn, 1, m, TILE), acc, offset_factor=1, scope="local")
         with T.sblock("root"):
-            T.reads(C[0:tn, 0:1, 0:m, 0:TILE], A[0:m, 0:g * e], B[0:tn, 0:1, 0:1, 0:1, 0:g, 0:TILE, 0:e])
+            T.reads(C[0:tn, 0:1, 0:m, 0:TILE], A[0:span, 0:g * e], B[0:tn, 0:1, 0:1, 0:1, 0:g, 0:TILE, 0:e])
             T.writes(C[0:tn, 0:1, 0:m, 0:TILE])
             with T.attr(0, "pragma_import_llvm", ir):
                 T.evaluate(T.call_extern(
-                    "int32", update_fn, T.address_of(A[0, 0]), T.int64(sa) * T.int64(a_bytes),
+                    "int32", update_fn, T.address_of(A[0, 0]), T.int64(sa) * T.int64(stride * a_bytes),
                     T.address_of(B[0, 0, 0, 0, 0, 0, 0]), T.int64(sb4) * T.int64(b_bytes),
                     T.int64(sb0) * T.int64(b_bytes),
                 ))
 
-    init, store = _init_store(inst, (tn, 1, m, TILE), ir, init_fn, store_fn)
-    return {inst.intrin("init", shape): init, inst.intrin("update", shape): (update_desc, update_impl),
-            inst.intrin("store", shape): store}
+    return update_desc, update_impl
 
 
 def inst_bytes(dtype: str) -> int:

@@ -1,4 +1,4 @@
-"""``x86-conv2d-amx``: blocked stride-1 conv2d on Intel AMX tiles (``tdpbf16ps`` for bf16,
+"""``x86-conv2d-amx``: blocked stride-1 and stride-2 conv2d on Intel AMX tiles (``tdpbf16ps`` for bf16,
 ``tdpbusd`` for uint8 x int8), + epilogue.
 
 The task is the one of ``x86-conv2d-nchwc-dot`` (:mod:`.x86_conv2d_nchwc_dot`): block
@@ -8,8 +8,8 @@ An accumulator tile is ``rows`` output pixels of one output row x one output cha
 of 16; the register tile is ``tile_oc`` of them side by side (the same pixels). One
 reduction step is one input channel block (16 channels, 32 bytes of bf16 or 16 of uint8 per
 pixel) at one kernel tap: an A tile of ``rows`` input pixels, 16 channels each, that a
-stride-1 conv reads at a constant stride (the channel block's 16 elements), and ``tile_oc``
-B tiles. The accumulators stay in the tile registers across every channel block and tap
+conv reads at a constant stride (the channel block's 16 elements, times the conv's stride
+along the row), and ``tile_oc`` B tiles. The accumulators stay in the tile registers across every channel block and tap
 (:mod:`.intrin_amx`); the epilogue then runs from a local copy, vectorized.
 
 ``rows`` divides the output row (7, 8, 14 or 16 pixels: tiles of fewer than 16 rows are
@@ -18,7 +18,8 @@ fine for AMX, each row of A is one step of the tile multiply), so no tile is par
 block would double each instruction's work, but every other kernel and layout transform
 in the blocked plan is built on 16.
 
-Strided convs, and rows that none of the tile heights divide, stay on the AVX-512 template.
+Strides other than 1 and 2, and rows that none of the tile heights divide, stay on the
+AVX-512 template.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 
 import tvm
 from tvm.s_tir import Schedule
+from tvm.sym.pattern import detect_linear_equation
 
 from search_spaces.constraints import Limits
 from search_spaces.knobs import Knob
@@ -38,8 +40,10 @@ from search_spaces.templates.intrin_amx import (
     AMX_TILE_FEATURE,
     CONV_BLOCK,
     CONV_ROWS,
+    CONV_STRIDES,
     AmxInstruction,
     TileShape,
+    conv_update,
     register_amx_intrinsics,
 )
 from search_spaces.templates.intrin_x86 import target_has
@@ -52,19 +56,30 @@ NAME = "x86-conv2d-amx"
 _TILE_OC = (1, 2, 3)
 
 
-def _instruction(sch: Schedule, conv: Any) -> AmxInstruction | None:
-    """The AMX instruction for the conv's (data, weight) dtypes, or None; the data must be
-    an ``NCHW16c`` block of it and the conv stride 1 (data rows = output rows + taps - 1)."""
-    reads = sch.get(conv).reads
+def _instruction(sch: Schedule, conv: Any) -> tuple[AmxInstruction, int] | None:
+    """The AMX instruction for the conv's (data, weight) dtypes and the conv's stride along
+    the row (one of :data:`CONV_STRIDES`), or None; the data must be an ``NCHW16c`` block."""
+    stmt = sch.get(conv)
+    reads = stmt.reads
     inst = AMX_DOTS.get(tuple(str(r.source.dtype) for r in reads)) if len(reads) == 2 else None
     if inst is None:
         return None
-    _, _, oh, ow, _, kh, kw, _, groups, lanes = (int(sch.get(loop).extent) for loop in sch.get_loops(conv))
+    *_, groups, lanes = (int(sch.get(loop).extent) for loop in sch.get_loops(conv))
     data = reads[0].source
-    _, _, h, w, block = (int(d) for d in data.shape)
-    if lanes != inst.elements or groups * lanes != CONV_BLOCK or block != CONV_BLOCK:
+    if lanes != inst.elements or groups * lanes != CONV_BLOCK or int(data.shape[-1]) != CONV_BLOCK:
         return None
-    return inst if (h, w) == (oh + kh - 1, ow + kw - 1) else None
+    stride = _row_stride(stmt, data)
+    return (inst, stride) if stride in CONV_STRIDES else None
+
+
+def _row_stride(stmt: Any, data: Any) -> int | None:
+    """How many input pixels apart the conv reads two neighbouring output pixels of a row:
+    the coefficient of the output column in the data's column index (the block's read
+    region of the data, in its iteration variables)."""
+    column = stmt.iter_vars[3].var
+    region = next(r.region for r in stmt.reads if r.source.same_as(data))
+    coeffs = detect_linear_equation(region[3].min, [column])
+    return int(coeffs[0]) if len(coeffs) == 2 and isinstance(coeffs[0], tvm.tirx.IntImm) else None
 
 
 def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tuple[Knob, ...] | None:
@@ -72,8 +87,8 @@ def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tupl
     conv = _conv_block(sch)
     if conv is None or _tail(sch, conv) is None:
         return None
-    inst = _instruction(sch, conv)
-    if inst is None or not (target_has(target, inst.feature) and target_has(target, AMX_TILE_FEATURE)):
+    found = _instruction(sch, conv)
+    if found is None or not (target_has(target, found[0].feature) and target_has(target, AMX_TILE_FEATURE)):
         return None
     _, oc_chunks, _, ow, oc_block, *_ = (int(sch.get(loop).extent) for loop in sch.get_loops(conv))
     rows = tuple(r for r in CONV_ROWS if ow % r == 0)
@@ -93,9 +108,10 @@ def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tupl
 def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     register_amx_intrinsics()
     conv = _conv_block(sch)
-    inst = None if conv is None else _instruction(sch, conv)
-    if conv is None or inst is None:
-        raise ValueError("no stride-1 conv2d_NCHWc_dot block over NCHW16c bfloat16 or uint8 x int8 data")
+    found = None if conv is None else _instruction(sch, conv)
+    if conv is None or found is None:
+        raise ValueError("no stride-1 or -2 conv2d_NCHWc_dot block over NCHW16c bfloat16 or uint8 x int8 data")
+    inst, stride = found
     tail = _tail(sch, conv)
     if tail is None:
         raise ValueError("an epilogue block is not elementwise over the conv's output")
@@ -117,7 +133,7 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     copy = sch.cache_read(store, index, "local")
     sch.parallel(sch.fuse(*outer[:values["parallel_depth"] + 1]))
     init = sch.decompose_reduction(conv, reduction[0])
-    sch.tensorize(oc_i, inst.intrin("update", shape))
+    sch.tensorize(oc_i, conv_update(inst, shape, stride))
     sch.tensorize(sch.get_loops(init)[-3], inst.intrin("init", shape))
     oc_c, row_c, pixels_c, _ = sch.get_loops(copy)[-4:]
     sch.fuse(row_c, pixels_c)  # the unit output row, which the intrinsic has no loop for
@@ -135,5 +151,5 @@ X86_CONV2D_AMX = register_template(Template(
     name=NAME,
     knobs=_knobs,
     schedule=_schedule,
-    description="stride-1 conv2d NCHW16c + epilogue on AMX tiles: tdpbf16ps (bf16), tdpbusd (uint8 x int8) (x86)",
+    description="stride-1/2 conv2d NCHW16c + epilogue on AMX tiles: tdpbf16ps (bf16), tdpbusd (uint8 x int8) (x86)",
 ))

@@ -37,8 +37,8 @@ def test_templates_need_amx_and_whole_tiles():
     assert "x86-conv2d-amx" in search_spaces.applicable_kinds(task("conv_nchwc_bf16"), amx)
     assert "x86-conv2d-amx" in search_spaces.applicable_kinds(task("conv_nchwc_u8"), amx)
     assert "x86-conv2d-amx" not in search_spaces.applicable_kinds(task("conv_nchwc_bf16"), vnni)
-    # A strided conv's pixels are not one tile's rows apart.
-    assert "x86-conv2d-amx" not in search_spaces.applicable_kinds(task("conv_nchwc_bf16_s2"), amx)
+    # Stride 2: A's rows are two pixels apart.
+    assert "x86-conv2d-amx" in search_spaces.applicable_kinds(task("conv_nchwc_bf16_s2"), amx)
 
 
 def test_register_tiles_fit_the_tile_registers():
@@ -64,7 +64,8 @@ def _points(kind: str, task_name: str, count: int, seed: int):
 
 @needs_amx_bf16
 @pytest.mark.parametrize(("kind", "task_name"), [("x86-dense-amx-bf16", "dense_bf16"),
-                                                 ("x86-conv2d-amx", "conv_nchwc_bf16")])  # fmt: skip
+                                                 ("x86-conv2d-amx", "conv_nchwc_bf16"),
+                                                 ("x86-conv2d-amx", "conv_nchwc_bf16_s2")])  # fmt: skip
 def test_bf16_points_run_on_tiles_and_match_the_reference(kind, task_name):
     """Stated tolerance: the reference is the unscheduled task on the same bf16 inputs; the
     tiles sum the exact bf16 products in float32, so a candidate matches within the float32
@@ -80,7 +81,8 @@ def test_bf16_points_run_on_tiles_and_match_the_reference(kind, task_name):
 
 @needs_amx_int8
 @pytest.mark.parametrize(("kind", "task_name"), [("x86-dense-amx-int8", "dense_u8s8"),
-                                                 ("x86-conv2d-amx", "conv_nchwc_u8")])  # fmt: skip
+                                                 ("x86-conv2d-amx", "conv_nchwc_u8"),
+                                                 ("x86-conv2d-amx", "conv_nchwc_u8_residual")])  # fmt: skip
 def test_int8_points_compute_exactly(kind, task_name):
     """uint8 x int8 sums in int32 are exact: bit for bit on full-range inputs (not the 0/1
     integers of tuner.measure, under which a kernel that dropped part of the reduction could
