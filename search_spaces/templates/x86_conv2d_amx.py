@@ -34,7 +34,6 @@ from tvm.sym.pattern import detect_linear_equation
 from search_spaces.constraints import Limits
 from search_spaces.knobs import Knob
 from search_spaces.templates import Template, register_template
-from search_spaces.templates.blocks import accumulate_locally, elementwise_prologue
 from search_spaces.templates.intrin_amx import (
     AMX_DOTS,
     AMX_TILE_FEATURE,
@@ -47,8 +46,7 @@ from search_spaces.templates.intrin_amx import (
     register_amx_intrinsics,
 )
 from search_spaces.templates.intrin_x86 import target_has
-from search_spaces.templates.x86_conv2d_nchwc import _PAD, _has_pad
-from search_spaces.templates.x86_conv2d_nchwc_dot import _conv_block, _tail
+from search_spaces.templates.x86_conv2d_nchwc_dot import _conv_block, _tail, accumulate_conv, schedule_pad
 
 logger = logging.getLogger(__name__)
 
@@ -112,13 +110,8 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     if conv is None or found is None:
         raise ValueError("no stride-1 or -2 conv2d_NCHWc_dot block over NCHW16c bfloat16 or uint8 x int8 data")
     inst, stride = found
-    tail = _tail(sch, conv)
-    if tail is None:
-        raise ValueError("an epilogue block is not elementwise over the conv's output")
     conv_name = sch.get(conv).name_hint
-    for name in [*(elementwise_prologue(sch, conv, keep=(_PAD,)) or []), *tail[:-1]]:
-        sch.compute_inline(sch.get_sblock(name))
-    conv, store = accumulate_locally(sch, conv_name, tail)
+    conv, store = accumulate_conv(sch, conv)
     shape = TileShape(1, values["tile_oc"], values["rows"], CONV_BLOCK)
     n, oc, oh, ow, oc_block, kh, kw, ic_chunk, ic_group, ic_lane = sch.get_loops(conv)
     oc_o, oc_i = sch.split(oc, [None, shape.tn])
@@ -140,10 +133,7 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     sch.tensorize(oc_c, inst.intrin("store", shape))
     epi = sch.get_loops(store)
     sch.vectorize(epi[-1])
-    if _has_pad(sch):
-        pad_loops = sch.get_loops(sch.get_sblock(_PAD))
-        sch.parallel(sch.fuse(*pad_loops[:3]))
-        sch.vectorize(pad_loops[-1])
+    schedule_pad(sch)
     logger.debug("scheduled %s with %s", conv_name, values)
 
 

@@ -144,13 +144,8 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     dot = None if conv is None else _dot(sch, conv)
     if conv is None or dot is None:
         raise ValueError("no conv2d_NCHWc_dot block with bfloat16 or uint8 x int8 operands")
-    tail = _tail(sch, conv)
-    if tail is None:
-        raise ValueError("an epilogue block is not elementwise over the conv's output")
     conv_name = sch.get(conv).name_hint
-    for name in [*(elementwise_prologue(sch, conv, keep=(_PAD,)) or []), *tail[:-1]]:
-        sch.compute_inline(sch.get_sblock(name))
-    conv, store = accumulate_locally(sch, conv_name, tail)
+    conv, store = accumulate_conv(sch, conv)
     tiles = pixel_tiles(sch, conv, store, values)
     outer_loops, tile_loops, oc_t, oc_block, peel = tiles.outer, tiles.tile, tiles.oc_t, tiles.oc_block, tiles.peel
     kh, kw, ic_chunk, ic_group, ic_lane = tiles.reduce
@@ -186,11 +181,30 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     for loop in tile[:-1]:
         sch.unroll(loop)
     sch.vectorize(sch.get_loops(init)[-1])
+    schedule_pad(sch)
+    logger.debug("scheduled %s with %s", conv_name, values)
+
+
+def accumulate_conv(sch: Schedule, conv: Any) -> tuple[Any, Any]:
+    """Inline the conv's elementwise prologue (but the padding) and its epilogue but the
+    last block, give it a local accumulator (:func:`accumulate_locally`) and return it with
+    the block that stores the output."""
+    tail = _tail(sch, conv)
+    if tail is None:
+        raise ValueError("an epilogue block is not elementwise over the conv's output")
+    conv_name = sch.get(conv).name_hint
+    for name in [*(elementwise_prologue(sch, conv, keep=(_PAD,)) or []), *tail[:-1]]:
+        sch.compute_inline(sch.get_sblock(name))
+    return accumulate_locally(sch, conv_name, tail)
+
+
+def schedule_pad(sch: Schedule) -> None:
+    """The padding, where the task pads in its own pass: parallel over (batch, channel
+    blocks, rows), vectorized along the channel block."""
     if _has_pad(sch):
         pad_loops = sch.get_loops(sch.get_sblock(_PAD))
         sch.parallel(sch.fuse(*pad_loops[:3]))
         sch.vectorize(pad_loops[-1])
-    logger.debug("scheduled %s with %s", conv_name, values)
 
 
 X86_CONV2D_NCHWC_DOT = register_template(Template(

@@ -27,7 +27,6 @@ from tvm.s_tir import Schedule
 from search_spaces.constraints import Limits
 from search_spaces.knobs import Knob, divisors
 from search_spaces.templates import Template, register_template
-from search_spaces.templates.blocks import accumulate_locally, elementwise_prologue
 from search_spaces.templates.intrin_amx import (
     AMX_BF16,
     AMX_INT8,
@@ -39,7 +38,7 @@ from search_spaces.templates.intrin_amx import (
     register_amx_intrinsics,
 )
 from search_spaces.templates.intrin_x86 import BF16_DOT, VNNI_DOT, target_has
-from search_spaces.templates.x86_dense_dot import _Dot, _matmul_block, _tail
+from search_spaces.templates.x86_dense_dot import _Dot, _matmul_block, _tail, accumulate_matmul
 
 logger = logging.getLogger(__name__)
 
@@ -86,16 +85,7 @@ def _constraint(values: dict[str, Any], limits: Limits) -> str | None:
 
 def _schedule(dot: _Dot, inst: AmxInstruction, sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     register_amx_intrinsics()
-    block = _matmul_block(sch, dot)
-    if block is None:
-        raise ValueError(f"no {dot.prefix} block")
-    tail = _tail(sch, block)
-    if tail is None:
-        raise ValueError("an epilogue block is not elementwise over the matmul's output")
-    name = sch.get(block).name_hint
-    for t in [*(elementwise_prologue(sch, block) or []), *tail[:-1]]:
-        sch.compute_inline(sch.get_sblock(t))
-    block, store = accumulate_locally(sch, name, tail)
+    name, block, store = accumulate_matmul(sch, dot)
     tm, tn = values["tile_m"], values["tile_n"]
     shape = TileShape(tm, tn)
     *batch, i, j, ko, ki = sch.get_loops(block)

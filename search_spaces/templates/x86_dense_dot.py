@@ -128,16 +128,7 @@ def _constraint(values: dict[str, Any], limits: Limits) -> str | None:
 
 def _schedule(dot: _Dot, sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     register_intrinsics()
-    block = _matmul_block(sch, dot)
-    if block is None:
-        raise ValueError(f"no {dot.prefix} block")
-    tail = _tail(sch, block)
-    if tail is None:
-        raise ValueError("an epilogue block is not elementwise over the matmul's output")
-    name = sch.get(block).name_hint
-    for t in [*(elementwise_prologue(sch, block) or []), *tail[:-1]]:
-        sch.compute_inline(sch.get_sblock(t))
-    block, store = accumulate_locally(sch, name, tail)
+    name, block, store = accumulate_matmul(sch, dot)
     *batch, i, j, ko, ki = sch.get_loops(block)
     tile_n = values["tile_n"]
     panel_tiles = values["panel"] * _LANES // tile_n
@@ -168,6 +159,22 @@ def _schedule(dot: _Dot, sch: Schedule, values: dict[str, Any], limits: Limits) 
     sch.unroll(init_loops[-2])
     sch.vectorize(init_loops[-1])
     logger.debug("scheduled %s with %s", name, values)
+
+
+def accumulate_matmul(sch: Schedule, dot: _Dot) -> tuple[str, Any, Any]:
+    """The matmul block of ``dot``'s task with its elementwise prologue and its epilogue but
+    the last block inlined and a local accumulator (:func:`accumulate_locally`): its name,
+    the block, and the block that stores the output."""
+    block = _matmul_block(sch, dot)
+    if block is None:
+        raise ValueError(f"no {dot.prefix} block")
+    tail = _tail(sch, block)
+    if tail is None:
+        raise ValueError("an epilogue block is not elementwise over the matmul's output")
+    name = sch.get(block).name_hint
+    for t in [*(elementwise_prologue(sch, block) or []), *tail[:-1]]:
+        sch.compute_inline(sch.get_sblock(t))
+    return (name, *accumulate_locally(sch, name, tail))
 
 
 def _template(name: str, dot: _Dot, description: str) -> Template:
