@@ -7,9 +7,10 @@ whole reduction, as oneDNN's brgemm kernels keep it. Three tensor intrinsics per
 
 - ``init``: the accumulators' zero-initialization (the block ``decompose_reduction`` makes);
   its implementation configures the tiles and zeroes the accumulator tiles. The thread's
-  tile configuration is read back (``sttilecfg``, ~25 cycles on an Emerald Rapids) and
-  loaded only when it differs (``ldtilecfg``, ~220 cycles, a tenth of a conv tile's
-  products): another kernel, or another runtime on the same thread, may have changed it.
+  tile configuration is read back (``sttilecfg``) and loaded only when it differs
+  (``ldtilecfg``): on an Emerald Rapids, 18 against 149 TSC cycles per call, where two tile
+  loads and a ``tdpbf16ps`` take 14 (``benchmarks/amx_tile_config.py``). It is checked, not
+  assumed: another kernel, or another runtime on the same thread, may have changed it.
 - ``update``: one step of the reduction (a matmul's: 32 bfloat16 or 64 uint8 elements, a
   whole 64-byte A row; a conv's: one 16-channel block at one kernel tap): loads the A
   tiles (rows of the activations) and the B tiles (the packed weight, whose pairs
