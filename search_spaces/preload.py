@@ -24,7 +24,7 @@ def preload_tensor_intrinsics() -> None:
     from search_spaces.templates.intrin_x86 import register_intrinsics
 
     register_intrinsics()
-    if host_has_amx():  # 42 prim_funcs, a second or two: not where no record can use them
+    if host_has_amx():  # 132 intrinsics, seconds of TVMScript parsing: not where no record can use them
         register_amx_intrinsics()
 
 
