@@ -30,11 +30,9 @@ def preload_tensor_intrinsics() -> None:
 
 def host_has_amx() -> bool:
     """Whether this machine's CPU lists AMX tiles (``amx_tile`` in /proc/cpuinfo)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and " amx_tile" in line for line in f)
-    except OSError:
-        return False
+    from tuner.device import host_cpu_flags
+
+    return "amx_tile" in host_cpu_flags()
 
 
 def import_tvm_intrinsics() -> None:

@@ -36,9 +36,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
-from tvm.s_tir import TensorIntrin
+import tvm
+from tvm.s_tir import Schedule, TensorIntrin
 from tvm.script import tirx as T
+
+from search_spaces.templates.intrin_x86 import target_has
 
 #: Rows and accumulator columns of one tile; bytes per tile row.
 TILE = 16
@@ -420,6 +424,19 @@ def _conv_update(inst: AmxInstruction, shape: TileShape, stride: int, ir: str, u
                 ))
 
     return update_desc, update_impl
+
+
+def target_has_amx(target: tvm.target.Target, inst: AmxInstruction) -> bool:
+    """Whether ``target`` has AMX tiles and ``inst``'s tile multiply."""
+    return target_has(target, AMX_TILE_FEATURE) and target_has(target, inst.feature)
+
+
+def copy_accumulators(sch: Schedule, block: Any, store: Any) -> Any:
+    """A local copy of ``block``'s accumulators that ``store`` (the epilogue) reads instead:
+    the block the ``store`` intrinsic tensorizes, where the tile registers go to memory."""
+    acc = sch.get(block).writes[0].source
+    index = next(k for k, r in enumerate(sch.get(store).reads) if r.source.same_as(acc))
+    return sch.cache_read(store, index, "local")
 
 
 def inst_bytes(dtype: str) -> int:

@@ -1,5 +1,5 @@
-"""``x86-conv2d-amx``: blocked stride-1 and stride-2 conv2d on Intel AMX tiles (``tdpbf16ps`` for bf16,
-``tdpbusd`` for uint8 x int8), + epilogue.
+"""``x86-conv2d-amx``: blocked stride-1 and stride-2 conv2d on Intel AMX tiles
+(``tdpbf16ps`` for bf16, ``tdpbusd`` for uint8 x int8), + epilogue.
 
 The task is the one of ``x86-conv2d-nchwc-dot`` (:mod:`.x86_conv2d_nchwc_dot`): block
 ``conv2d_NCHWc_dot`` over ``NCHW16c`` data with weights packed ``OIHW{16/e}i16o{e}i``, whose
@@ -9,8 +9,9 @@ of 16; the register tile is ``tile_oc`` of them side by side (the same pixels). 
 reduction step is one input channel block (16 channels, 32 bytes of bf16 or 16 of uint8 per
 pixel) at one kernel tap: an A tile of ``rows`` input pixels, 16 channels each, that a
 conv reads at a constant stride (the channel block's 16 elements, times the conv's stride
-along the row), and ``tile_oc`` B tiles. The accumulators stay in the tile registers across every channel block and tap
-(:mod:`.intrin_amx`); the epilogue then runs from a local copy, vectorized.
+along the row), and ``tile_oc`` B tiles. The accumulators stay in the tile registers
+across every channel block and tap (:mod:`.intrin_amx`); the epilogue then runs from a
+local copy, vectorized.
 
 ``rows`` divides the output row (7, 8, 14 or 16 pixels: tiles of fewer than 16 rows are
 fine for AMX, each row of A is one step of the tile multiply), so no tile is partial. An
@@ -36,16 +37,16 @@ from search_spaces.knobs import Knob
 from search_spaces.templates import Template, register_template
 from search_spaces.templates.intrin_amx import (
     AMX_DOTS,
-    AMX_TILE_FEATURE,
     CONV_BLOCK,
     CONV_ROWS,
     CONV_STRIDES,
     AmxInstruction,
     TileShape,
     conv_update,
+    copy_accumulators,
     register_amx_intrinsics,
+    target_has_amx,
 )
-from search_spaces.templates.intrin_x86 import target_has
 from search_spaces.templates.x86_conv2d_nchwc_dot import _conv_block, _tail, accumulate_conv, schedule_pad
 
 logger = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tupl
     if conv is None or _tail(sch, conv) is None:
         return None
     found = _instruction(sch, conv)
-    if found is None or not (target_has(target, found[0].feature) and target_has(target, AMX_TILE_FEATURE)):
+    if found is None or not target_has_amx(target, found[0]):
         return None
     _, oc_chunks, _, ow, oc_block, *_ = (int(sch.get(loop).extent) for loop in sch.get_loops(conv))
     rows = tuple(r for r in CONV_ROWS if ow % r == 0)
@@ -120,10 +121,7 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     reduction = [ic_chunk, kh, kw] if values["reduce_order"] == 0 else [kh, kw, ic_chunk]
     sch.reorder(*outer, *reduction, oc_i, ow_i, oc_block, ic_group, ic_lane)
     sch.reverse_compute_at(store, outer[-1])
-    acc = sch.get(conv).writes[0].source
-    index = next(k for k, r in enumerate(sch.get(store).reads) if r.source.same_as(acc))
-    # The store intrinsic's target: the accumulators leave the tile registers here.
-    copy = sch.cache_read(store, index, "local")
+    copy = copy_accumulators(sch, conv, store)
     sch.parallel(sch.fuse(*outer[:values["parallel_depth"] + 1]))
     init = sch.decompose_reduction(conv, reduction[0])
     sch.tensorize(oc_i, conv_update(inst, shape, stride))

@@ -30,14 +30,15 @@ from search_spaces.templates import Template, register_template
 from search_spaces.templates.intrin_amx import (
     AMX_BF16,
     AMX_INT8,
-    AMX_TILE_FEATURE,
     SHAPES,
     TILE,
     AmxInstruction,
     TileShape,
+    copy_accumulators,
     register_amx_intrinsics,
+    target_has_amx,
 )
-from search_spaces.templates.intrin_x86 import BF16_DOT, VNNI_DOT, target_has
+from search_spaces.templates.intrin_x86 import BF16_DOT, VNNI_DOT
 from search_spaces.templates.x86_dense_dot import _Dot, _matmul_block, _tail, accumulate_matmul
 
 logger = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ _VECTOR = 16
 
 def _knobs(dot: _Dot, inst: AmxInstruction, mod: tvm.IRModule, target: tvm.target.Target,
            limits: Limits) -> tuple[Knob, ...] | None:
-    if not (target_has(target, inst.feature) and target_has(target, AMX_TILE_FEATURE)):
+    if not target_has_amx(target, inst):
         return None
     sch = Schedule(mod)
     block = _matmul_block(sch, dot)
@@ -95,10 +96,7 @@ def _schedule(dot: _Dot, inst: AmxInstruction, sch: Schedule, values: dict[str, 
     outer = [j_oo, i_o, j_o] if values["order"] == 0 else [i_o, j_oo, j_o]
     sch.reorder(*batch, *outer, k_o, k_u, i_i, j_i, k_i, ki)
     sch.reverse_compute_at(store, outer[-1])
-    acc = sch.get(block).writes[0].source
-    index = next(k for k, r in enumerate(sch.get(store).reads) if r.source.same_as(acc))
-    # The store intrinsic's target: the accumulators leave the tile registers here.
-    copy = sch.cache_read(store, index, "local")
+    copy = copy_accumulators(sch, block, store)
     sch.parallel(sch.fuse(*batch, *outer[:values["parallel_depth"]]))
     init = sch.decompose_reduction(block, k_o)
     sch.tensorize(i_i, inst.intrin("update", shape))
