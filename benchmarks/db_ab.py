@@ -27,6 +27,7 @@ from pathlib import Path
 from rich.console import Console
 
 from tuner.bench import BenchConfig, TvmRunner, bench, render
+from tuner.cli import measured_plan
 from tuner.compile import compile_model
 from tuner.db import TuningDatabase
 from tuner.device import parse_device
@@ -58,7 +59,9 @@ class OtherDatabase(Peer):
 
     def prepare(self, model: PeerModel, threads: int) -> None:
         with opaque_layout_transforms() if self._opaque else contextlib.nullcontext():
-            compiled = compile_model(self._spec, self._device, self._db, precision=self._precision)
+            chosen = measured_plan(self._spec, self._device, self._db, self._precision)
+            compiled = compile_model(self._spec, self._device, self._db, precision=self._precision,
+                                     plan=chosen.plan if chosen else None)  # fmt: skip
         self._runner = TvmRunner(compiled, self._device, self.label, self.precision)
 
     def run(self, inputs):
@@ -101,10 +104,13 @@ def main() -> None:
     other = OtherDatabase(spec, device, TuningDatabase(args.db_b), args.label_b, args.precision,
                           args.b_opaque_transforms)  # fmt: skip
     peers = [TorchBf16Peer() if name == "torch-bf16" else name for name in args.peers]
+    db_a = TuningDatabase(args.db)
+    # Each build's convs in the layouts its own database measured best, as `nightshift bench`.
+    chosen = measured_plan(spec, device, db_a, args.precision)
     config = BenchConfig(rounds=args.rounds, peers=(*peers, other), fallback=False, precision=args.precision,
-                         accuracy_inputs=0)
+                         accuracy_inputs=0, plan=chosen.plan if chosen else None, layout_choice=chosen)
     load_before = os.getloadavg()
-    result = bench(spec, device, TuningDatabase(args.db), source=args.model, config=config)
+    result = bench(spec, device, db_a, source=args.model, config=config)
     console.print(render(result))
     write_result(args.out, "db_ab", {
         "db_a": args.db, "db_b": args.db_b, "label_b": args.label_b, "precision": args.precision,

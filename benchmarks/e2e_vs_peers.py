@@ -26,11 +26,10 @@ from pathlib import Path
 from rich.console import Console
 
 from tuner.bench import DEFAULT_PEERS, BenchConfig, bench, render
-from tuner.cli import choose_layout, print_layout_choice
+from tuner.cli import measured_plan
 from tuner.db import TuningDatabase
 from tuner.device import parse_device
 from tuner.frontends import load_model
-from tuner.layout import auto_layouts
 
 sys.path.insert(0, str(Path(__file__).parent))
 from settle import settle
@@ -59,13 +58,12 @@ def main() -> None:
     results = []
     # The machines are shared: the load around the run says how far its milliseconds carry.
     load_before = os.getloadavg()
-    layouts = auto_layouts(device.target)
     for name in args.models:
         spec = load_model(name)
         model_config = config
-        if len(layouts) > 1:  # each conv's layout from the measurements, as `nightshift bench` chooses it
-            chosen = choose_layout(spec, device, db, layouts)
-            print_layout_choice(chosen, layouts)
+        # Each conv's layout from the measurements, as `nightshift bench` chooses it.
+        chosen = measured_plan(spec, device, db, show=True)
+        if chosen is not None:
             model_config = dataclasses.replace(config, plan=chosen.plan, layout_choice=chosen)
         with console.status(f"{name}") as status:
             result = bench(spec, device, db, source=name, config=model_config,

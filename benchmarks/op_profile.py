@@ -34,12 +34,12 @@ from rich.table import Table
 from tvm import relax
 
 from tuner.bench import peer_model
-from tuner.cli import choose_layout
+from tuner.cli import measured_plan
 from tuner.compile import compile_model
 from tuner.db import TuningDatabase
 from tuner.device import parse_device
 from tuner.frontends import load_model
-from tuner.layout import LayoutPlan, auto_layouts, prepare
+from tuner.layout import LayoutPlan, prepare
 from tuner.precision import apply_precision
 from tuner.precision.quantize import quantized_model
 from tuner.tasks import fuse, workload_key
@@ -126,7 +126,7 @@ def main() -> None:
     p.add_argument("--db", required=True)
     p.add_argument("--model", default="resnet50")
     p.add_argument("--layout", default="auto", choices=["auto", "NCHW", "NHWC", "NCHWc", "NCHWc:w4", "NCHWc:w2"],
-                   help="auto: each conv in the layout the database's measurements favour (fp32), as bench")
+                   help="auto: each conv in the layout the database's measurements favour, as bench")
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--out", type=Path, default=None, help="JSON file (default: results/op_profile_<model>...json)")
@@ -141,9 +141,9 @@ def main() -> None:
         spec = load_model(source)
     plan = LayoutPlan.parse(args.layout, device.target)
     db = TuningDatabase(args.db)
-    layouts = auto_layouts(device.target)
-    if args.layout == "auto" and args.precision == "fp32" and len(layouts) > 1:
-        plan = choose_layout(spec, device, db, layouts).plan
+    chosen = measured_plan(spec, device, db, args.precision) if args.layout == "auto" else None
+    if chosen is not None:
+        plan = chosen.plan
     compiled = compile_model(spec, device, db, plan=plan, precision=args.precision)
     functions = fused_functions(spec, device, plan, args.precision)
     inputs = spec.random_inputs()

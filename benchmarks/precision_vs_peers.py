@@ -41,6 +41,7 @@ import numpy as np
 from rich.console import Console
 
 from tuner.bench import BenchConfig, bench, peer_model, render
+from tuner.cli import measured_plan
 from tuner.compile import compile_model
 from tuner.db import TuningDatabase
 from tuner.device import parse_device
@@ -138,7 +139,10 @@ def main() -> None:
             # The rows' accuracy is peer_accuracy's (below), not the harness's.
             config = BenchConfig(rounds=args.rounds, peers=peers, precision=precision, accuracy_inputs=0)
             with console.status(f"{name} {precision}") as status:
-                build = fp32_build if precision == "fp32" else compile_model(run_spec, device, db, precision=precision)
+                # bf16 convs in the layouts tune measured best (tuner.layout.auto_layouts).
+                chosen = measured_plan(run_spec, device, db, precision) if precision == "bf16" else None
+                build = fp32_build if precision == "fp32" else compile_model(
+                    run_spec, device, db, precision=precision, plan=chosen.plan if chosen else None)
                 result = bench(run_spec, device, db, source=source, config=config, compiled=build,
                                on_stage=lambda text, n=name: status.update(f"{n}: {text}"))  # fmt: skip
                 # Against the fp32 model itself (for int8: not the QDQ graph run in fp32), for

@@ -145,12 +145,12 @@ def _quantized(args: argparse.Namespace, spec):
 
 def _auto_layouts(args: argparse.Namespace, device) -> tuple[str, ...] | None:
     """The layouts ``--layout auto`` tunes and chooses between for this device, or None where
-    it is a fixed plan (an explicit --layout, a reduced precision, one candidate layout)."""
+    it is a fixed plan (an explicit --layout, int8, one candidate layout)."""
     from tuner.layout import auto_layouts
 
-    if (getattr(args, "layout", None) or "auto") != "auto" or (args.precision or "fp32") != "fp32":
+    if (getattr(args, "layout", None) or "auto") != "auto":
         return None
-    layouts = auto_layouts(device.target)
+    layouts = auto_layouts(device.target, args.precision or "fp32")
     return layouts if len(layouts) > 1 else None
 
 
@@ -198,6 +198,21 @@ def choose_layout(spec, device, db, layouts: Sequence[str], precision: str = "fp
 
     return choose_from_database(apply_precision(spec.bound(), precision), device.target, best, layouts,
                                 precision=precision)  # fmt: skip
+
+
+def measured_plan(spec, device, db, precision: str = "fp32", *, show: bool = False):
+    """What ``--layout auto`` compiles ``spec`` with from ``db``: the :func:`choose_layout`
+    choice where the device weighs several layouts at ``precision``, else None (the target's
+    default plan). ``show`` prints the choice as ``tune`` does."""
+    from tuner.layout import auto_layouts
+
+    layouts = auto_layouts(device.target, precision)
+    if len(layouts) < 2:
+        return None
+    chosen = choose_layout(spec, device, db, layouts, precision)
+    if show:
+        print_layout_choice(chosen, layouts)
+    return chosen
 
 
 def print_layout_choice(choice, layouts: Sequence[str]) -> None:
@@ -331,8 +346,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
                           f"`nightshift compile` on a machine with the GPU")
             return 0
     if args.precision != "fp32":
-        return _verify_reduced(spec, device, db, args.output, plan=_plan(args, device), precision=args.precision,
-                               num_inputs=args.accuracy_inputs, fp32_spec=args.fp32_spec)  # fmt: skip
+        return _verify_reduced(spec, device, db, args.output, plan=_plan(args, device, db, spec),
+                               precision=args.precision, num_inputs=args.accuracy_inputs,
+                               fp32_spec=args.fp32_spec)  # fmt: skip
     return _verify(spec, device, db, args.output, source=args.model, plan=_plan(args, device, db, spec),
                    job={"id": summary.job_id, "name": summary.name}, tasks=tasks)
 

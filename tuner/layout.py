@@ -213,12 +213,15 @@ def conv_layouts(call: relax.Call, layout: str) -> list[str] | None:
 
 def winograd_fits(call: relax.Call) -> bool:
     """True for a conv that Winograd F(m, 3) computes here: 3x3, stride 1, no dilation, one
-    group, float32 data and weights, batch 1."""
+    group, batch 1, float32 data and weights or bf16 ones summed in float32 (a bf16 model's,
+    computed in float32 from the bf16 values, :mod:`tuner.winograd`)."""
     attrs = call.attrs
     kernel = [int(d) for d in call.args[1].ty.shape.values]
+    dtypes = {str(call.args[0].ty.dtype), str(call.args[1].ty.dtype)}
+    out = str(attrs.out_dtype) if attrs.out_dtype not in (None, "", "void") else str(call.args[0].ty.dtype)
     return (len(kernel) == 4 and kernel[2:] == [3, 3] and int(attrs.groups) == 1
             and all(int(s) == 1 for s in attrs.strides) and all(int(d) == 1 for d in attrs.dilation)
-            and str(call.args[0].ty.dtype) == "float32" and str(call.args[1].ty.dtype) == "float32"
+            and (dtypes == {"float32"} or dtypes == {"bfloat16"}) and out == "float32"
             and int(call.args[0].ty.shape.values[0]) == 1)  # fmt: skip
 
 
@@ -332,7 +335,9 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call,
     if tile is not None and weight is not None:
         from tuner.winograd import conv2d_nchwc_winograd, transform_weight
 
-        packed = relax.const(transform_weight(weight.value.numpy(), tile), str(weight.ty.dtype))
+        # float32 whatever the weights' dtype: a bf16 model's 3x3 weights are transformed
+        # from their bf16 values and not rounded again (tuner.winograd).
+        packed = relax.const(transform_weight(weight.value.numpy().astype(np.float32), tile), "float32")
         return bb.call_te(conv2d_nchwc_winograd, call.args[0], packed, [int(p) for p in attrs.padding], tile,
                           out_dtype, primfunc_name_hint="conv2d_NCHWc_winograd")  # fmt: skip
     if int(attrs.groups) != 1:
@@ -703,8 +708,10 @@ def task_layout(mod: tvm.IRModule) -> str:
     from tvm.s_tir import Schedule
 
     sch = Schedule(mod)
-    names = (("conv2d_NCHWc", None), ("depthwise_conv2d_NCHWc", None), ("conv2d_nchw", NCHW), ("conv2d_nhwc", NHWC),
-             ("group_conv2d_nchw", NCHW), ("group_conv2d_nhwc", NHWC))  # fmt: skip
+    # conv2d_NCHWc_dot: a bf16 or int8 conv on a dot-product instruction (conv2d_nchwc_dot).
+    names = (("conv2d_NCHWc", None), ("conv2d_NCHWc_dot", None), ("depthwise_conv2d_NCHWc", None),
+             ("conv2d_nchw", NCHW), ("conv2d_nhwc", NHWC), ("group_conv2d_nchw", NCHW),
+             ("group_conv2d_nhwc", NHWC))  # fmt: skip
     try:
         sch.get_sblock("conv2d_NCHWc_winograd")  # tuner.winograd's conv: its tile is its inverse's
         inverse = sch.get(sch.get_sblock("inverse"))  # (oc_chunk, tile, m, m, oc_block)
@@ -734,7 +741,7 @@ def io_bytes(mod: tvm.IRModule) -> int:
     return total
 
 
-def auto_layouts(target: tvm.target.Target) -> tuple[str, ...]:
+def auto_layouts(target: tvm.target.Target, precision: str = "fp32") -> tuple[str, ...]:
     """The layouts ``--layout auto`` tunes every conv in and chooses between, preferred first:
     the target's blocked layout (:meth:`LayoutPlan.for_target`), the same with its 3x3
     stride-1 convs by Winograd F(4, 3) and F(2, 3) (``NCHW16c:w4``, ``NCHW16c:w2``; a conv
@@ -747,9 +754,16 @@ def auto_layouts(target: tvm.target.Target) -> tuple[str, ...]:
     NHWC is not a candidate by default: each candidate layout costs every conv a probe batch,
     and NHWC's spaces were not measured competitive here (pass it explicitly to
     :func:`tuner.tasks.extract_layout_tasks` and :func:`choose_from_database` to weigh it).
+
+    ``precision``: bf16 weighs the blocked layout (its convs on ``vdpbf16ps``) against the
+    two Winograd ones (float32 arithmetic on the bf16 values) and drops NCHW, whose bf16 convs
+    no template tensorizes; int8 keeps the blocked layout alone (its convs are integer).
     """
     preferred = LayoutPlan.for_target(target).default
-    return (preferred,) if preferred == NCHW else (preferred, winograd(preferred, 4), winograd(preferred, 2), NCHW)
+    if preferred == NCHW or precision == "int8":
+        return (preferred,)
+    winograds = (winograd(preferred, 4), winograd(preferred, 2))
+    return (preferred, *winograds) if precision == "bf16" else (preferred, *winograds, NCHW)
 
 
 def useful_layouts(mod: tvm.IRModule, layouts: Sequence[str]) -> tuple[str, ...]:

@@ -22,6 +22,13 @@ direct convs by default, so on these 3x3 convs this is an algorithmic lead, not 
 Rounding: tests/tuner/test_winograd.py holds each conv to 1e-5 of TOPI's direct conv (of
 the largest output); ResNet-50's output differs from ONNX Runtime's by 1.3e-6
 (benchmarks/README.md).
+
+In a bf16 model (:mod:`tuner.precision.bf16`) a 3x3 conv may run here instead of on
+``vdpbf16ps``: it reads the same bf16-rounded activation and weights, and transforms and
+multiplies them in float32 (the weights transformed from their bf16 values, kept float32),
+so it rounds no more than the bf16 direct conv does. Whether it is faster than the direct
+conv on the bf16 dot product (twice the float32 rate) is measured per conv by the layout
+chooser (:func:`tuner.layout.auto_layouts`).
 """
 
 from __future__ import annotations
@@ -87,9 +94,9 @@ def _rows(matrix: np.ndarray, index: tirx.PrimExpr, terms) -> tirx.PrimExpr:
 
 def conv2d_nchwc_winograd(data: te.Tensor, kernel: te.Tensor, padding: Sequence[int], m: int,
                           out_dtype: str = "float32") -> te.Tensor:
-    """A 3x3 stride-1 conv of ``data`` (``NCHW{i}c``) by Winograd F(m, 3) with weights
-    transformed by :func:`transform_weight`; output ``NCHW{o}c``. ``padding`` is
-    (top, left, bottom, right)."""
+    """A 3x3 stride-1 conv of ``data`` (``NCHW{i}c``, float32 or bfloat16) by Winograd
+    F(m, 3) with float32 weights transformed by :func:`transform_weight`; output
+    ``NCHW{o}c``. ``padding`` is (top, left, bottom, right)."""
     a_mat, b_mat, _ = matrices(m)
     alpha = m + KERNEL - 1
     n, ic_chunks, h, w, ib = (int(d) for d in data.shape)
@@ -104,9 +111,15 @@ def conv2d_nchwc_winograd(data: te.Tensor, kernel: te.Tensor, padding: Sequence[
     # reach past the output; those values are computed and dropped).
     pad = topi.nn.pad(data, [0, 0, top, left, 0],
                       [0, 0, nh * m + 2 - h - top, nw * m + 2 - w - left, 0], name="data_pad")
+    def read(p, c, r, j, b):
+        # bf16 data (a bf16 model's activation) is widened where it is read: the transforms
+        # and the GEMMs run in float32, as for float32 data.
+        value = pad[0, c, p // nw * m + r, p % nw * m + j, b]
+        return value if str(value.dtype) == "float32" else value.astype("float32")
+
     rows = te.compute(
         (tiles, ic_chunks, alpha, alpha, ib),
-        lambda p, c, eps, j, b: _rows(b_mat, eps, lambda r: pad[0, c, p // nw * m + r, p % nw * m + j, b]),
+        lambda p, c, eps, j, b: _rows(b_mat, eps, lambda r: read(p, c, r, j, b)),
         name="wino_rows",
     )
     data_pack = te.compute(

@@ -223,19 +223,22 @@ def conv_nchwc_dot(dtype: str = "bfloat16", stride: int = 1, residual: bool = Fa
 
 
 def conv_winograd(c: int = 32, hw: int = 14, o: int = 32, m: int = 4, block: int = 16, *,
-                  epilogue: bool = True) -> tvm.IRModule:
+                  epilogue: bool = True, dtype: str = "float32") -> tvm.IRModule:
     """A 3x3 conv (pad 1) by Winograd F(m, 3) in NCHW{block}c, as ``tuner.layout`` legalizes
     one under an ``NCHW{block}c:w{m}`` plan (weights transformed), + bias + relu (without
-    ``epilogue``, the bare conv)."""
+    ``epilogue``, the bare conv). ``dtype`` bfloat16: a bf16 model's, its data and output
+    (the epilogue's cast) bf16, the weights float32."""
     from tuner.winograd import conv2d_nchwc_winograd
 
-    data = te.placeholder((1, c // block, hw, hw, block), name="data")
+    data = te.placeholder((1, c // block, hw, hw, block), name="data", dtype=dtype)
     kernel = te.placeholder((m + 2, m + 2, o // block, c, block), name="kernel")
     conv = conv2d_nchwc_winograd(data, kernel, (1, 1, 1, 1), m)
     if not epilogue:
         return tvm.IRModule({"main": te.create_prim_func([data, kernel, conv])})
     bias = te.placeholder((1, o // block, 1, 1, block), name="bias")
     out = topi.nn.relu(topi.add(conv, bias))
+    if dtype != "float32":
+        out = topi.cast(out, dtype)
     return tvm.IRModule({"main": te.create_prim_func([data, kernel, bias, out])})
 
 
@@ -267,6 +270,7 @@ TASKS: dict[str, Callable[[], tvm.IRModule]] = {
     "conv_winograd": conv_winograd,
     # A 7x7 map in tiles of 2 (the last row and column of tiles reach past it), no epilogue.
     "conv_winograd_m2_bare": lambda: conv_winograd(hw=7, m=2, epilogue=False),
+    "conv_winograd_bf16": lambda: conv_winograd(dtype="bfloat16"),
 }
 
 # Target configs by name; CUDA ones cross-build (no GPU is needed).

@@ -39,7 +39,8 @@ from tuner.tasks import extract_tasks
                                                  ("x86-conv2d-amx", "conv_nchwc_bf16"),
                                                  ("x86-conv2d-amx", "conv_nchwc_u8"),
                                                  ("x86-conv2d-winograd", "conv_winograd"),
-                                                 ("x86-conv2d-winograd", "conv_winograd_m2_bare")])  # fmt: skip
+                                                 ("x86-conv2d-winograd", "conv_winograd_m2_bare"),
+                                                 ("x86-conv2d-winograd", "conv_winograd_bf16")])  # fmt: skip
 def test_sampled_points_match_the_reference(kind, task_name):
     if kind in ("x86-conv2d-nchwc-dot", "x86-dense-vnni"):
         feature = "avx512_bf16" if "bf16" in task_name else "avx512_vnni"

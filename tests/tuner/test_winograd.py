@@ -55,6 +55,29 @@ def test_winograd_computes_the_direct_conv(m, c, o, hw, ib, padding):
     assert error < 1e-5, error
 
 
+@pytest.mark.parametrize("m", [2, 4])
+def test_winograd_on_bf16_data_computes_the_direct_conv_of_the_same_values(m):
+    """A bf16 model's conv: bf16 data, weights transformed from their bf16 values and kept
+    float32; it rounds nothing more than the direct conv of those values in float32."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 2, 9, 9, 16)).astype(ml_dtypes.bfloat16)
+    w = rng.standard_normal((2, 2, 3, 3, 16, 16)).astype(ml_dtypes.bfloat16)
+    u = transform_weight(w.astype("float32"), m)
+    xt = te.placeholder(x.shape, name="x", dtype="bfloat16")
+    ut = te.placeholder(u.shape, name="u")
+    xf, wf = (te.placeholder(a.shape, name=n) for a, n in ((x, "xf"), (w, "wf")))
+    out = conv2d_nchwc_winograd(xt, ut, (1, 1, 1, 1), m)
+    with tvm.target.Target("llvm"):
+        ref = topi.nn.conv2d_NCHWc(xf, wf, 1, (1, 1, 1, 1), 1, "NCHW16c", "NCHW16c", "float32")
+    got, want = (tvm.runtime.tensor(np.zeros([int(d) for d in t.shape], "float32")) for t in (out, ref))
+    _build([xt, ut, out])(tvm.runtime.tensor(x), tvm.runtime.tensor(u), got)
+    _build([xf, wf, ref])(tvm.runtime.tensor(x.astype("float32")), tvm.runtime.tensor(w.astype("float32")), want)
+    error = np.abs(got.numpy() - want.numpy()).max() / np.abs(want.numpy()).max()
+    assert error < 1e-5, error
+
+
 def test_the_transforms_reject_what_they_cannot_compute():
     with pytest.raises(ValueError, match="tile 3"):
         matrices(3)
@@ -81,6 +104,14 @@ def test_auto_layouts_weigh_winograd_on_x86(cpu_device):
     assert layouts == (blocked, f"{blocked}:w4", f"{blocked}:w2", "NCHW")
     assert LayoutPlan.parse("NCHWc:w4", cpu_device.target).default == f"{blocked}:w4"  # --layout NCHWc:w4
     assert auto_layouts(tvm.target.Target({"kind": "cuda", "arch": "sm_90"})) == ("NCHW",)
+
+
+def test_auto_layouts_weigh_winograd_for_bf16_and_nothing_for_int8(cpu_device):
+    """bf16: the blocked layout (vdpbf16ps) against Winograd in float32 on the bf16 values,
+    no NCHW; int8's convs are integer, one layout."""
+    blocked = f"NCHW{vector_lanes(cpu_device.target)}c"
+    assert auto_layouts(cpu_device.target, "bf16") == (blocked, f"{blocked}:w4", f"{blocked}:w2")
+    assert auto_layouts(cpu_device.target, "int8") == (blocked,)
 
 
 def test_switching_to_winograd_in_the_same_blocks_costs_no_transform():
@@ -135,6 +166,24 @@ def test_a_winograd_plan_converts_only_the_convs_it_fits_and_computes_the_same(c
     # Per conv: Winograd asked for the stride-2 conv only, which it does not fit: none is.
     plan = LayoutPlan("NCHW8c", ("NCHW8c", "NCHW8c:w4"))
     assert sorted(t.layout for t in extract_tasks(mod, target, plan) if t.layout) == ["NCHW8c"] * 3
+
+
+def test_a_bf16_model_runs_its_3x3_stride_1_conv_by_winograd_where_planned(cpu_device):
+    """In bf16 the plan's Winograd conv reads the bf16 activation and computes in float32;
+    the model's output stays within bf16's rounding of the direct bf16 build's (the convs
+    after it round their inputs to bf16 either way)."""
+    from tuner.precision import apply_precision
+
+    target = cpu_device.target
+    mod = apply_precision(_three_convs(), "bf16")
+    x = np.random.default_rng(2).standard_normal((1, 16, 12, 12)).astype("float32")
+    direct = _run(prepare(mod, target, LayoutPlan("NCHW16c")), target, x)
+    got = _run(prepare(mod, target, LayoutPlan("NCHW16c:w4")), target, x)
+    assert np.abs(got - direct).max() / np.abs(direct).max() < 2e-2
+    tasks = extract_tasks(mod, target, LayoutPlan("NCHW16c:w4"), precision="bf16")
+    wino = next(t for t in tasks if t.layout == "NCHW16c:w4")
+    assert "x86-conv2d-winograd" in search_spaces.applicable_kinds(wino.mod, target)
+    assert sorted(t.layout for t in tasks if t.layout) == ["NCHW16c", "NCHW16c", "NCHW16c:w4"]
 
 
 def test_auto_tasks_add_a_winograd_variant_only_where_it_fits(cpu_device):
