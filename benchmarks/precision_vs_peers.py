@@ -136,13 +136,14 @@ def main() -> None:
                 run_spec, source, peers = spec, name, ("openvino-f32", "openvino", TorchBf16Peer())
             else:
                 run_spec, source, peers = spec, name, ("onnxruntime", "openvino-f32", "torch")
+            # bf16 convs in the layouts tune measured best (tuner.layout.auto_layouts).
+            chosen = measured_plan(run_spec, device, db, precision) if precision == "bf16" else None
             # The rows' accuracy is peer_accuracy's (below), not the harness's.
-            config = BenchConfig(rounds=args.rounds, peers=peers, precision=precision, accuracy_inputs=0)
+            config = BenchConfig(rounds=args.rounds, peers=peers, precision=precision, accuracy_inputs=0,
+                                 plan=chosen.plan if chosen else None, layout_choice=chosen)  # fmt: skip
             with console.status(f"{name} {precision}") as status:
-                # bf16 convs in the layouts tune measured best (tuner.layout.auto_layouts).
-                chosen = measured_plan(run_spec, device, db, precision) if precision == "bf16" else None
                 build = fp32_build if precision == "fp32" else compile_model(
-                    run_spec, device, db, precision=precision, plan=chosen.plan if chosen else None)
+                    run_spec, device, db, precision=precision, plan=config.plan)
                 result = bench(run_spec, device, db, source=source, config=config, compiled=build,
                                on_stage=lambda text, n=name: status.update(f"{n}: {text}"))  # fmt: skip
                 # Against the fp32 model itself (for int8: not the QDQ graph run in fp32), for

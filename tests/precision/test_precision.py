@@ -348,3 +348,28 @@ def test_bf16_keeps_an_activation_that_a_matmul_reads_in_fp32():
         bb.emit_func_output(out)
     summary = bf16_summary(bb.get())
     assert "1 packed matmul" in summary and "kept in bf16" not in summary, summary
+
+
+def test_bf16_casts_an_activation_that_several_packed_matmuls_read_once():
+    """BERT's query, key and value projections read one layer-norm output: one bf16 copy
+    (one cast function per layer, not three), and the projections compute what they did."""
+    rng = np.random.default_rng(10)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 32), "float32"))
+    weights = [relax.const(rng.normal(0, 0.2, (32, 32)).astype("float32")) for _ in range(3)]
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.relu(x))
+            q, k, v = (bb.emit(relax.op.matmul(y, w)) for w in weights)
+            out = bb.emit_output(relax.op.add(relax.op.add(q, k), v))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    converted = to_bf16(mod)
+    casts = [b for b in converted["main"].body.blocks[0].bindings
+             if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == "relax.astype"]
+    assert len(casts) == 1, converted["main"]
+    data = rng.standard_normal((4, 32)).astype("float32")
+    target = tvm.target.Target("llvm")
+    want = _run(mod, target, data)
+    got = _run(converted, target, data)
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 3e-2
