@@ -186,6 +186,31 @@ def test_a_bf16_model_runs_its_3x3_stride_1_conv_by_winograd_where_planned(cpu_d
     assert sorted(t.layout for t in tasks if t.layout) == ["NCHW16c", "NCHW16c", "NCHW16c:w4"]
 
 
+def test_the_chooser_gives_a_bf16_conv_winograd_where_it_was_measured_faster(cpu_device):
+    """bf16 candidates: the 3x3 stride-1 conv measured faster by Winograd F(4, 3) than on the
+    dot product, the others with one (blocked) variant: the plan runs that conv by Winograd
+    and the others blocked, and the model computes what its fp32 build does."""
+    from tuner.layout import choose_from_database
+    from tuner.precision import apply_precision
+
+    target = cpu_device.target
+    layouts = ("NCHW16c", "NCHW16c:w4", "NCHW16c:w2")
+    tasks = extract_layout_tasks(_three_convs(), target, layouts, precision="bf16")
+    assert sorted(t.layout for t in tasks if t.layout) == ["NCHW16c"] * 3 + ["NCHW16c:w2", "NCHW16c:w4"]
+    seconds = {t.workload_key: {"NCHW16c:w4": 1e-4, "NCHW16c:w2": 3e-4}.get(t.layout, 6e-4 if t.layout else 2e-5)
+               for t in tasks}  # fmt: skip
+    mod = apply_precision(_three_convs(), "bf16")
+    choice = choose_from_database(mod, target, seconds.get, layouts, precision="bf16")
+    assert choice.plan.layout_of(0) == "NCHW16c:w4"
+    # The convs Winograd does not fit run blocked on the dot product whatever the plan says.
+    planned = extract_tasks(_three_convs(), target, choice.plan, precision="bf16")
+    assert sorted(t.layout for t in planned if t.layout) == ["NCHW16c", "NCHW16c", "NCHW16c:w4"]
+    x = np.random.default_rng(5).standard_normal((1, 16, 12, 12)).astype("float32")
+    want = _run(_three_convs(), target, x)
+    got = _run(prepare(mod, target, choice.plan), target, x)
+    assert np.abs(got - want).max() / np.abs(want).max() < 3e-2
+
+
 def test_auto_tasks_add_a_winograd_variant_only_where_it_fits(cpu_device):
     """Under --layout auto's candidates the 3x3 stride-1 conv has four variants; the others
     keep two, the Winograd plans giving them the blocked plan's task."""
