@@ -145,7 +145,7 @@ def _quantized(args: argparse.Namespace, spec):
 
 def _auto_layouts(args: argparse.Namespace, device) -> tuple[str, ...] | None:
     """The layouts ``--layout auto`` tunes and chooses between for this device, or None where
-    it is a fixed plan (an explicit --layout, int8, one candidate layout)."""
+    it is a fixed plan (an explicit --layout, or one candidate layout: a reduced precision)."""
     from tuner.layout import auto_layouts
 
     if (getattr(args, "layout", None) or "auto") != "auto":

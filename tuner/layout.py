@@ -755,15 +755,20 @@ def auto_layouts(target: tvm.target.Target, precision: str = "fp32") -> tuple[st
     and NHWC's spaces were not measured competitive here (pass it explicitly to
     :func:`tuner.tasks.extract_layout_tasks` and :func:`choose_from_database` to weigh it).
 
-    ``precision``: bf16 weighs the blocked layout (its convs on ``vdpbf16ps``) against the
-    two Winograd ones (float32 arithmetic on the bf16 values) and drops NCHW, whose bf16 convs
-    no template tensorizes; int8 keeps the blocked layout alone (its convs are integer).
+    ``precision``: bf16 and int8 keep the blocked layout alone, their convs on the dot
+    product. A bf16 model's 3x3 convs can run by Winograd in float32 (``--layout NCHWc:w4``,
+    :mod:`tuner.winograd`), but weighing it by default did not pay: on a Zen 4 (2026-11-26,
+    ``benchmarks/results/db_ab_resnet50_bf16_winograd_vs_direct_zen4.json``) a 2,048-trial
+    ResNet-50 job with the Winograd candidates ran 24.8 ms against 24.1 for one without, in
+    the same rounds; its float32 transformed weights are 8x the bf16 direct conv's bytes,
+    and in the model its Winograd convs ran 1.21-1.33x their tuned time
+    (``op_profile_resnet50_bf16_2048_winograd_zen4.json``), the direct ones 1.02-1.22x. Its
+    builds also took the job from 574 s to 1,326 s.
     """
     preferred = LayoutPlan.for_target(target).default
-    if preferred == NCHW or precision == "int8":
+    if preferred == NCHW or precision != "fp32":
         return (preferred,)
-    winograds = (winograd(preferred, 4), winograd(preferred, 2))
-    return (preferred, *winograds) if precision == "bf16" else (preferred, *winograds, NCHW)
+    return (preferred, winograd(preferred, 4), winograd(preferred, 2), NCHW)
 
 
 def useful_layouts(mod: tvm.IRModule, layouts: Sequence[str]) -> tuple[str, ...]:

@@ -23,12 +23,13 @@ Rounding: tests/tuner/test_winograd.py holds each conv to 1e-5 of TOPI's direct 
 the largest output); ResNet-50's output differs from ONNX Runtime's by 1.3e-6
 (benchmarks/README.md).
 
-In a bf16 model (:mod:`tuner.precision.bf16`) a 3x3 conv may run here instead of on
-``vdpbf16ps``: it reads the same bf16-rounded activation and weights, and transforms and
-multiplies them in float32 (the weights transformed from their bf16 values, kept float32),
-so it rounds no more than the bf16 direct conv does. Whether it is faster than the direct
-conv on the bf16 dot product (twice the float32 rate) is measured per conv by the layout
-chooser (:func:`tuner.layout.auto_layouts`).
+In a bf16 model (:mod:`tuner.precision.bf16`) a 3x3 conv runs here under an explicit
+Winograd plan (``--precision bf16 --layout NCHWc:w4``) instead of on ``vdpbf16ps``: it reads
+the same bf16-rounded activation and weights, and transforms and multiplies them in float32
+(the weights transformed from their bf16 values, kept float32), so it rounds no more than
+the bf16 direct conv does. ``--layout auto`` does not weigh it for bf16: measured, it did not
+pay (:func:`tuner.layout.auto_layouts`). A GEMM stage on the bf16 dot product (bf16
+transformed data and weights) would halve both its work and its weight bytes; not built.
 """
 
 from __future__ import annotations
