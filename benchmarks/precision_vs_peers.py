@@ -125,7 +125,9 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     for name in args.models:
         spec = load_model(name)
-        fp32_build = compile_model(spec, device, db)
+        # Every build in the plan `nightshift bench` would compile it with from this database.
+        fp32_chosen = measured_plan(spec, device, db)
+        fp32_build = compile_model(spec, device, db, plan=fp32_chosen.plan if fp32_chosen else None)
         for precision in args.precisions:
             if precision == "int8":
                 qdq = quantized_model(spec, name, args.calibration, op_types=parse_ops(args.quantize_ops))
@@ -136,8 +138,7 @@ def main() -> None:
                 run_spec, source, peers = spec, name, ("openvino-f32", "openvino", TorchBf16Peer())
             else:
                 run_spec, source, peers = spec, name, ("onnxruntime", "openvino-f32", "torch")
-            # bf16 convs in the layouts tune measured best (tuner.layout.auto_layouts).
-            chosen = measured_plan(run_spec, device, db, precision) if precision == "bf16" else None
+            chosen = fp32_chosen if precision == "fp32" else measured_plan(run_spec, device, db, precision)
             # The rows' accuracy is peer_accuracy's (below), not the harness's.
             config = BenchConfig(rounds=args.rounds, peers=peers, precision=precision, accuracy_inputs=0,
                                  plan=chosen.plan if chosen else None, layout_choice=chosen)  # fmt: skip

@@ -170,14 +170,12 @@ def _plan(args: argparse.Namespace, device, db=None, spec=None):
     and printed with the measured costs behind it."""
     from tuner.layout import LayoutPlan
 
-    layouts = _auto_layouts(args, device) if db is not None and spec is not None else None
-    if layouts is None:
+    if db is None or spec is None or _auto_layouts(args, device) is None:
         return LayoutPlan.parse(getattr(args, "layout", None) or "auto", device.target)
     chosen = getattr(args, "chosen_layout", None)
     if chosen is None:
         with console.status("choosing each conv's layout from the measurements"):
-            chosen = args.chosen_layout = choose_layout(spec, device, db, layouts, args.precision)
-        print_layout_choice(chosen, layouts)
+            chosen = args.chosen_layout = measured_plan(spec, device, db, args.precision, show=True)
     return chosen.plan
 
 

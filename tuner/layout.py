@@ -211,6 +211,13 @@ def conv_layouts(call: relax.Call, layout: str) -> list[str] | None:
     return [blocked(ib), f"OIHW{ib}i{ob}o", blocked(ob)]
 
 
+def out_dtype(call: relax.Call) -> str:
+    """A conv's accumulation and output dtype: an unset ``out_dtype`` (None or "") means the
+    data's dtype."""
+    attrs = call.attrs
+    return str(attrs.out_dtype) if attrs.out_dtype not in (None, "", "void") else str(call.args[0].ty.dtype)
+
+
 def winograd_fits(call: relax.Call) -> bool:
     """True for a conv that Winograd F(m, 3) computes here: 3x3, stride 1, no dilation, one
     group, batch 1, float32 data and weights or bf16 ones summed in float32 (a bf16 model's,
@@ -218,10 +225,9 @@ def winograd_fits(call: relax.Call) -> bool:
     attrs = call.attrs
     kernel = [int(d) for d in call.args[1].ty.shape.values]
     dtypes = {str(call.args[0].ty.dtype), str(call.args[1].ty.dtype)}
-    out = str(attrs.out_dtype) if attrs.out_dtype not in (None, "", "void") else str(call.args[0].ty.dtype)
     return (len(kernel) == 4 and kernel[2:] == [3, 3] and int(attrs.groups) == 1
             and all(int(s) == 1 for s in attrs.strides) and all(int(d) == 1 for d in attrs.dilation)
-            and (dtypes == {"float32"} or dtypes == {"bfloat16"}) and out == "float32"
+            and (dtypes == {"float32"} or dtypes == {"bfloat16"}) and out_dtype(call) == "float32"
             and int(call.args[0].ty.shape.values[0]) == 1)  # fmt: skip
 
 
@@ -328,8 +334,7 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call,
     attrs = call.attrs
     if block_of(str(attrs.data_layout)) is None:
         return relax.transform.legalize_ops.nn._nn_conv2d(bb, call)
-    # An unset out_dtype (None or "") means the data's dtype.
-    out_dtype = str(attrs.out_dtype) if attrs.out_dtype not in (None, "", "void") else str(call.args[0].ty.dtype)
+    out = out_dtype(call)
     tile = next((m for c, m in winograd_calls if c.same_as(call)), None)
     weight = _constant(bb, call.args[1])
     if tile is not None and weight is not None:
@@ -339,11 +344,11 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call,
         # from their bf16 values and not rounded again (tuner.winograd).
         packed = relax.const(transform_weight(weight.value.numpy().astype(np.float32), tile), "float32")
         return bb.call_te(conv2d_nchwc_winograd, call.args[0], packed, [int(p) for p in attrs.padding], tile,
-                          out_dtype, primfunc_name_hint="conv2d_NCHWc_winograd")  # fmt: skip
+                          out, primfunc_name_hint="conv2d_NCHWc_winograd")  # fmt: skip
     if int(attrs.groups) != 1:
         return bb.call_te(
             depthwise_conv2d_nchwc, call.args[0], call.args[1], [int(s) for s in attrs.strides],
-            [int(p) for p in attrs.padding], [int(d) for d in attrs.dilation], out_dtype,
+            [int(p) for p in attrs.padding], [int(d) for d in attrs.dilation], out,
             primfunc_name_hint="depthwise_conv2d_NCHWc",
         )
     n = dot_elements(call, weight)
@@ -359,12 +364,12 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call,
                                       primfunc_name_hint="pad_NCHWc"))  # fmt: skip
             padding = [0, 0, 0, 0]
         return bb.call_te(conv2d_nchwc_dot, data, packed, [int(s) for s in attrs.strides], padding,
-                          [int(d) for d in attrs.dilation], out_dtype,
+                          [int(d) for d in attrs.dilation], out,
                           primfunc_name_hint="conv2d_NCHWc_dot")  # fmt: skip
     return bb.call_te(
         topi.nn.conv2d_NCHWc, call.args[0], call.args[1],
         [int(s) for s in attrs.strides], [int(p) for p in attrs.padding], [int(d) for d in attrs.dilation],
-        str(attrs.data_layout), str(attrs.out_layout), out_dtype,
+        str(attrs.data_layout), str(attrs.out_layout), out,
         primfunc_name_hint="conv2d_NCHWc",
     )  # fmt: skip
 
@@ -762,7 +767,7 @@ def auto_layouts(target: tvm.target.Target, precision: str = "fp32") -> tuple[st
     ResNet-50 job with the Winograd candidates ran 24.8 ms against 24.1 for one without, in
     the same rounds; its float32 transformed weights are 8x the bf16 direct conv's bytes,
     and in the model its Winograd convs ran 1.21-1.33x their tuned time
-    (``op_profile_resnet50_bf16_2048_winograd_zen4.json``), the direct ones 1.02-1.22x. Its
+    (``op_profile_resnet50_bf16_2048_winograd_zen4.json``), the direct ones 1.01-1.24x. Its
     builds also took the job from 574 s to 1,326 s.
     """
     preferred = LayoutPlan.for_target(target).default
