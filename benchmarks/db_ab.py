@@ -10,7 +10,9 @@ so). With ``--precision bf16`` or ``int8`` both builds are that precision (fp32 
 int8 wants its QDQ file, see precision_vs_peers.py) and the peers should run at it too
 (``--peers openvino torch-bf16`` for bf16). ``--b-opaque-transforms`` builds B with TVM's own
 ``layout_transform`` legalization, which nothing fuses with (Nightshift's before 2026-11-26;
-give ``--db-b`` the same file to compare the two builds alone). Writes
+give ``--db-b`` the same file to compare the two builds alone). ``--b-widened-attention``
+builds B (bf16) with attention's matmuls of two activations as before 2026-11-27: both cast
+to bf16 and widened to float32 FMAs, not packed for ``vdpbf16ps``. Writes
 benchmarks/results/db_ab.json (``--out``).
 
     .venv/bin/python benchmarks/db_ab.py --db warm.db --db-b cold.db --label-b "cold-tuned" --model resnet50
@@ -50,15 +52,17 @@ class OtherDatabase(Peer):
     install = "pip install -e ."
 
     def __init__(self, spec, device, db: TuningDatabase, label: str, precision: str = "fp32",
-                 opaque_transforms: bool = False) -> None:  # fmt: skip
+                 opaque_transforms: bool = False, widened_attention: bool = False) -> None:  # fmt: skip
         super().__init__()
         self._spec, self._device, self._db, self.label = spec, device, db, label
         self._precision = precision
         self._opaque = opaque_transforms
+        self._widened = widened_attention
         self.precision = "f32" if precision == "fp32" else precision
 
     def prepare(self, model: PeerModel, threads: int) -> None:
-        with opaque_layout_transforms() if self._opaque else contextlib.nullcontext():
+        with opaque_layout_transforms() if self._opaque else contextlib.nullcontext(), \
+                unpacked_activations() if self._widened else contextlib.nullcontext():
             chosen = measured_plan(self._spec, self._device, self._db, self._precision)
             compiled = compile_model(self._spec, self._device, self._db, precision=self._precision,
                                      plan=chosen.plan if chosen else None)  # fmt: skip
@@ -84,6 +88,20 @@ def opaque_layout_transforms():
         tuner.layout._legalize_layout_transform = ours
 
 
+@contextlib.contextmanager
+def unpacked_activations():
+    """bf16 without packing a matmul's second activation (tuner.precision.bf16 asks
+    ``packable_activation`` for each matmul of two activations)."""
+    import tuner.precision.bf16 as bf16
+
+    ours = bf16.packable_activation
+    bf16.packable_activation = lambda a, b: False
+    try:
+        yield
+    finally:
+        bf16.packable_activation = ours
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--db", required=True, help="database A: the 'TVM, database' row")
@@ -96,13 +114,15 @@ def main() -> None:
                    help="both builds' precision (their accuracy is precision_vs_peers.py's business)")
     p.add_argument("--b-opaque-transforms", action="store_true",
                    help="build B with TVM's own layout_transform legalization (opaque, fused with nothing)")
+    p.add_argument("--b-widened-attention", action="store_true",
+                   help="bf16: build B with attention's matmuls widened to float32 (not packed for vdpbf16ps)")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     device = parse_device("cpu")
     check_device(args.precision, device)
     spec = load_model(args.model)
     other = OtherDatabase(spec, device, TuningDatabase(args.db_b), args.label_b, args.precision,
-                          args.b_opaque_transforms)  # fmt: skip
+                          args.b_opaque_transforms, args.b_widened_attention)  # fmt: skip
     peers = [TorchBf16Peer() if name == "torch-bf16" else name for name in args.peers]
     db_a = TuningDatabase(args.db)
     # Each build's convs in the layouts its own database measured best, as `nightshift bench`.
@@ -114,7 +134,7 @@ def main() -> None:
     console.print(render(result))
     write_result(args.out, "db_ab", {
         "db_a": args.db, "db_b": args.db_b, "label_b": args.label_b, "precision": args.precision,
-        "b_opaque_transforms": args.b_opaque_transforms,
+        "b_opaque_transforms": args.b_opaque_transforms, "b_widened_attention": args.b_widened_attention,
         "load_before": load_before, "load_after": os.getloadavg(), "result": result.to_json(),
     })  # fmt: skip
     console.print(f"wrote {args.out}")

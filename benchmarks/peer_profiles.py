@@ -44,7 +44,8 @@ class HeavyOp:
 def reduction_size(mod) -> tuple[int, int, int, int] | None:
     """(outputs, multiply-adds, inputs, weights) of the largest reduction block of ``mod``'s
     ``main``: a conv's or matmul's size in any layout, epilogue excluded (inputs and weights
-    count the elements of the function's first two arguments); None where nothing reduces."""
+    count the elements of the arguments its two operands come from); None where nothing
+    reduces."""
     from tvm.s_tir import Schedule
 
     from search_spaces.templates.blocks import iter_kinds, root_blocks
@@ -60,12 +61,27 @@ def reduction_size(mod) -> tuple[int, int, int, int] | None:
             continue
         extents = [int(iv.dom.extent) for iv in sch.get(block).iter_vars]
         outputs = math.prod(e for e, k in zip(extents, kinds, strict=True) if k == "S")
-        if best is None or math.prod(extents) > best[1]:
-            best = (outputs, math.prod(extents))
-    params = mod["main"].params  # buffers in TVM 0.27 (no buffer_map)
-    if best is None or len(params) < 2:
+        if best is None or math.prod(extents) > best[0][1]:
+            best = ((outputs, math.prod(extents)), block)
+    if best is None or len(sch.get(best[1]).reads) < 2:
         return None
-    return (*best, *(math.prod(int(d) for d in b.shape) for b in params[:2]))
+    reads = sch.get(best[1]).reads
+    return (*best[0], *(_source_elements(sch, best[1], r.source) for r in reads[:2]))
+
+
+def _source_elements(sch, block, buffer) -> int:
+    """Elements of the function argument that ``block``'s read of ``buffer`` comes from,
+    through the elementwise and padding blocks before it (a residual cast can be a fused
+    function's first argument, and a padded copy is larger than the ONNX node's input)."""
+    seen = 0
+    while seen < 8:
+        seen += 1
+        producer = next((p for p in sch.get_producers(block)
+                         if any(w.source.same_as(buffer) for w in sch.get(p).writes)), None)  # fmt: skip
+        if producer is None or not sch.get(producer).reads:
+            break
+        block, buffer = producer, sch.get(producer).reads[0].source
+    return math.prod(int(d) for d in buffer.shape)
 
 
 def _winograd_size(sch, mod) -> tuple[int, int, int, int] | None:

@@ -182,6 +182,17 @@ def dense_bf16(m: int = 32, k: int = 64, n: int = 48) -> tvm.IRModule:
     return tvm.IRModule({"main": te.create_prim_func([a, w, bias, out])})
 
 
+def attention_bf16(heads: int = 2, m: int = 32, k: int = 64, n: int = 48) -> tvm.IRModule:
+    """An attention matmul as ``tuner.precision.bf16`` writes it: two activations, the second
+    packed [heads, k/2, n, 2] like a weight (block ``matmul_bf16``), x a scale."""
+    from tuner.precision.bf16 import packed_matmul
+
+    a = te.placeholder((1, heads, m, k), name="A", dtype="bfloat16")
+    w = te.placeholder((1, heads, k // 2, n, 2), name="W", dtype="bfloat16")
+    out = topi.multiply(packed_matmul(a, w), 0.125)
+    return tvm.IRModule({"main": te.create_prim_func([a, w, out])})
+
+
 def dense_u8s8(m: int = 32, k: int = 64, n: int = 48) -> tvm.IRModule:
     """An int8 dense layer as ``tuner.precision.qdq`` writes it (block ``matmul_u8s8``, uint8
     x int8 weight packed [k/4, n, 4], int32 sums), - zero point x column sums, requantized."""
@@ -256,7 +267,8 @@ TASKS: dict[str, Callable[[], tvm.IRModule]] = {
     "conv_nchwc_bf16_relax": lambda: conv_nchwc_relax("bf16"), "dense_bf16_relax": lambda: dense_relax("bf16"),
     "dense_packed": dense_packed,
     "batch_matmul": batch_matmul, "depthwise": depthwise, "depthwise_s2": lambda: depthwise(2),
-    "dense_bf16": dense_bf16, "depthwise_nchwc": depthwise_nchwc, "depthwise_nchwc_s2": lambda: depthwise_nchwc(2),
+    "dense_bf16": dense_bf16, "attention_bf16": attention_bf16,
+    "depthwise_nchwc": depthwise_nchwc, "depthwise_nchwc_s2": lambda: depthwise_nchwc(2),
     "depthwise_nchwc16": lambda: depthwise_nchwc(block=16),
     # MobileNet's 24 channels under a 16-lane plan take the largest divisor, 12: a block that
     # is not whole vectors (6 stands for it under AVX2's 8 lanes).

@@ -115,6 +115,8 @@ def _run(mod: tvm.IRModule, inputs: list[np.ndarray]) -> np.ndarray:
 @pytest.mark.parametrize(("kind", "task_name", "values"), [
     pytest.param("x86-dense-bf16", "dense_bf16", {"tile_m": 6}, marks=needs_bf16),  # 32 rows: 5 of 6, one of 2
     pytest.param("x86-dense-bf16", "dense_bf16_relax", {"tile_m": 12, "unroll_k": 4}, marks=needs_bf16),  # int64
+    # Attention's matmul of two activations, the second packed: batch loops outside the tile.
+    pytest.param("x86-dense-bf16", "attention_bf16", {"tile_m": 6}, marks=needs_bf16),
     pytest.param("x86-dense-vnni", "dense_u8s8", {"tile_m": 5, "tile_n": 48, "panel": 3}, marks=needs_vnni),
 ])  # fmt: skip
 def test_partial_row_tiles_on_the_instruction_compute_the_reference(kind, task_name, values):

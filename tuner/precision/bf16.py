@@ -6,7 +6,9 @@ weights are converted once, here, at compile time. A matmul by a constant 2-D we
 ``[K, N]`` (every dense layer) becomes ``matmul_bf16``, whose weight is pre-packed as
 ``[K/2, N, 2]``: the pairs of reduction elements that one ``vdpbf16ps`` lane multiplies
 and adds are adjacent, and the 16 output columns of one register are one contiguous load
-(:mod:`tuner.precision.intrin`, template ``x86-dense-bf16``).
+(:mod:`tuner.precision.intrin`, template ``x86-dense-bf16``). A matmul of two activations
+(attention's) packs the second the same way where it is made, as part of the transpose
+that makes it, and takes the same template.
 
 An activation that a conv reads in bf16 and another operator in fp32 (ResNet's block
 output: the next conv and the residual add), or that several convs read (a stage's first
@@ -44,15 +46,18 @@ def pack_weight(weight: np.ndarray, elements: int = PAIR, dtype=ml_dtypes.bfloat
 
 
 def packed_matmul(a: te.Tensor, w: te.Tensor, out_dtype: str = "float32", name: str = PACKED_MATMUL) -> te.Tensor:
-    """``a @ W`` summed in ``out_dtype`` for ``a[..., K]`` and a packed ``w[K/e, N, e]``
-    (bfloat16 pairs here; uint8 x int8 quadruples for int8, :mod:`tuner.precision.qdq`)."""
-    groups, n, elements = (int(d) for d in w.shape)
+    """``a @ W`` summed in ``out_dtype`` for ``a[..., K]`` and a packed ``w[..., K/e, N, e]``
+    (bfloat16 pairs here; uint8 x int8 quadruples for int8, :mod:`tuner.precision.qdq`).
+    A weight is ``[K/e, N, e]``; a batched ``w`` (an attention matmul's second activation,
+    :func:`pack_activation`) has ``a``'s batch dimensions before those."""
+    *batch, groups, n, elements = (int(d) for d in w.shape)
     ko = te.reduce_axis((0, groups), "ko")
     ki = te.reduce_axis((0, elements), "ki")
 
     def body(*idx):
         return te.sum(
-            a[(*idx[:-1], ko * elements + ki)].astype(out_dtype) * w[ko, idx[-1], ki].astype(out_dtype),
+            a[(*idx[:-1], ko * elements + ki)].astype(out_dtype)
+            * w[(*idx[:len(batch)], ko, idx[-1], ki)].astype(out_dtype),
             axis=[ko, ki],
         )
 
@@ -67,7 +72,8 @@ def _const_value(expr: relax.Expr) -> np.ndarray | None:
 class _ToBF16(relax.PyExprMutator):
     def __init__(self, mod: tvm.IRModule) -> None:
         super().__init__(mod)
-        self.converted = {"conv2d": 0, "conv2d with a zero input channel": 0, "matmul": 0, "packed matmul": 0}
+        self.converted = {"conv2d": 0, "conv2d with a zero input channel": 0, "matmul": 0, "packed matmul": 0,
+                          "packed activation matmul": 0}  # fmt: skip
         # The bf16 copy of each activation that packed matmuls read: BERT's query, key and
         # value projections read one layer-norm output, cast once instead of three times.
         self._lhs: dict[relax.Var, relax.Var] = {}
@@ -114,15 +120,44 @@ class _ToBF16(relax.PyExprMutator):
         if weight is not None and weight.ndim == 2 and weight.shape[0] % PAIR == 0:
             self.converted["packed matmul"] += 1
             packed = relax.const(pack_weight(weight), BF16)
-            # call_te takes bound variables, not calls.
-            lhs = self._lhs.get(a) if isinstance(a, relax.Var) else None
-            if lhs is None:
-                lhs = self.builder_.emit(self._bf16(a))
-                if isinstance(a, relax.Var):
-                    self._lhs[a] = lhs
-            return self.builder_.call_te(packed_matmul, lhs, packed, primfunc_name_hint=PACKED_MATMUL)
+            return self.builder_.call_te(packed_matmul, self._bf16_lhs(a), packed, primfunc_name_hint=PACKED_MATMUL)
+        if weight is None and packable_activation(a, b):
+            # Attention's two matmuls: the second activation is packed in pairs as a weight
+            # is, where it is made (the packing fuses into the transpose that makes it), so
+            # they run on vdpbf16ps (x86-dense-bf16) instead of widened to float32 FMAs.
+            self.converted["packed activation matmul"] += 1
+            return self.builder_.call_te(packed_matmul, self._bf16_lhs(a), self._pack_activation(b),
+                                         primfunc_name_hint=PACKED_MATMUL)  # fmt: skip
         self.converted["matmul"] += 1
         return relax.op.matmul(self._bf16(a), self._bf16(b), out_dtype="float32")
+
+    def _bf16_lhs(self, a: relax.Expr) -> relax.Var:
+        """``a`` cast to bf16 and bound (call_te takes bound variables), once per variable."""
+        lhs = self._lhs.get(a) if isinstance(a, relax.Var) else None
+        if lhs is None:
+            lhs = self.builder_.emit(self._bf16(a))
+            if isinstance(a, relax.Var):
+                self._lhs[a] = lhs
+        return lhs
+
+    def _pack_activation(self, b: relax.Expr) -> relax.Var:
+        """``b[..., K, N]`` in bf16 as ``[..., K/2, N, 2]`` (:func:`pack_weight`'s layout)."""
+        *batch, k, n = (int(d) for d in b.ty.shape)
+        pairs = self.builder_.emit(relax.op.reshape(self.builder_.emit(self._bf16(b)), (*batch, k // PAIR, PAIR, n)))
+        rank = len(batch)
+        return self.builder_.emit(relax.op.permute_dims(pairs, [*range(rank), rank, rank + 2, rank + 1]))
+
+
+def packable_activation(a: relax.Expr, b: relax.Expr) -> bool:
+    """Whether ``a @ b`` of two float32 activations can take ``b`` packed in pairs: static
+    shapes, the same batch dimensions (no broadcasting), an even K and whole 16-lane column
+    vectors (x86-dense-bf16's)."""
+    shapes = [getattr(x.ty, "shape", None) for x in (a, b)]
+    if any(s is None or not all(isinstance(d, tvm.tirx.IntImm) for d in s) for s in shapes):
+        return False
+    sa, sb = ([int(d) for d in s] for s in shapes)
+    return (len(sa) == len(sb) >= 3 and sa[:-2] == sb[:-2] and sa[-1] == sb[-2]
+            and sb[-2] % PAIR == 0 and sb[-1] % 16 == 0)  # fmt: skip
 
 
 def _bf16_cast_source(expr: relax.Expr) -> relax.DataflowVar | None:
