@@ -5,7 +5,9 @@ The task is what :mod:`tuner.precision` makes of a dense layer: a block ``matmul
 (``matmul_u8s8``) with spatial iters (batch..., m, n) and two reduce iters (ko, ki), ki of
 extent 2 (4), reading A[..., m, e ko + ki] (bfloat16; uint8) and W[ko, n, ki] (bfloat16;
 int8, packed at compile time), accumulating in float32 (int32); then elementwise epilogue
-blocks (bias, GELU, residual; for int8 the zero-point correction and requantize).
+blocks (bias, GELU, residual; for int8 the zero-point correction and requantize). A bf16
+attention matmul is the same block with W[batch..., ko, n, ki], its second activation
+packed where it is made; the batch loops join the parallel loop.
 
 The micro-kernel is the one of ``x86-dense`` with the FMA replaced by the dot-product
 instruction: for each group of reduction elements, the group of A is broadcast (one 32-bit
