@@ -131,6 +131,11 @@ class SearchSpace(abc.ABC):
         # Kinds with static constraints override this with an exact count.
         return math.prod(len(k) for k in self.knobs(sketch))
 
+    def starts(self) -> list[Point]:
+        """Points worth measuring before any search (a template's proven tiles); none by
+        default. Every one is inside the space's grid and constraints."""
+        return []
+
     def static_violation(self, point: Point) -> str | None:
         """Why ``point`` is outside the grid or breaks a static constraint, or None."""
         if not 0 <= point.sketch < self.num_sketches:

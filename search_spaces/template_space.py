@@ -49,6 +49,18 @@ class TemplateSpace(SearchSpace):
         """The point's knob values by name."""
         return {k.name: v for k, v in zip(self._knobs, point.decisions, strict=True)}
 
+    def starts(self) -> list[Point]:
+        """The template's start points (:attr:`Template.starts`) that are in this space, in
+        its order, without repeats; a knob a start leaves out takes its first choice."""
+        if self.template.starts is None:
+            return []
+        out: list[Point] = []
+        for values in self.template.starts({k.name: k.choices for k in self._knobs}):
+            point = Point(0, tuple(values.get(k.name, k.choices[0]) for k in self._knobs))
+            if point not in out and self.static_violation(point) is None:
+                out.append(point)
+        return out
+
     def _constraint_violation(self, point: Point) -> str | None:
         if self.template.constraint is None:
             return None

@@ -892,6 +892,10 @@ class TuningJob:
         self._replay(task, ts)
         if i in self.seeded:
             self._seed(task, ts)
+        for space, strategy in zip(spaces, strategies, strict=True):
+            # A template's proven tiles are measured early whatever the search draws (those
+            # measured already, by a resumed run, are dropped by the strategy).
+            strategy.suggest(space.starts())
         self.searches[i] = ts
         return ts
 

@@ -188,3 +188,20 @@ def test_a_block_that_feeds_the_operator_is_not_inlined_into_it():
     assert "x86-dense-vnni" not in search_spaces.applicable_kinds(mod, vnni)
     assert "x86-dense-vnni" in search_spaces.applicable_kinds(task("dense_u8s8"), vnni)
     assert "x86-conv2d-nchwc-dot" in search_spaces.applicable_kinds(task("conv_nchwc_u8_residual"), vnni)
+
+
+def test_dense_dot_templates_start_from_onednn_register_tiles():
+    """The search measures oneDNN's tiles first (6 rows x 4 vectors, 12 x 2, 24 x 1): valid
+    points of the space, and only the tiles the task's columns take."""
+    from conftest import dense_bf16
+
+    from search_spaces.template_space import TemplateSpace
+
+    sp = TemplateSpace(dense_bf16(n=64), target("llvm-amx"), "x86-dense-bf16")
+    starts = [sp.values(p) for p in sp.starts()]
+    assert all(sp.static_violation(p) is None for p in sp.starts())
+    assert {(v["tile_m"], v["tile_n"]) for v in starts} == {(6, 64), (12, 32), (24, 16)}
+    assert {v["panel"] for v in starts} == {4}  # 64 columns: one panel of 4 vectors at most
+    # 48 columns take no tile of 2 or 4 vectors.
+    narrow = TemplateSpace(dense_bf16(n=48), target("llvm-amx"), "x86-dense-bf16")
+    assert {(narrow.values(p)["tile_m"], narrow.values(p)["tile_n"]) for p in narrow.starts()} == {(24, 16)}

@@ -16,3 +16,16 @@ def matmul_task(n: int) -> Task:
     c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
     mod = tvm.IRModule({"main": te.create_prim_func([a, b, c])})
     return Task(f"matmul{n}", mod, 1, 2.0 * n**3, workload_key(mod))
+
+
+def dense_bf16_task(m: int = 32, k: int = 64, n: int = 64) -> Task:
+    """A bf16 dense layer as ``tuner.precision.bf16`` writes it (packed weight), + relu: a
+    task of the ``x86-dense-bf16`` template, named ``dense_bf16``."""
+    from tvm import topi
+
+    from tuner.precision.bf16 import packed_matmul
+
+    a = te.placeholder((1, m, k), name="A", dtype="bfloat16")
+    w = te.placeholder((k // 2, n, 2), name="W", dtype="bfloat16")
+    mod = tvm.IRModule({"main": te.create_prim_func([a, w, topi.nn.relu(packed_matmul(a, w))])})
+    return Task("dense_bf16", mod, 1, 2.0 * m * k * n, workload_key(mod, "bf16"))
