@@ -73,9 +73,7 @@ def _source_elements(sch, block, buffer) -> int:
     """Elements of the function argument that ``block``'s read of ``buffer`` comes from,
     through the elementwise and padding blocks before it (a residual cast can be a fused
     function's first argument, and a padded copy is larger than the ONNX node's input)."""
-    seen = 0
-    while seen < 8:
-        seen += 1
+    for _ in range(8):  # a few producers at most; a bound, not a search
         producer = next((p for p in sch.get_producers(block)
                          if any(w.source.same_as(buffer) for w in sch.get(p).writes)), None)  # fmt: skip
         if producer is None or not sch.get(producer).reads:

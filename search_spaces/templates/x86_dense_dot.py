@@ -180,8 +180,8 @@ def accumulate_matmul(sch: Schedule, dot: _Dot) -> tuple[str, Any, Any]:
 
 
 # oneDNN's AVX-512 brgemm register tiles: 24 accumulators as 6 rows x 4 vectors, or the same
-# registers as 12 x 2 and 24 x 1. Two 2,048-trial BERT-base bf16 jobs on a Zen 5 differed by
-# 5% on the GELU layer: one found 6 x 4 vectors, the other kept to 12 x 2 (benchmarks/README.md).
+# registers as 12 x 2 and 24 x 1. Three BERT-base bf16 jobs on a Zen 5 without these starts
+# settled on 6 x 4, 12 x 2 and 23 x 1 for the GELU layer, 768-848 us (benchmarks/README.md).
 _START_TILES = ((6, 4), (12, 2), (24, 1))
 
 

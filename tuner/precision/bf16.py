@@ -49,7 +49,7 @@ def packed_matmul(a: te.Tensor, w: te.Tensor, out_dtype: str = "float32", name: 
     """``a @ W`` summed in ``out_dtype`` for ``a[..., K]`` and a packed ``w[..., K/e, N, e]``
     (bfloat16 pairs here; uint8 x int8 quadruples for int8, :mod:`tuner.precision.qdq`).
     A weight is ``[K/e, N, e]``; a batched ``w`` (an attention matmul's second activation,
-    :func:`pack_activation`) has ``a``'s batch dimensions before those."""
+    :meth:`_ToBF16._pack_activation`) has ``a``'s batch dimensions before those."""
     *batch, groups, n, elements = (int(d) for d in w.shape)
     ko = te.reduce_axis((0, groups), "ko")
     ki = te.reduce_axis((0, elements), "ki")
@@ -152,12 +152,14 @@ def packable_activation(a: relax.Expr, b: relax.Expr) -> bool:
     """Whether ``a @ b`` of two float32 activations can take ``b`` packed in pairs: static
     shapes, the same batch dimensions (no broadcasting), an even K and whole 16-lane column
     vectors (x86-dense-bf16's)."""
+    from search_spaces.templates.intrin_x86 import DOT_LANES
+
     shapes = [getattr(x.ty, "shape", None) for x in (a, b)]
     if any(s is None or not all(isinstance(d, tvm.tirx.IntImm) for d in s) for s in shapes):
         return False
     sa, sb = ([int(d) for d in s] for s in shapes)
     return (len(sa) == len(sb) >= 3 and sa[:-2] == sb[:-2] and sa[-1] == sb[-2]
-            and sb[-2] % PAIR == 0 and sb[-1] % 16 == 0)  # fmt: skip
+            and sb[-2] % PAIR == 0 and sb[-1] % DOT_LANES == 0)  # fmt: skip
 
 
 def _bf16_cast_source(expr: relax.Expr) -> relax.DataflowVar | None:
