@@ -12,7 +12,9 @@ int8 wants its QDQ file, see precision_vs_peers.py) and the peers should run at 
 ``layout_transform`` legalization, which nothing fuses with (Nightshift's before 2026-11-26;
 give ``--db-b`` the same file to compare the two builds alone). ``--b-widened-attention``
 builds B (bf16) with attention's matmuls of two activations as before 2026-11-27: both cast
-to bf16 and widened to float32 FMAs, not packed for ``vdpbf16ps``. Writes
+to bf16 and widened to float32 FMAs, not packed for ``vdpbf16ps``. ``--b-separate-pads``
+builds B (bf16) with each conv's padding a function of its own, as before the twenty-fourth
+session (tuner.pad_fusion). Writes
 benchmarks/results/db_ab.json (``--out``).
 
     .venv/bin/python benchmarks/db_ab.py --db warm.db --db-b cold.db --label-b "cold-tuned" --model resnet50
@@ -52,17 +54,20 @@ class OtherDatabase(Peer):
     install = "pip install -e ."
 
     def __init__(self, spec, device, db: TuningDatabase, label: str, precision: str = "fp32",
-                 opaque_transforms: bool = False, widened_attention: bool = False) -> None:  # fmt: skip
+                 opaque_transforms: bool = False, widened_attention: bool = False,
+                 separate_pads: bool = False) -> None:  # fmt: skip
         super().__init__()
         self._spec, self._device, self._db, self.label = spec, device, db, label
         self._precision = precision
         self._opaque = opaque_transforms
         self._widened = widened_attention
+        self._separate_pads = separate_pads
         self.precision = "f32" if precision == "fp32" else precision
 
     def prepare(self, model: PeerModel, threads: int) -> None:
         with opaque_layout_transforms() if self._opaque else contextlib.nullcontext(), \
-                unpacked_activations() if self._widened else contextlib.nullcontext():
+                unpacked_activations() if self._widened else contextlib.nullcontext(), \
+                separate_pads() if self._separate_pads else contextlib.nullcontext():
             chosen = measured_plan(self._spec, self._device, self._db, self._precision)
             compiled = compile_model(self._spec, self._device, self._db, precision=self._precision,
                                      plan=chosen.plan if chosen else None)  # fmt: skip
@@ -102,6 +107,27 @@ def unpacked_activations():
         bf16.packable_activation = ours
 
 
+@contextlib.contextmanager
+def separate_pads():
+    """bf16 convs' padding as before 2026-11-27: one TOPI pad function each, which
+    tuner.pad_fusion does not move into the producer (it moves the functions it marked)."""
+    from tvm import topi
+
+    import tuner.layout
+
+    def topi_pad(bb, data, padding):
+        top, left, bottom, right = padding
+        return bb.emit(bb.call_te(topi.nn.pad, data, [0, 0, top, left, 0], [0, 0, bottom, right, 0],
+                                  primfunc_name_hint="pad_NCHWc"))  # fmt: skip
+
+    ours = tuner.layout.emit_padded
+    tuner.layout.emit_padded = topi_pad
+    try:
+        yield
+    finally:
+        tuner.layout.emit_padded = ours
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--db", required=True, help="database A: the 'TVM, database' row")
@@ -116,13 +142,15 @@ def main() -> None:
                    help="build B with TVM's own layout_transform legalization (opaque, fused with nothing)")
     p.add_argument("--b-widened-attention", action="store_true",
                    help="bf16: build B with attention's matmuls widened to float32 (not packed for vdpbf16ps)")
+    p.add_argument("--b-separate-pads", action="store_true",
+                   help="bf16: build B with each conv's padding a function of its own (not written by its producer)")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     device = parse_device("cpu")
     check_device(args.precision, device)
     spec = load_model(args.model)
     other = OtherDatabase(spec, device, TuningDatabase(args.db_b), args.label_b, args.precision,
-                          args.b_opaque_transforms, args.b_widened_attention)  # fmt: skip
+                          args.b_opaque_transforms, args.b_widened_attention, args.b_separate_pads)  # fmt: skip
     peers = [TorchBf16Peer() if name == "torch-bf16" else name for name in args.peers]
     db_a = TuningDatabase(args.db)
     # Each build's convs in the layouts its own database measured best, as `nightshift bench`.
@@ -135,6 +163,7 @@ def main() -> None:
     write_result(args.out, "db_ab", {
         "db_a": args.db, "db_b": args.db_b, "label_b": args.label_b, "precision": args.precision,
         "b_opaque_transforms": args.b_opaque_transforms, "b_widened_attention": args.b_widened_attention,
+        "b_separate_pads": args.b_separate_pads,
         "load_before": load_before, "load_after": os.getloadavg(), "result": result.to_json(),
     })  # fmt: skip
     console.print(f"wrote {args.out}")

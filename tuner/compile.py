@@ -36,6 +36,7 @@ from tuner.db.tvm_adapter import DEFAULT_LOWERING, Decision, MetaScheduleDatabas
 from tuner.device import Device
 from tuner.frontends import ModelSpec
 from tuner.layout import LayoutPlan, prepare
+from tuner.tasks import fuse_passes
 
 logger = logging.getLogger(__name__)
 
@@ -137,9 +138,45 @@ def compile_model(
     )  # fmt: skip
     # The CUDA compile callback reads the arch from the target in scope.
     with codegen, target if gpu else contextlib.nullcontext():
-        ex = ms.relax_integration.compile_relax(adapter, mod, target, params=None)
+        ex = compile_with_database(adapter, mod, target)
     decisions = dict(adapter.decisions)
     return Compiled(ex, adapter.hits, adapter.misses, time.perf_counter() - start, decisions)
+
+
+def compile_with_database(database: ms.Database, mod: tvm.IRModule, target: tvm.target.Target) -> relax.VMExecutable:
+    """``meta_schedule.relax_integration.compile_relax`` with :func:`tuner.tasks.fuse_passes`
+    as its fusion: the functions it looks ``database`` up for are the ones the tasks were
+    extracted as (TVM's own sequence would not fold the bf16 pads into their producers)."""
+    from tvm.relax import pipeline as relax_pipeline
+    from tvm.s_tir import dlight
+
+    gpu = relax_pipeline.BackendDispatcher.is_gpu_target(target)
+
+    @tvm.transform.module_pass(opt_level=3, name="NightshiftApplyDatabase")
+    def pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        mod = tvm.transform.Sequential(fuse_passes(target))(mod)
+        mod = relax.transform.MetaScheduleApplyDatabase()(mod)
+        if gpu:  # the functions the database has no record for, as compile_relax does
+            mod = dlight.ApplyDefaultSchedule(dlight.gpu.Matmul(), dlight.gpu.GEMV(), dlight.gpu.Reduction(),
+                                              dlight.gpu.GeneralReduction(), dlight.gpu.Fallback())(mod)  # fmt: skip
+        return tvm.transform.Sequential(_lower_passes(target))(mod)
+
+    with target, database, tvm.transform.PassContext(opt_level=3):
+        return relax.build(mod, target=target, relax_pipeline=pipeline)
+
+
+def _lower_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
+    """The passes after scheduling, as ``compile_relax`` takes them: the target's own, or
+    (TVM 0.27's CPU backend has no ``dataflow_lower_passes``) its fixed list."""
+    from tvm.relax import pipeline as relax_pipeline
+
+    try:
+        return [*relax_pipeline.dataflow_lower_passes(target), *relax_pipeline.finalize_passes(target)]
+    except (ValueError, AttributeError):
+        t = relax.transform
+        return [t.RewriteDataflowReshape(), t.ToNonDataflow(), t.RemovePurityChecking(), t.CallTIRRewrite(),
+                t.StaticPlanBlockMemory(), t.LowerAllocTensor(), t.KillAfterLastUse(), t.LowerRuntimeBuiltin(),
+                t.ComputePrimValue(), t.VMShapeLower(), t.AttachGlobalSymbol()]  # fmt: skip
 
 
 def fallback_schedule(mod: tvm.IRModule, target: tvm.target.Target) -> Schedule | None:

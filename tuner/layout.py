@@ -36,6 +36,7 @@ from tvm.relax import pipeline as relax_pipeline
 
 from search_spaces.constraints import is_x86
 from tuner.fold import fold_constants
+from tuner.pad_fusion import emit_padded
 
 logger = logging.getLogger(__name__)
 
@@ -358,11 +359,9 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call,
         if str(data.ty.dtype) == "bfloat16" and any(padding):
             # TVM computes on bfloat16 buffers that a function allocates in float32
             # (BF16ComputeLegalize), so a padded copy made inside the conv's function could
-            # not feed vdpbf16ps: the padding is its own function, the conv reads its output.
-            top, left, bottom, right = padding
-            data = bb.emit(bb.call_te(topi.nn.pad, data, [0, 0, top, left, 0], [0, 0, bottom, right, 0],
-                                      primfunc_name_hint="pad_NCHWc"))  # fmt: skip
-            padding = [0, 0, 0, 0]
+            # not feed vdpbf16ps: the padding is its own function, the conv reads its output,
+            # and tuner.pad_fusion moves it into the function that produces its input.
+            data, padding = emit_padded(bb, data, padding), [0, 0, 0, 0]
         return bb.call_te(conv2d_nchwc_dot, data, packed, [int(s) for s in attrs.strides], padding,
                           [int(d) for d in attrs.dilation], out,
                           primfunc_name_hint="conv2d_NCHWc_dot")  # fmt: skip

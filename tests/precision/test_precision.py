@@ -150,8 +150,9 @@ def _run(mod: tvm.IRModule, target: tvm.target.Target, x: np.ndarray) -> np.ndar
 
 def test_bf16_convs_take_packed_weights_in_the_blocked_layout():
     """In NCHW16c a bf16 conv is conv2d_NCHWc_dot with OIHW8i16o2i weights (what
-    vdpbf16ps reads), its padding outside its function (the first conv's fused with the
-    input's cast and layout transform); it computes what fp32 does."""
+    vdpbf16ps reads), its padding outside its function: written by the function that makes
+    its input (the first conv's by the input's cast and layout transform, the second's by
+    the first conv, tuner.pad_fusion); it computes what fp32 does."""
     from search_spaces.verify import arg_specs
     from tuner.layout import LayoutPlan, prepare
 
@@ -159,8 +160,8 @@ def test_bf16_convs_take_packed_weights_in_the_blocked_layout():
     plan = LayoutPlan("NCHW16c")
     tasks = extract_tasks(mod, target, plan, precision="bf16")
     dot = [t for t in tasks if "conv2d_NCHWc_dot" in t.mod.script()]
-    pads = [t.name for t in tasks if "pad_NCHWc" in t.name and "conv2d" not in t.name]
-    assert len(dot) == 2 and len(pads) == 2, [t.name for t in tasks]
+    padding = [t.name for t in tasks if "_pad_NCHWc" in t.name]
+    assert len(dot) == 2 and len(padding) == 2 and not [t for t in tasks if t.name.startswith("pad")], padding
     for t in dot:
         weights = [a.shape for a in arg_specs(t.mod) if len(a.shape) == 7 and a.dtype == "bfloat16"]
         assert weights and weights[0][-3:] == (8, 16, 2), weights

@@ -90,6 +90,16 @@ def conv_nchwc_relax(precision: str = "fp32") -> tvm.IRModule:
                                                                    _const(1, 32, 1, 1))), "conv2d_NCHWc", precision)
 
 
+def conv_padded_output_bf16() -> tvm.IRModule:
+    """A bf16 conv 1x1 + bias + relu whose output a conv 3x3 (pad 1) reads, as ``tune``
+    extracts it: the function ends by copying each tile into the padded shape
+    (``tuner.pad_fusion``); the copy's offset is what a candidate must get right."""
+    op = tvm.relax.op
+    return _extracted((1, 32, 14, 14), lambda x: op.nn.conv2d(
+        op.nn.relu(op.add(op.nn.conv2d(x, _const(32, 32, 1, 1)), _const(1, 32, 1, 1))), _const(32, 32, 3, 3),
+        padding=1), "pad_NCHWc", "bf16")  # fmt: skip
+
+
 def dense_relax(precision: str = "fp32") -> tvm.IRModule:
     """A dense layer + bias + relu as ``tune`` extracts it (the weight packed): 46 rows, 64 -> 64;
     in bf16, on the dot-product instruction."""
@@ -276,6 +286,7 @@ TASKS: dict[str, Callable[[], tvm.IRModule]] = {
     "depthwise_nchwc6": lambda: depthwise_nchwc(block=6, channels=24),
     "conv_nchwc_bf16": conv_nchwc_dot,
     "conv_nchwc_bf16_s2": lambda: conv_nchwc_dot(stride=2),
+    "conv_padded_output_bf16": conv_padded_output_bf16,
     "conv_nchwc_u8": lambda: conv_nchwc_dot("uint8"),
     "conv_nchwc_u8_residual": lambda: conv_nchwc_dot("uint8", stride=2, residual=True),
     "dense_u8s8": dense_u8s8,

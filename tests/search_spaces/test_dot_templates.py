@@ -147,6 +147,9 @@ def _check_on_instruction(kind: str, task_name: str, point) -> None:
     pytest.param("conv_nchwc_bf16_relax", {"reg_n": 12, "tile_oc": 2}, marks=needs_bf16),
     pytest.param("conv_nchwc_bf16_s2", {"reg_n": 4, "order": 2}, marks=needs_bf16),  # 7x7 output: 12 of 4, one of 1
     pytest.param("conv_nchwc_bf16", {"reg_n": 7}, marks=needs_bf16),  # whole tiles across rows
+    # The tiles stored into the interior of the next conv's padded input: 16 of 12 pixels, one of 4.
+    pytest.param("conv_padded_output_bf16", {"reg_n": 12, "tile_oc": 2}, marks=needs_bf16),
+    pytest.param("conv_padded_output_bf16", {"reg_n": 7, "fuse_pixels": 0, "tile_oh": 2}, marks=needs_bf16),
     pytest.param("conv_nchwc_u8", {"reg_n": 6, "tile_oc": 2}, marks=needs_vnni),  # padding its own pass
     pytest.param("conv_nchwc_u8_residual", {"reg_n": 5, "order": 1, "unroll_kw": 3}, marks=needs_vnni),
 ])  # fmt: skip

@@ -141,6 +141,9 @@ class MetaScheduleDatabase(PyDatabase):
         name: the workload's module (its one function is "main") no longer carries it, and
         the decision of an untuned function reports it. (``super()`` would call back here.)"""
         self._query_name = workload_name
+        func = next(iter(mod.functions.values()))
+        if func.attrs is not None and func.attrs.get("tirx.is_scheduled", False):
+            return None  # written scheduled (tuner.pad_fusion.zero_border): no task, no decision
         if not self.has_workload(mod):
             return None
         records = self.get_top_k(self.commit_workload(mod), 1)

@@ -1,0 +1,94 @@
+"""A bf16 conv's padded input, written by the function that produces it (tuner.pad_fusion)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+from search_spaces.templates.x86_conv2d_nchwc_dot import PADDED_OUTPUT
+from search_spaces.verify import arg_specs
+from tuner.compile import compile_model, run_model
+from tuner.db import TuningDatabase
+from tuner.device import host_cpu_info, parse_device
+from tuner.frontends import ModelSpec
+from tuner.pad_fusion import zero_border
+from tuner.tasks import extract_tasks
+
+needs_bf16 = pytest.mark.skipif("avx512_bf16" not in host_cpu_info()["isa_flags"],
+                                reason="this CPU has no AVX512_BF16")  # fmt: skip
+
+
+def _model(readers: int) -> ModelSpec:
+    """conv 1x1 32->32 + bias + relu on a 14x14 map, read by ``readers`` convs 3x3 (pad 1),
+    whose outputs are summed."""
+    rng = np.random.default_rng(11)
+
+    def const(*shape: int) -> relax.Constant:
+        return relax.const(rng.normal(0, 0.3, shape).astype("float32"))
+
+    op = relax.op
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 32, 14, 14), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(op.nn.relu(op.add(op.nn.conv2d(x, const(32, 32, 1, 1)), const(1, 32, 1, 1))))
+            outs = [bb.emit(op.nn.relu(op.nn.conv2d(y, const(32, 32, 3, 3), padding=1))) for _ in range(readers)]
+            total = outs[0]
+            for other in outs[1:]:
+                total = bb.emit(op.add(total, other))
+            out = bb.emit_output(total)
+        bb.emit_func_output(out)
+    return ModelSpec(f"pad_fusion_{readers}", bb.get())
+
+
+def _tasks(spec: ModelSpec):
+    return extract_tasks(spec.bound(), parse_device("cpu").target, precision="bf16")
+
+
+def test_the_producing_conv_writes_the_padded_input():
+    """The 3x3 conv's padding is no function of its own: the 1x1 conv's function ends by
+    copying its tile into the interior of the padded shape (16x16 for a 14x14 map)."""
+    tasks = _tasks(_model(1))
+    assert not [t.name for t in tasks if t.name.startswith("pad_")], [t.name for t in tasks]
+    [producer] = [t for t in tasks if "_pad_NCHWc" in t.name]
+    assert arg_specs(producer.mod)[-1].shape == (1, 2, 16, 16, 16)
+    sch = tvm.s_tir.Schedule(producer.mod)
+    last = list(sch.get_child_blocks(sch.get_sblock("root")))[-1]
+    assert sch.get(last).name_hint == PADDED_OUTPUT
+    assert "conv2d_NCHWc_dot" in producer.name
+
+
+def test_an_output_that_two_convs_read_is_padded_on_its_own():
+    """Two readers: the producer's output stays unpadded, each conv's padding a function."""
+    names = [t.name for t in _tasks(_model(2))]
+    assert "pad_NCHWc" in names and not [n for n in names if "_pad_NCHWc" in n], names
+
+
+@needs_bf16
+@pytest.mark.parametrize("readers", [1, 2])
+def test_the_model_computes_what_fp32_does(readers, tmp_path):
+    """Compiled with the database (the folded functions on their fallback schedules, the
+    border zeroed in place): within bf16's tolerance of the fp32 build (3e-2 of the scale)."""
+    spec, device = _model(readers), parse_device("cpu")
+    x = np.random.default_rng(2).uniform(-1, 1, (1, 32, 14, 14)).astype("float32")
+    want, _ = run_model(compile_model(spec, device, None), device, [x], budget_s=0.05)
+    compiled = compile_model(spec, device, TuningDatabase(str(tmp_path / "empty.db")), precision="bf16")
+    got, _ = run_model(compiled, device, [x], budget_s=0.05)
+    assert np.max(np.abs(got[0] - want[0])) / np.max(np.abs(want[0])) < 3e-2
+
+
+def test_zero_border_zeroes_the_border_alone():
+    shape, padding = (1, 2, 5, 6, 16), (1, 2, 2, 1)  # top, left, bottom, right
+    func = zero_border(shape, padding, "bfloat16").with_attr("global_symbol", "main")
+    lib = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
+    padded = np.random.default_rng(0).uniform(0.5, 1, (1, 2, 8, 9, 16)).astype(ml_dtypes.bfloat16)
+    y = tvm.runtime.tensor(padded)
+    lib["main"](y)
+    got = y.numpy().astype(np.float32)
+    border = np.ones(got.shape, bool)
+    border[:, :, 1:6, 2:8] = False
+    assert not got[border].any()
+    np.testing.assert_array_equal(got[~border], padded.astype(np.float32)[~border])
