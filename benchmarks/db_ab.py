@@ -14,8 +14,7 @@ give ``--db-b`` the same file to compare the two builds alone). ``--b-widened-at
 builds B (bf16) with attention's matmuls of two activations as before 2026-11-27: both cast
 to bf16 and widened to float32 FMAs, not packed for ``vdpbf16ps``. ``--b-separate-pads``
 builds B (bf16) with each conv's padding a function of its own, as before the twenty-fourth
-session (tuner.pad_fusion); ``--b-out-of-place`` with every operator writing a buffer of its
-own (no tuner.inplace). Writes
+session (tuner.pad_fusion). Writes
 benchmarks/results/db_ab.json (``--out``).
 
     .venv/bin/python benchmarks/db_ab.py --db warm.db --db-b cold.db --label-b "cold-tuned" --model resnet50
@@ -56,21 +55,19 @@ class OtherDatabase(Peer):
 
     def __init__(self, spec, device, db: TuningDatabase, label: str, precision: str = "fp32",
                  opaque_transforms: bool = False, widened_attention: bool = False,
-                 separate_pads: bool = False, out_of_place: bool = False) -> None:  # fmt: skip
+                 separate_pads: bool = False) -> None:  # fmt: skip
         super().__init__()
         self._spec, self._device, self._db, self.label = spec, device, db, label
         self._precision = precision
         self._opaque = opaque_transforms
         self._widened = widened_attention
         self._separate_pads = separate_pads
-        self._out_of_place = out_of_place
         self.precision = "f32" if precision == "fp32" else precision
 
     def prepare(self, model: PeerModel, threads: int) -> None:
         with opaque_layout_transforms() if self._opaque else contextlib.nullcontext(), \
                 unpacked_activations() if self._widened else contextlib.nullcontext(), \
-                separate_pads() if self._separate_pads else contextlib.nullcontext(), \
-                out_of_place() if self._out_of_place else contextlib.nullcontext():
+                separate_pads() if self._separate_pads else contextlib.nullcontext():
             chosen = measured_plan(self._spec, self._device, self._db, self._precision)
             compiled = compile_model(self._spec, self._device, self._db, precision=self._precision,
                                      plan=chosen.plan if chosen else None)  # fmt: skip
@@ -131,21 +128,6 @@ def separate_pads():
         tuner.layout.emit_padded = ours
 
 
-@contextlib.contextmanager
-def out_of_place():
-    """Every operator writes a buffer of its own, as before tuner.inplace."""
-    import tvm
-
-    import tuner.compile
-
-    ours = tuner.compile.write_in_place
-    tuner.compile.write_in_place = tvm.transform.module_pass(lambda mod, _ctx: mod, opt_level=0, name="Identity")
-    try:
-        yield
-    finally:
-        tuner.compile.write_in_place = ours
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--db", required=True, help="database A: the 'TVM, database' row")
@@ -162,16 +144,13 @@ def main() -> None:
                    help="bf16: build B with attention's matmuls widened to float32 (not packed for vdpbf16ps)")
     p.add_argument("--b-separate-pads", action="store_true",
                    help="bf16: build B with each conv's padding a function of its own (not written by its producer)")
-    p.add_argument("--b-out-of-place", action="store_true",
-                   help="build B with every operator writing a buffer of its own (no tuner.inplace)")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     device = parse_device("cpu")
     check_device(args.precision, device)
     spec = load_model(args.model)
     other = OtherDatabase(spec, device, TuningDatabase(args.db_b), args.label_b, args.precision,
-                          args.b_opaque_transforms, args.b_widened_attention, args.b_separate_pads,
-                          args.b_out_of_place)  # fmt: skip
+                          args.b_opaque_transforms, args.b_widened_attention, args.b_separate_pads)  # fmt: skip
     peers = [TorchBf16Peer() if name == "torch-bf16" else name for name in args.peers]
     db_a = TuningDatabase(args.db)
     # Each build's convs in the layouts its own database measured best, as `nightshift bench`.
@@ -184,7 +163,7 @@ def main() -> None:
     write_result(args.out, "db_ab", {
         "db_a": args.db, "db_b": args.db_b, "label_b": args.label_b, "precision": args.precision,
         "b_opaque_transforms": args.b_opaque_transforms, "b_widened_attention": args.b_widened_attention,
-        "b_separate_pads": args.b_separate_pads, "b_out_of_place": args.b_out_of_place,
+        "b_separate_pads": args.b_separate_pads,
         "load_before": load_before, "load_after": os.getloadavg(), "result": result.to_json(),
     })  # fmt: skip
     console.print(f"wrote {args.out}")

@@ -35,7 +35,6 @@ from tuner.db.database import FallbackPolicy
 from tuner.db.tvm_adapter import DEFAULT_LOWERING, Decision, MetaScheduleDatabase
 from tuner.device import Device
 from tuner.frontends import ModelSpec
-from tuner.inplace import write_in_place
 from tuner.layout import LayoutPlan, prepare
 from tuner.tasks import fuse_passes
 
@@ -147,8 +146,7 @@ def compile_model(
 def compile_with_database(database: ms.Database, mod: tvm.IRModule, target: tvm.target.Target) -> relax.VMExecutable:
     """``meta_schedule.relax_integration.compile_relax`` with :func:`tuner.tasks.fuse_passes`
     as its fusion: the functions it looks ``database`` up for are the ones the tasks were
-    extracted as (TVM's own sequence would not fold the bf16 pads into their producers). On
-    CPUs, scheduled functions then write in place where they may (:mod:`tuner.inplace`)."""
+    extracted as (TVM's own sequence would not fold the bf16 pads into their producers)."""
     from tvm.relax import pipeline as relax_pipeline
     from tvm.s_tir import dlight
 
@@ -158,8 +156,6 @@ def compile_with_database(database: ms.Database, mod: tvm.IRModule, target: tvm.
     def pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         mod = tvm.transform.Sequential(fuse_passes(target))(mod)
         mod = relax.transform.MetaScheduleApplyDatabase()(mod)
-        if not gpu:  # (not tried on a GPU)
-            mod = write_in_place(mod)
         if gpu:  # the functions the database has no record for, as compile_relax does
             mod = dlight.ApplyDefaultSchedule(dlight.gpu.Matmul(), dlight.gpu.GEMV(), dlight.gpu.Reduction(),
                                               dlight.gpu.GeneralReduction(), dlight.gpu.Fallback())(mod)  # fmt: skip
