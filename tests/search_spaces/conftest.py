@@ -82,12 +82,13 @@ def _const(*shape: int) -> tvm.relax.Constant:
     return tvm.relax.const(np.random.default_rng(0).standard_normal(shape, dtype="float32"))
 
 
-def conv_nchwc_relax(precision: str = "fp32") -> tvm.IRModule:
+def conv_nchwc_relax(precision: str = "fp32", channels: int = 32) -> tvm.IRModule:
     """A conv + bias + relu as ``tune`` extracts it (NCHW[x]c at the host's vector width):
-    32 -> 32 channels, 3x3, 14x14; in bf16, NCHW16c on the dot-product instruction."""
+    32 -> ``channels`` channels, 3x3, 14x14; in bf16, NCHW16c on the dot-product instruction."""
     op = tvm.relax.op
-    return _extracted((1, 32, 14, 14), lambda x: op.nn.relu(op.add(op.nn.conv2d(x, _const(32, 32, 3, 3), padding=1),
-                                                                   _const(1, 32, 1, 1))), "conv2d_NCHWc", precision)
+    conv = lambda x: op.nn.conv2d(x, _const(channels, 32, 3, 3), padding=1)  # noqa: E731
+    return _extracted((1, 32, 14, 14), lambda x: op.nn.relu(op.add(conv(x), _const(1, channels, 1, 1))),
+                      "conv2d_NCHWc", precision)  # fmt: skip
 
 
 def conv_padded_output_bf16() -> tvm.IRModule:

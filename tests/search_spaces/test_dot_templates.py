@@ -208,3 +208,21 @@ def test_dense_dot_templates_start_from_onednn_register_tiles():
     # 48 columns take no tile of 2 or 4 vectors.
     narrow = TemplateSpace(dense_bf16(n=48), target("llvm-amx"), "x86-dense-bf16")
     assert {(narrow.values(p)["tile_m"], narrow.values(p)["tile_n"]) for p in narrow.starts()} == {(24, 16)}
+
+
+def test_dot_conv_template_starts_from_its_common_register_tiles():
+    """Every job measures 4 pixels x 4 channel blocks, 7 x 2, 6 x 4 and 12 x 2 first, along
+    the fused pixel axis: valid points, and only the tiles the task's channels take."""
+    from conftest import conv_nchwc_relax
+
+    from search_spaces.template_space import TemplateSpace
+
+    # 64 output channels: four blocks of 16.
+    wide = TemplateSpace(conv_nchwc_relax("bf16", channels=64), target("llvm-amx"), "x86-conv2d-nchwc-dot")
+    starts = [wide.values(p) for p in wide.starts()]
+    assert all(wide.static_violation(p) is None for p in wide.starts())
+    assert [(v["reg_n"], v["tile_oc"]) for v in starts] == [(4, 4), (7, 2), (6, 4), (12, 2)]
+    assert {(v["fuse_pixels"], v["tile_ic"]) for v in starts} == {(1, 8)}  # 8 pairs of channels per step
+    # 32 output channels take no tile of 4 blocks.
+    narrow = space("x86-conv2d-nchwc-dot", "conv_nchwc_bf16", "llvm-amx")
+    assert [(narrow.values(p)["reg_n"], narrow.values(p)["tile_oc"]) for p in narrow.starts()] == [(7, 2), (12, 2)]
