@@ -78,6 +78,16 @@ class OtherDatabase(Peer):
 
 
 @contextlib.contextmanager
+def _swapped(module, name: str, value):
+    """``module.name`` set to ``value`` within."""
+    ours = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, ours)
+
+
 def opaque_layout_transforms():
     """Legalize ``layout_transform`` as TVM does (tuner.layout looks its legalization up by
     name when it prepares a model)."""
@@ -85,29 +95,17 @@ def opaque_layout_transforms():
 
     import tuner.layout
 
-    ours = tuner.layout._legalize_layout_transform
-    tuner.layout._legalize_layout_transform = _layout_transform
-    try:
-        yield
-    finally:
-        tuner.layout._legalize_layout_transform = ours
+    return _swapped(tuner.layout, "_legalize_layout_transform", _layout_transform)
 
 
-@contextlib.contextmanager
 def unpacked_activations():
     """bf16 without packing a matmul's second activation (tuner.precision.bf16 asks
     ``packable_activation`` for each matmul of two activations)."""
     import tuner.precision.bf16 as bf16
 
-    ours = bf16.packable_activation
-    bf16.packable_activation = lambda a, b: False
-    try:
-        yield
-    finally:
-        bf16.packable_activation = ours
+    return _swapped(bf16, "packable_activation", lambda a, b: False)
 
 
-@contextlib.contextmanager
 def separate_pads():
     """bf16 convs' padding as before 2026-11-27: one TOPI pad function each, which
     tuner.pad_fusion does not move into the producer (it moves the functions it marked)."""
@@ -120,12 +118,7 @@ def separate_pads():
         return bb.emit(bb.call_te(topi.nn.pad, data, [0, 0, top, left, 0], [0, 0, bottom, right, 0],
                                   primfunc_name_hint="pad_NCHWc"))  # fmt: skip
 
-    ours = tuner.layout.emit_padded
-    tuner.layout.emit_padded = topi_pad
-    try:
-        yield
-    finally:
-        tuner.layout.emit_padded = ours
+    return _swapped(tuner.layout, "emit_padded", topi_pad)
 
 
 def main() -> None:
