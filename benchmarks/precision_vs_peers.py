@@ -102,7 +102,7 @@ def main() -> None:
     p.add_argument("--models", nargs="+", default=["resnet50", "bert-base"])
     p.add_argument("--precisions", nargs="+", default=["fp32", "bf16", "int8"], choices=["fp32", "bf16", "int8"])
     p.add_argument("--rounds", type=int, default=10)
-    p.add_argument("--accuracy-inputs", type=int, default=1000)
+    p.add_argument("--accuracy-inputs", type=int, default=1000, help="0: time only, no accuracy columns")
     p.add_argument("--calibration", type=int, default=DEFAULT_CALIBRATION,
                    help="random inputs the int8 quantizer calibrates on (as tune's --calibration)")
     p.add_argument("--quantize-ops", default=None,
@@ -150,7 +150,7 @@ def main() -> None:
                 # Against the fp32 model itself (for int8: not the QDQ graph run in fp32), for
                 # TVM's build and for each peer that ran at the reduced precision.
                 accuracy: dict[str, Accuracy] = {}
-                if precision != "fp32":
+                if precision != "fp32" and args.accuracy_inputs > 0:
                     status.update(f"{name} {precision}: accuracy on {args.accuracy_inputs} inputs")
                     # bf16's first peer is OpenVINO f32, the reference row.
                     reduced_peers = peers[1:] if precision == "bf16" else peers

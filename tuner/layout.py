@@ -359,8 +359,8 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call,
         if str(data.ty.dtype) == "bfloat16" and any(padding):
             # TVM computes on bfloat16 buffers that a function allocates in float32
             # (BF16ComputeLegalize), so a padded copy made inside the conv's function could
-            # not feed vdpbf16ps: the padding is its own function, the conv reads its output,
-            # and tuner.pad_fusion moves it into the function that produces its input.
+            # not feed vdpbf16ps: the conv reads data padded outside its function (a copy into
+            # the padded shape, which tuner.pad_fusion moves into the data's producer).
             data, padding = emit_padded(bb, data, padding), [0, 0, 0, 0]
         return bb.call_te(conv2d_nchwc_dot, data, packed, [int(s) for s in attrs.strides], padding,
                           [int(d) for d in attrs.dilation], out,
