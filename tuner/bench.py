@@ -8,8 +8,8 @@ or AMX, labelled as it reports it, PyTorch eager and ``torch.compile``) all run 
 network. Zoo models reach the peers as the same network rebuilt in PyTorch (:mod:`tuner.peers.torch_zoo`) with the zoo's
 weights, exported to ONNX; ONNX models as the file itself. Runs are interleaved in rounds,
 because this project's machines drift by 1.5x within minutes: every round runs every entry
-once (after an untimed warm-up run that also absorbs the previous runtime's spinning
-threads), starting at a different entry each round. Outputs are compared with a reference
+once (after a 0.1 s pause and an untimed warm-up run, which let the previous runtime's
+threads go idle), starting at a different entry each round. Outputs are compared with a reference
 peer, so a network that differs between runtimes shows up as an error, not as a speed.
 """
 
@@ -54,6 +54,10 @@ class BenchConfig:
     Attributes:
         rounds: timed runs of every entry, one per round.
         warmup_per_round: untimed runs before each timed one.
+        settle_s: idle seconds before each entry's warm-up. ONNX Runtime's threads stay busy
+            after a run: on a 2-core Zen 4 (2026-11-27), OpenVINO's int8 ResNet-50 right after
+            it took a median 18.5 ms (12.0-25.4) against 13.8 with a 0.1 s pause, which a
+            warm-up run of its own did not absorb.
         peers: peer names (see :data:`tuner.peers.PEERS`) or instances, in table order.
         fallback: also build and run the zero-trial fallback build.
         tolerance: largest scaled error (max |a - ref| / max |ref|) of an f32 entry.
@@ -73,6 +77,7 @@ class BenchConfig:
 
     rounds: int = 10
     warmup_per_round: int = 1
+    settle_s: float = 0.1
     peers: tuple[str | Peer, ...] = DEFAULT_PEERS
     fallback: bool = True
     tolerance: float = 1e-3
@@ -196,6 +201,7 @@ class BenchResult:
             "threads": self.threads,
             "rounds": self.config.rounds,
             "warmup_per_round": self.config.warmup_per_round,
+            "settle_s": self.config.settle_s,
             "tolerance": {"f32": self.config.tolerance, "low_precision": self.config.low_precision_tolerance},
             "reference": self.reference,
             "fastest_peer": self.fastest_peer,
@@ -236,9 +242,10 @@ def scaled_max_error(reference: Sequence[np.ndarray], outputs: Sequence[np.ndarr
 
 
 def interleave(
-    runners: dict[str, Runner], inputs: list[np.ndarray], *, rounds: int, warmup: int = 1
+    runners: dict[str, Runner], inputs: list[np.ndarray], *, rounds: int, warmup: int = 1, settle_s: float = 0.0
 ) -> tuple[dict[str, list[float]], list[list[str]]]:
-    """Time every runner once per round, rotating which one starts each round.
+    """Time every runner once per round, rotating which one starts each round; ``settle_s``
+    seconds of sleep before each runner's warm-up let the previous runtime's threads go idle.
 
     Returns:
         the latencies (seconds) of each runner in round order, and the keys in the order they
@@ -252,6 +259,7 @@ def interleave(
         this_round = keys[start:] + keys[:start]
         for key in this_round:
             runner = runners[key]
+            time.sleep(settle_s)
             for _ in range(warmup):
                 runner.run(inputs)
             t0 = time.perf_counter()
@@ -418,7 +426,8 @@ def bench(
             first_run(entry, peer)
 
         stage(f"{config.rounds} interleaved rounds of {len(runners)} runtimes")
-        samples, order = interleave(runners, inputs, rounds=config.rounds, warmup=config.warmup_per_round)
+        samples, order = interleave(runners, inputs, rounds=config.rounds, warmup=config.warmup_per_round,
+                                    settle_s=config.settle_s)  # fmt: skip
 
     for entry in entries:
         entry.samples_s = samples.get(entry.key, [])

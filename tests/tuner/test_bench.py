@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -133,6 +135,26 @@ def test_interleave_alternates_real_runtimes(spec, device, empty_db, tmp_path):
     assert log == ["tvm", "tvm", "ort", "ort", "ort", "ort", "tvm", "tvm", "tvm", "tvm", "ort", "ort"]
     assert order == [["tvm", "ort"], ["ort", "tvm"], ["tvm", "ort"]]
     assert all(len(s) == 3 for s in samples.values())
+
+
+def test_interleave_lets_the_previous_runtime_settle():
+    """Between one runtime's timed run and the next one's warm-up, ``settle_s`` of idle time.
+    (The runners only record when they are called: this test is about the harness's order
+    and pauses, not about any runtime.)"""
+
+    class Clock:
+        def __init__(self, calls: list[tuple[str, float]], key: str) -> None:
+            self.calls, self.key = calls, key
+
+        def run(self, inputs):
+            self.calls.append((self.key, time.perf_counter()))
+
+    calls: list[tuple[str, float]] = []
+    interleave({k: Clock(calls, k) for k in ("a", "b")}, [], rounds=2, warmup=1, settle_s=0.05)
+    assert [k for k, _ in calls] == ["a", "a", "b", "b", "b", "b", "a", "a"]
+    for (before, t0), (after, t1) in itertools.pairwise(calls):
+        if before != after:
+            assert t1 - t0 >= 0.05
 
 
 def test_onnx_file_reaches_peers_as_is(spec, device, empty_db, tmp_path):
