@@ -56,8 +56,8 @@ class BenchConfig:
         warmup_per_round: untimed runs before each timed one.
         settle_s: idle seconds before each entry's warm-up. ONNX Runtime's threads stay busy
             after a run: on a 2-core Zen 4 (2026-11-27), OpenVINO's int8 ResNet-50 right after
-            it took a median 18.5 ms (12.0-25.4) against 13.8 with a 0.1 s pause, which a
-            warm-up run of its own did not absorb.
+            it took a median 19.95 ms (12.0-32.3) against 14.40 with a 0.1 s pause, which a
+            warm-up run of its own did not absorb (benchmarks/runtime_interference.py).
         peers: peer names (see :data:`tuner.peers.PEERS`) or instances, in table order.
         fallback: also build and run the zero-trial fallback build.
         tolerance: largest scaled error (max |a - ref| / max |ref|) of an f32 entry.

@@ -3,8 +3,7 @@
 A bf16 conv on ``vdpbf16ps`` reads its input already padded: TVM computes a bfloat16 buffer
 that a function allocates in float32 (``BF16ComputeLegalize``), which the instruction cannot
 read, so the padding cannot be a block of the conv's own function. Until 2026-11-27 it was a
-function of its own that read the producer's whole output back and wrote it again, a pass
-OpenVINO does not make (it pads inside its convs).
+function of its own that read the producer's whole output back and wrote it again.
 
 :func:`emit_padded` (called by :mod:`tuner.layout` for such a conv) pads in two functions:
 :func:`pad_interior` copies the data into the interior of the padded shape, and
