@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
-from tuner.bench import BenchConfig, bench, peer_model, render
+from tuner.bench import BenchConfig, bench, peer_model, render, unsupported_reason
 from tuner.cli import measured_plan
 from tuner.compile import compile_model
 from tuner.db import TuningDatabase
@@ -48,7 +48,6 @@ from tuner.device import parse_device
 from tuner.frontends import load_model
 from tuner.peers import create
 from tuner.peers.pytorch import TorchEagerPeer
-from tuner.precision import check_device
 from tuner.precision.accuracy import Accuracy, compare, run_outputs
 from tuner.precision.quantize import DEFAULT_CALIBRATION, parse_ops, quantized_model
 
@@ -77,12 +76,13 @@ class TorchBf16Peer(TorchEagerPeer):
 def peer_accuracy(spec, device, fp32_build, reduced, run_spec, source: str, peers, num_inputs: int,
                   ) -> dict[str, Accuracy]:  # fmt: skip
     """Accuracy against the fp32 TVM build of ``spec`` over the same ``num_inputs`` random
-    inputs: of TVM's reduced build (key ``tvm``) and of each peer (by its label) running
-    ``run_spec`` (the QDQ file for int8)."""
+    inputs: of TVM's reduced build (key ``tvm``; None where the CPU cannot run it) and of
+    each peer (by its label) running ``run_spec`` (the QDQ file for int8)."""
     inputs = [spec.random_inputs(seed=1 + i) for i in range(num_inputs)]
     device.use_threads()
     reference = [run_outputs(fp32_build.executable, device, x) for x in inputs]
-    out = {"tvm": compare(reference, [run_outputs(reduced.executable, device, x) for x in inputs])}
+    out = {} if reduced is None else {
+        "tvm": compare(reference, [run_outputs(reduced.executable, device, x) for x in inputs])}
     threads = int(device.target.attrs.get("num-cores", os.cpu_count() or 1))
     with tempfile.TemporaryDirectory(prefix="nightshift-precision-") as tmp:
         model = peer_model(run_spec, source, Path(tmp))
@@ -118,8 +118,10 @@ def main() -> None:
     )
     args = p.parse_args()
     device = parse_device("cpu", num_cores=args.num_cores)
-    for precision in args.precisions:
-        check_device(precision, device)
+    # A precision this CPU lacks the instructions for runs its peers alone (TVM's row says why).
+    unsupported = {p: why for p in args.precisions if (why := unsupported_reason(p, device))}
+    for precision, reason in unsupported.items():
+        console.print(f"[yellow]{precision}: {reason}; its peers run without TVM[/]")
     db = TuningDatabase(args.db)
     load_before = os.getloadavg()
     rows: list[dict[str, Any]] = []
@@ -138,12 +140,13 @@ def main() -> None:
                 run_spec, source, peers = spec, name, ("openvino-f32", "openvino", TorchBf16Peer())
             else:
                 run_spec, source, peers = spec, name, ("onnxruntime", "openvino-f32", "torch")
-            chosen = fp32_chosen if precision == "fp32" else measured_plan(run_spec, device, db, precision)
+            chosen = (fp32_chosen if precision == "fp32" else None if precision in unsupported
+                      else measured_plan(run_spec, device, db, precision))
             # The rows' accuracy is peer_accuracy's (below), not the harness's.
             config = BenchConfig(rounds=args.rounds, peers=peers, precision=precision, accuracy_inputs=0,
                                  plan=chosen.plan if chosen else None, layout_choice=chosen)  # fmt: skip
             with console.status(f"{name} {precision}") as status:
-                build = fp32_build if precision == "fp32" else compile_model(
+                build = fp32_build if precision == "fp32" else None if precision in unsupported else compile_model(
                     run_spec, device, db, precision=precision, plan=config.plan)
                 result = bench(run_spec, device, db, source=source, config=config, compiled=build,
                                on_stage=lambda text, n=name: status.update(f"{n}: {text}"))  # fmt: skip

@@ -365,39 +365,44 @@ def bench(
         runners[entry.key] = runner
 
     with ExitStack() as stack:
-        stage("compiling from the database")
-        if compiled is None:
-            compiled = compile_model(spec, device, db, plan=config.plan, precision=config.precision)
-        if config.precision != "fp32":
-            tvm_precision = config.precision  # checked with the low-precision tolerance
-        if config.precision != "fp32" and config.accuracy_inputs:
-            stage(f"measuring {config.precision} accuracy against fp32")
-            from tuner.precision.accuracy import measure_accuracy
+        unsupported = unsupported_reason(config.precision, device) if compiled is None else None
+        if unsupported is not None:
+            # The peers still run: what this CPU gets at that precision without Nightshift.
+            entries.append(Entry(TVM_DB, "TVM", "tvm", config.precision, status="skipped", reason=unsupported))
+        else:
+            stage("compiling from the database")
+            if compiled is None:
+                compiled = compile_model(spec, device, db, plan=config.plan, precision=config.precision)
+            if config.precision != "fp32":
+                tvm_precision = config.precision  # checked with the low-precision tolerance
+            if config.precision != "fp32" and config.accuracy_inputs:
+                stage(f"measuring {config.precision} accuracy against fp32")
+                from tuner.precision.accuracy import measure_accuracy
 
-            fp32 = compile_model(config.reference_spec or spec, device, db, plan=config.plan)
-            accuracy = measure_accuracy(spec, device, fp32, compiled, num_inputs=config.accuracy_inputs)
-        tuned_any = bool(compiled.tuned)
-        label = "TVM, database" if tuned_any else "TVM fallback (no records for this device)"
-        stale = compiled.tuned_in_another_form(db) if db is not None else []
-        older = f" ({len(stale)} tuned in an older form: re-tune)" if stale else ""
-        db_entry = Entry(TVM_DB, label, "tvm", tvm_precision,
-                         note=f"{len(compiled.tuned)} ops tuned, {len(compiled.fallback)} untuned{older}, "
-                              f"compiled in {compiled.compile_s:.1f} s")  # fmt: skip
-        entries.append(db_entry)
-        first_run(db_entry, TvmRunner(compiled, device, label, tvm_precision))
-        if config.fallback and tuned_any:
-            stage("compiling the fallback build")
-            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nightshift-bench-")))
-            # A database without records: every operator gets the fallback schedule.
-            empty = TuningDatabase(str(tmp / "empty.db"))
-            try:
-                fallback = compile_model(spec, device, empty, plan=config.plan, precision=config.precision)
-            finally:
-                empty.close()
-            fb_entry = Entry(TVM_FALLBACK, "TVM fallback (0 trials)", "tvm", tvm_precision,
-                             note=f"{len(fallback.fallback)} ops on the fallback schedule")  # fmt: skip
-            entries.append(fb_entry)
-            first_run(fb_entry, TvmRunner(fallback, device, fb_entry.label, tvm_precision))
+                fp32 = compile_model(config.reference_spec or spec, device, db, plan=config.plan)
+                accuracy = measure_accuracy(spec, device, fp32, compiled, num_inputs=config.accuracy_inputs)
+            tuned_any = bool(compiled.tuned)
+            label = "TVM, database" if tuned_any else "TVM fallback (no records for this device)"
+            stale = compiled.tuned_in_another_form(db) if db is not None else []
+            older = f" ({len(stale)} tuned in an older form: re-tune)" if stale else ""
+            db_entry = Entry(TVM_DB, label, "tvm", tvm_precision,
+                             note=f"{len(compiled.tuned)} ops tuned, {len(compiled.fallback)} untuned{older}, "
+                                  f"compiled in {compiled.compile_s:.1f} s")  # fmt: skip
+            entries.append(db_entry)
+            first_run(db_entry, TvmRunner(compiled, device, label, tvm_precision))
+            if config.fallback and tuned_any:
+                stage("compiling the fallback build")
+                tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nightshift-bench-")))
+                # A database without records: every operator gets the fallback schedule.
+                empty = TuningDatabase(str(tmp / "empty.db"))
+                try:
+                    fallback = compile_model(spec, device, empty, plan=config.plan, precision=config.precision)
+                finally:
+                    empty.close()
+                fb_entry = Entry(TVM_FALLBACK, "TVM fallback (0 trials)", "tvm", tvm_precision,
+                                 note=f"{len(fallback.fallback)} ops on the fallback schedule")  # fmt: skip
+                entries.append(fb_entry)
+                first_run(fb_entry, TvmRunner(fallback, device, fb_entry.label, tvm_precision))
 
         model: PeerModel | None = None
         for item in config.peers:
@@ -442,6 +447,17 @@ def bench(
     fast = [e for e in entries if e.kind == "peer" and e.samples_s and e.precision == "f32"]
     fastest = min(fast, key=lambda e: e.median_s or 0.0).key if fast else None
     return BenchResult(spec.name, device, threads, config, entries, order, reference, fastest, accuracy)
+
+
+def unsupported_reason(precision: str, device: Device) -> str | None:
+    """Why TVM cannot build ``precision`` for ``device`` (the CPU lacks its instructions), or None."""
+    from tuner.precision import UnsupportedPrecisionError, check_device
+
+    try:
+        check_device(precision, device)
+    except UnsupportedPrecisionError as err:
+        return str(err)
+    return None
 
 
 def _describe(err: BaseException) -> str:

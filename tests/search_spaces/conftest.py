@@ -82,13 +82,12 @@ def _const(*shape: int) -> tvm.relax.Constant:
     return tvm.relax.const(np.random.default_rng(0).standard_normal(shape, dtype="float32"))
 
 
-def conv_nchwc_relax(precision: str = "fp32", channels: int = 32) -> tvm.IRModule:
+def conv_nchwc_relax(precision: str = "fp32") -> tvm.IRModule:
     """A conv + bias + relu as ``tune`` extracts it (NCHW[x]c at the host's vector width):
-    32 -> ``channels`` channels, 3x3, 14x14; in bf16, NCHW16c on the dot-product instruction."""
+    32 -> 32 channels, 3x3, 14x14; in bf16, NCHW16c on the dot-product instruction."""
     op = tvm.relax.op
-    conv = lambda x: op.nn.conv2d(x, _const(channels, 32, 3, 3), padding=1)  # noqa: E731
-    return _extracted((1, 32, 14, 14), lambda x: op.nn.relu(op.add(conv(x), _const(1, channels, 1, 1))),
-                      "conv2d_NCHWc", precision)  # fmt: skip
+    return _extracted((1, 32, 14, 14), lambda x: op.nn.relu(op.add(op.nn.conv2d(x, _const(32, 32, 3, 3), padding=1),
+                                                                   _const(1, 32, 1, 1))), "conv2d_NCHWc", precision)
 
 
 def conv_padded_output_bf16() -> tvm.IRModule:
@@ -218,11 +217,13 @@ def dense_u8s8(m: int = 32, k: int = 64, n: int = 48) -> tvm.IRModule:
     return tvm.IRModule({"main": te.create_prim_func([a, w, correction, out])})
 
 
-def conv_nchwc_dot(dtype: str = "bfloat16", stride: int = 1, residual: bool = False) -> tvm.IRModule:
-    """A 3x3 conv (pad 1) in NCHW16c as ``tuner.layout`` legalizes one that fits a dot-product
-    instruction: ``conv2d_NCHWc_dot`` with weights ``OIHW{16/n}i16o{n}i``, bfloat16 (n 2,
-    float32 sums) or uint8 x int8 (n 4, int32 sums), + bias + relu; ``residual`` adds a
-    dequantized input computed before the conv, as int8 ResNets fuse it."""
+def conv_nchwc_dot(dtype: str = "bfloat16", stride: int = 1, residual: bool = False, channels: int = 32,
+                   ) -> tvm.IRModule:  # fmt: skip
+    """A 3x3 conv (pad 1), 32 -> ``channels`` channels, in NCHW16c as ``tuner.layout``
+    legalizes one that fits a dot-product instruction: ``conv2d_NCHWc_dot`` with weights
+    ``OIHW{16/n}i16o{n}i``, bfloat16 (n 2, float32 sums) or uint8 x int8 (n 4, int32 sums),
+    + bias + relu; ``residual`` adds a dequantized input computed before the conv, as int8
+    ResNets fuse it."""
     from tuner.layout import conv2d_nchwc_dot
 
     n = 2 if dtype == "bfloat16" else 4
@@ -230,14 +231,14 @@ def conv_nchwc_dot(dtype: str = "bfloat16", stride: int = 1, residual: bool = Fa
     # bfloat16 data comes padded by a function of its own (see tuner.layout._legalize_conv2d).
     pad = 0 if n == 2 else 1
     data = te.placeholder((1, 2, 16 - 2 * pad, 16 - 2 * pad, 16), name="data", dtype=dtype)
-    weight = te.placeholder((2, 2, 3, 3, 16 // n, 16, n), name="weight", dtype=dtype if n == 2 else "int8")
-    bias = te.placeholder((1, 2, 1, 1, 16), name="bias")
+    weight = te.placeholder((channels // 16, 2, 3, 3, 16 // n, 16, n), name="weight", dtype=dtype if n == 2 else "int8")
+    bias = te.placeholder((1, channels // 16, 1, 1, 16), name="bias")
     conv = conv2d_nchwc_dot(data, weight, (stride, stride), (pad,) * 4, (1, 1), acc)
     out = topi.add(topi.cast(conv, "float32") if acc != "float32" else conv, bias)
     args = [data, weight, bias]
     if residual:
         oh = 14 // stride
-        skip = te.placeholder((1, 2, oh, oh, 16), name="skip", dtype="uint8")
+        skip = te.placeholder((1, channels // 16, oh, oh, 16), name="skip", dtype="uint8")
         out = topi.add(out, topi.multiply(topi.cast(skip, "float32"), 0.05))
         args.append(skip)
     out = topi.nn.relu(out)

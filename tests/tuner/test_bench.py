@@ -276,3 +276,16 @@ def test_cli_rejects_bad_rounds(tmp_path):
 
     assert main(["bench", "--model", "tiny", "--db", str(tmp_path / "t.db"), "--rounds", "0"]) == 2
     assert main(["bench", "--model", "tiny", "--db", str(tmp_path / "t.db"), "--json", "/no/such/dir/b.json"]) == 2
+
+
+def test_a_precision_the_cpu_lacks_runs_the_peers_alone(spec, empty_db):
+    """bf16 for a Haswell target (no AVX512_BF16): TVM's row is skipped with the missing
+    feature named, nothing is compiled, and the peers still run and are timed."""
+    haswell = parse_device("cpu", target_arch="haswell", num_cores=2)
+    res = bench(spec, haswell, empty_db, source="tiny",
+                config=BenchConfig(rounds=2, peers=("onnxruntime",), precision="bf16"))  # fmt: skip
+    tvm = res.entry(TVM_DB)
+    assert tvm.status == "skipped" and "avx512bf16" in tvm.reason and not tvm.samples_s
+    assert [e.key for e in res.entries] == [TVM_DB, "onnxruntime"]
+    assert len(res.entry("onnxruntime").samples_s) == 2 and res.fastest_peer == "onnxruntime"
+    assert "skipped" in json.dumps(res.to_json())
