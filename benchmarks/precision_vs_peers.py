@@ -96,6 +96,21 @@ def peer_accuracy(spec, device, fp32_build, reduced, run_spec, source: str, peer
     return out
 
 
+def _write(out: Path, rows: list[dict[str, Any]], device, load_before: tuple[float, ...]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "benchmark": "precision_vs_peers",
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": shlex.join(["benchmarks/precision_vs_peers.py", *sys.argv[1:]]),
+        "host": platform.node(),
+        "cpu": device.description.get("model"),
+        "isa_flags": device.description.get("isa_flags"),
+        "load_average_before_after": [load_before, os.getloadavg()],
+        "rows": rows,
+    }
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--db", required=True, help="tuning database (an empty file gives the fallback builds only)")
@@ -164,18 +179,8 @@ def main() -> None:
                 console.print(f"{name} {precision}, {who}: {acc.describe()}")
             rows.append({"model": name, "precision": precision, "model_file": source, "bench": result.to_json(),
                          "accuracy_vs_fp32_model": {k: v.to_json() for k, v in accuracy.items()} or None})  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    doc = {
-        "benchmark": "precision_vs_peers",
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": shlex.join(["benchmarks/precision_vs_peers.py", *sys.argv[1:]]),
-        "host": platform.node(),
-        "cpu": device.description.get("model"),
-        "isa_flags": device.description.get("isa_flags"),
-        "load_average_before_after": [load_before, os.getloadavg()],
-        "rows": rows,
-    }
-    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+            # After every row: a long run that is stopped keeps the rows it finished.
+            _write(args.out, rows, device, load_before)
     console.print(f"wrote {args.out}")
 
 
