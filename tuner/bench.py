@@ -326,6 +326,10 @@ def bench(
 ) -> BenchResult:
     """Benchmark ``spec`` on ``device``: TVM's database and fallback builds against the peers.
 
+    Where the device lacks the instructions ``config.precision`` needs (and no ``compiled``
+    build is given), TVM's row is skipped with the reason and the peers run alone: what the
+    CPU gets at that precision without Nightshift.
+
     Args:
         spec: the model.
         device: a CPU device; its ``num-cores`` is everyone's thread count.
