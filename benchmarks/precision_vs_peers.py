@@ -81,8 +81,9 @@ def peer_accuracy(spec, device, fp32_build, reduced, run_spec, source: str, peer
     inputs = [spec.random_inputs(seed=1 + i) for i in range(num_inputs)]
     device.use_threads()
     reference = [run_outputs(fp32_build.executable, device, x) for x in inputs]
-    out = {} if reduced is None else {
-        "tvm": compare(reference, [run_outputs(reduced.executable, device, x) for x in inputs])}
+    out = {}
+    if reduced is not None:
+        out["tvm"] = compare(reference, [run_outputs(reduced.executable, device, x) for x in inputs])
     threads = int(device.target.attrs.get("num-cores", os.cpu_count() or 1))
     with tempfile.TemporaryDirectory(prefix="nightshift-precision-") as tmp:
         model = peer_model(run_spec, source, Path(tmp))
@@ -155,14 +156,18 @@ def main() -> None:
                 run_spec, source, peers = spec, name, ("openvino-f32", "openvino", TorchBf16Peer())
             else:
                 run_spec, source, peers = spec, name, ("onnxruntime", "openvino-f32", "torch")
-            chosen = (fp32_chosen if precision == "fp32" else None if precision in unsupported
-                      else measured_plan(run_spec, device, db, precision))
+            if precision == "fp32" or precision in unsupported:
+                chosen = fp32_chosen if precision == "fp32" else None
+            else:
+                chosen = measured_plan(run_spec, device, db, precision)
             # The rows' accuracy is peer_accuracy's (below), not the harness's.
             config = BenchConfig(rounds=args.rounds, peers=peers, precision=precision, accuracy_inputs=0,
                                  plan=chosen.plan if chosen else None, layout_choice=chosen)  # fmt: skip
             with console.status(f"{name} {precision}") as status:
-                build = fp32_build if precision == "fp32" else None if precision in unsupported else compile_model(
-                    run_spec, device, db, precision=precision, plan=config.plan)
+                # None where the CPU cannot run the precision: bench times the peers alone.
+                build = fp32_build if precision == "fp32" else None
+                if build is None and precision not in unsupported:
+                    build = compile_model(run_spec, device, db, precision=precision, plan=config.plan)
                 result = bench(run_spec, device, db, source=source, config=config, compiled=build,
                                on_stage=lambda text, n=name: status.update(f"{n}: {text}"))  # fmt: skip
                 # Against the fp32 model itself (for int8: not the QDQ graph run in fp32), for

@@ -3,8 +3,11 @@ the same QDQ file, with and without ONNX Runtime in the rotation, with and witho
 
 The rounds are ``tuner.bench.interleave``'s (each runtime once per round, a warm-up run then a
 timed one, the start rotating), with ``--settle`` seconds of sleep before each warm-up; the
-runtimes are the benchmark's own peers (``openvino-f32``: OpenVINO asked for f32, its int8
-kernels where the file is quantized, as ``precision_vs_peers.py`` runs it; ``onnxruntime``).
+runtimes are the benchmark's own peers (``openvino-f32``: OpenVINO with
+``INFERENCE_PRECISION_HINT=f32``, so its float parts do not run in its bf16 default on CPUs with
+AVX512_BF16 or AMX, and its int8 kernels where the file is quantized, as
+``precision_vs_peers.py`` runs it; ``onnxruntime``). Each runtime's label and the precision it
+reports are recorded.
 ``tuner.bench`` pauses 0.1 s since this script showed ONNX Runtime's threads slowing
 OpenVINO after it (benchmarks/README.md, "The interleaved rounds favoured TVM"). Writes
 benchmarks/results/runtime_interference.json (``--out``).
@@ -61,7 +64,8 @@ def main() -> None:
     print(f"TVM / OpenVINO: {medians['tvm'] / medians['openvino-f32']:.3f}")
     write_result(args.out, "runtime_interference", {
         "db": args.db, "rounds": args.rounds, "settle_s": args.settle, "with_onnxruntime": args.with_onnxruntime,
-        "labels": {k: r.label for k, r in runners.items()}, "medians_ms": medians, "samples_ms": times,
+        "labels": {k: r.label for k, r in runners.items()},
+        "precisions": {k: r.precision for k, r in runners.items()}, "medians_ms": medians, "samples_ms": times,
         "order": order,
     })  # fmt: skip
 

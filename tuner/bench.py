@@ -342,9 +342,6 @@ def bench(
     Raises:
         UserInputError: the device is not a CPU.
     """
-    from tuner.compile import compile_model
-    from tuner.db import TuningDatabase
-
     config = config or BenchConfig()
     stage = on_stage or (lambda _text: None)
     if device.kind != "cpu":
@@ -352,7 +349,8 @@ def bench(
     threads = int(device.target_config.get("num-cores") or 1)
     inputs = spec.random_inputs(seed=config.seed)
     precision = "f16" if any(i.dtype == "float16" for i in spec.inputs) else "f32"
-    tvm_precision = precision
+    # Other than fp32, TVM's builds are checked with the low-precision tolerance.
+    tvm_precision = precision if config.precision == "fp32" else config.precision
     accuracy = None
     entries: list[Entry] = []
     runners: dict[str, Runner] = {}
@@ -374,39 +372,10 @@ def bench(
             # The peers still run: what this CPU gets at that precision without Nightshift.
             entries.append(Entry(TVM_DB, "TVM", "tvm", config.precision, status="skipped", reason=unsupported))
         else:
-            stage("compiling from the database")
-            if compiled is None:
-                compiled = compile_model(spec, device, db, plan=config.plan, precision=config.precision)
-            if config.precision != "fp32":
-                tvm_precision = config.precision  # checked with the low-precision tolerance
-            if config.precision != "fp32" and config.accuracy_inputs:
-                stage(f"measuring {config.precision} accuracy against fp32")
-                from tuner.precision.accuracy import measure_accuracy
-
-                fp32 = compile_model(config.reference_spec or spec, device, db, plan=config.plan)
-                accuracy = measure_accuracy(spec, device, fp32, compiled, num_inputs=config.accuracy_inputs)
-            tuned_any = bool(compiled.tuned)
-            label = "TVM, database" if tuned_any else "TVM fallback (no records for this device)"
-            stale = compiled.tuned_in_another_form(db) if db is not None else []
-            older = f" ({len(stale)} tuned in an older form: re-tune)" if stale else ""
-            db_entry = Entry(TVM_DB, label, "tvm", tvm_precision,
-                             note=f"{len(compiled.tuned)} ops tuned, {len(compiled.fallback)} untuned{older}, "
-                                  f"compiled in {compiled.compile_s:.1f} s")  # fmt: skip
-            entries.append(db_entry)
-            first_run(db_entry, TvmRunner(compiled, device, label, tvm_precision))
-            if config.fallback and tuned_any:
-                stage("compiling the fallback build")
-                tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nightshift-bench-")))
-                # A database without records: every operator gets the fallback schedule.
-                empty = TuningDatabase(str(tmp / "empty.db"))
-                try:
-                    fallback = compile_model(spec, device, empty, plan=config.plan, precision=config.precision)
-                finally:
-                    empty.close()
-                fb_entry = Entry(TVM_FALLBACK, "TVM fallback (0 trials)", "tvm", tvm_precision,
-                                 note=f"{len(fallback.fallback)} ops on the fallback schedule")  # fmt: skip
-                entries.append(fb_entry)
-                first_run(fb_entry, TvmRunner(fallback, device, fb_entry.label, tvm_precision))
+            builds, accuracy = _tvm_builds(spec, device, db, config, compiled, stage, stack, tvm_precision)
+            for entry, runner in builds:
+                entries.append(entry)
+                first_run(entry, runner)
 
         model: PeerModel | None = None
         for item in config.peers:
@@ -454,6 +423,48 @@ def bench(
     fast = [e for e in entries if e.kind == "peer" and e.samples_s and e.precision == "f32"]
     fastest = min(fast, key=lambda e: e.median_s or 0.0).key if fast else None
     return BenchResult(spec.name, device, threads, config, entries, order, reference, fastest, accuracy)
+
+
+def _tvm_builds(spec: ModelSpec, device: Device, db: Any, config: BenchConfig, compiled: Any | None,
+                stage: Callable[[str], None], stack: ExitStack, tvm_precision: str,
+                ) -> tuple[list[tuple[Entry, Runner]], Any]:  # fmt: skip
+    """TVM's rows (the database build, ``compiled`` if given, and the fallback build when
+    anything was tuned) with their runners, and the database build's accuracy against fp32
+    (reduced precisions, ``config.accuracy_inputs`` > 0; else None)."""
+    from tuner.compile import compile_model
+    from tuner.db import TuningDatabase
+
+    stage("compiling from the database")
+    if compiled is None:
+        compiled = compile_model(spec, device, db, plan=config.plan, precision=config.precision)
+    accuracy = None
+    if config.precision != "fp32" and config.accuracy_inputs:
+        stage(f"measuring {config.precision} accuracy against fp32")
+        from tuner.precision.accuracy import measure_accuracy
+
+        fp32 = compile_model(config.reference_spec or spec, device, db, plan=config.plan)
+        accuracy = measure_accuracy(spec, device, fp32, compiled, num_inputs=config.accuracy_inputs)
+    tuned_any = bool(compiled.tuned)
+    label = "TVM, database" if tuned_any else "TVM fallback (no records for this device)"
+    stale = compiled.tuned_in_another_form(db) if db is not None else []
+    older = f" ({len(stale)} tuned in an older form: re-tune)" if stale else ""
+    db_entry = Entry(TVM_DB, label, "tvm", tvm_precision,
+                     note=f"{len(compiled.tuned)} ops tuned, {len(compiled.fallback)} untuned{older}, "
+                          f"compiled in {compiled.compile_s:.1f} s")  # fmt: skip
+    builds: list[tuple[Entry, Runner]] = [(db_entry, TvmRunner(compiled, device, label, tvm_precision))]
+    if config.fallback and tuned_any:
+        stage("compiling the fallback build")
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="nightshift-bench-")))
+        # A database without records: every operator gets the fallback schedule.
+        empty = TuningDatabase(str(tmp / "empty.db"))
+        try:
+            fallback = compile_model(spec, device, empty, plan=config.plan, precision=config.precision)
+        finally:
+            empty.close()
+        fb_entry = Entry(TVM_FALLBACK, "TVM fallback (0 trials)", "tvm", tvm_precision,
+                         note=f"{len(fallback.fallback)} ops on the fallback schedule")  # fmt: skip
+        builds.append((fb_entry, TvmRunner(fallback, device, fb_entry.label, tvm_precision)))
+    return builds, accuracy
 
 
 def unsupported_reason(precision: str, device: Device) -> str | None:
