@@ -35,6 +35,8 @@ from tvm.ir.expr import Constant
 from tvm.relax import pipeline as relax_pipeline
 
 from search_spaces.constraints import is_x86
+from search_spaces.templates.intrin_amx import AMX_TILE_FEATURE
+from search_spaces.templates.intrin_x86 import target_has
 from tuner.fold import fold_constants
 from tuner.pad_fusion import emit_padded
 
@@ -325,13 +327,15 @@ def conv2d_nchwc_dot(data: te.Tensor, kernel: te.Tensor, strides: Sequence[int],
 
 
 def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call,
-                     winograd_calls: Sequence[tuple[relax.Call, int]] = ()) -> relax.Expr:  # fmt: skip
+                     winograd_calls: Sequence[tuple[relax.Call, int]] = (),
+                     pad_apart: Sequence[str] = ("bfloat16",)) -> relax.Expr:  # fmt: skip
     """TOPI's ``conv2d_NCHWc`` for a blocked conv (the generic legalization leaves it as is),
     :func:`tuner.winograd.conv2d_nchwc_winograd` with transformed weights for one of
     ``winograd_calls`` (with its tile), :func:`conv2d_nchwc_dot` with packed weights for one
-    that fits a dot-product instruction (bf16, uint8 x int8; :func:`dot_elements`),
-    :func:`depthwise_conv2d_nchwc` for a blocked depthwise one; TVM's own legalization
-    otherwise."""
+    that fits a dot-product instruction (bf16, uint8 x int8; :func:`dot_elements`), its data
+    padded outside its function where the data's dtype is in ``pad_apart``
+    (:func:`pad_dtypes_apart`), :func:`depthwise_conv2d_nchwc` for a blocked depthwise one;
+    TVM's own legalization otherwise."""
     attrs = call.attrs
     if block_of(str(attrs.data_layout)) is None:
         return relax.transform.legalize_ops.nn._nn_conv2d(bb, call)
@@ -356,11 +360,9 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call,
     if n is not None and weight is not None:
         packed = relax.const(pack_dot_weight(weight.value.numpy(), n), str(weight.ty.dtype))
         data, padding = call.args[0], [int(p) for p in attrs.padding]
-        if str(data.ty.dtype) == "bfloat16" and any(padding):
-            # TVM computes on bfloat16 buffers that a function allocates in float32
-            # (BF16ComputeLegalize), so a padded copy made inside the conv's function could
-            # not feed vdpbf16ps: the conv reads data padded outside its function (a copy into
-            # the padded shape, which tuner.pad_fusion moves into the data's producer).
+        if str(data.ty.dtype) in pad_apart and any(padding):
+            # The conv reads data padded outside its function: a copy into the padded shape,
+            # which tuner.pad_fusion moves into the data's producer (pad_dtypes_apart says why).
             data, padding = emit_padded(bb, data, padding), [0, 0, 0, 0]
         return bb.call_te(conv2d_nchwc_dot, data, packed, [int(s) for s in attrs.strides], padding,
                           [int(d) for d in attrs.dilation], out,
@@ -499,6 +501,19 @@ def clip_as_min_max(mod: tvm.IRModule) -> tvm.IRModule:
     return tvm.IRModule(funcs, attrs=mod.attrs)
 
 
+def pad_dtypes_apart(target: tvm.target.Target) -> tuple[str, ...]:
+    """The data dtypes whose dot-product convs read their input padded by another function.
+
+    bfloat16 always: TVM computes on bfloat16 buffers that a function allocates in float32
+    (``BF16ComputeLegalize``), so a padded copy made inside the conv's function could not
+    feed ``vdpbf16ps``. uint8 too where :func:`tuner.pad_fusion.fold_pad_into_producer`
+    runs (not on AMX targets): a uint8 conv (zero point 0, so the border is 0) otherwise
+    pads in a pass of its own inside its function, which reads the producer's output back
+    and writes it again; folded, the producer stores each tile into the padded buffer.
+    """
+    return ("bfloat16",) if target_has(target, AMX_TILE_FEATURE) else ("bfloat16", "uint8")
+
+
 def prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> tvm.IRModule:
     """Put every conv of a bound module (weights as constants) in its planned layout.
 
@@ -545,7 +560,8 @@ def prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> t
         folded = fold_constants(convert(mod) if converted else mod)
     # ConvertLayout and the folding keep the convs in binding order: the plan's indices.
     winograd_calls = [(call, tiles[i]) for i, call in enumerate(conv_calls(folded)) if i in tiles]
-    custom = {_CONV2D: functools.partial(_legalize_conv2d, winograd_calls=winograd_calls),
+    custom = {_CONV2D: functools.partial(_legalize_conv2d, winograd_calls=winograd_calls,
+                                         pad_apart=pad_dtypes_apart(target)),
               _LAYOUT_TRANSFORM: _legalize_layout_transform}  # fmt: skip
     if cpu:
         custom[_GELU] = _legalize_gelu

@@ -134,21 +134,29 @@ def test_quantize_weight_recovers_reduced_range_weights():
     assert np.allclose(values.astype(np.float64) * scales[:, None], w, rtol=1e-6, atol=0)
 
 
-def test_int8_convs_after_a_relu_read_uint8_in_the_blocked_layout(tmp_path):
-    """conv2 reads relu's output, quantized with zero point 0: it becomes a uint8 x int8 conv
-    in NCHW16c with OIHW4i16o4i weights (what vpdpbusd reads), quantize/dequantize follow the
+def test_int8_convs_read_uint8_in_the_blocked_layout(tmp_path):
+    """Both convs become uint8 x int8 convs in a blocked layout with OIHW{i/4}i16o4i weights
+    (what vpdpbusd reads). conv2 reads relu's output (zero point 0), its input padded (18x18)
+    by conv1's function (tuner.pad_fusion). conv1 reads the model's input (3 channels, a
+    zero point other than 0): a fourth zero-weight channel, the border padded with the zero
+    point before it, the zero point's sum taken out after it. Quantize/dequantize follow the
     layout (no transform around them), and the model still matches ONNX Runtime's int8."""
     path = _quantize(tmp_path, [])
     spec = load_model(str(path))
     device = parse_device("cpu")
     plan = LayoutPlan("NCHW16c")
     tasks = extract_tasks(spec.bound(), device.target, plan, precision="int8")
-    dot = [t for t in tasks if "conv2d_NCHWc_dot" in t.mod.script()]
-    assert len(dot) == 1, [t.name for t in tasks]
-    params = {a.dtype: a.shape for a in arg_specs(dot[0].mod)}
-    assert params["uint8"] == (1, 1, 16, 16, 16) and params["int8"] == (1, 1, 3, 3, 4, 16, 4), params
-    # The quantize after conv2 is in conv2's task, not behind a layout transform.
-    assert "round" in dot[0].name, dot[0].name
+    # per task, the shape of its first parameter of each dtype (data, weight)
+    dot = {t.name: {a.dtype: a.shape for a in reversed(arg_specs(t.mod))}
+           for t in tasks if "conv2d_NCHWc_dot" in t.mod.script()}  # fmt: skip
+    assert len(dot) == 2 and not [t for t in tasks if "data_pad" in t.mod.script()], [t.name for t in tasks]
+    [(conv1, params1)] = [(n, p) for n, p in dot.items() if p["int8"] == (1, 1, 3, 3, 1, 16, 4)]
+    assert params1["uint8"] == (1, 1, 18, 18, 4) and "subtract" in conv1, (conv1, params1)
+    [(conv2, params2)] = [(n, p) for n, p in dot.items() if p["int8"] == (1, 1, 3, 3, 4, 16, 4)]
+    assert params2["uint8"] == (1, 1, 18, 18, 16), params2
+    # conv1's function writes conv2's padded input; the quantize after conv2 is in its task.
+    assert "_pad_NCHWc" in conv1 and "round" in conv2, dot
+    assert not [t.name for t in tasks if t.name.startswith("pad_")], [t.name for t in tasks]
     assert sum("layout_transform" in t.name for t in tasks) <= 2, [t.name for t in tasks]
     # TVM's default build, and the fallback schedules of an empty database: on a VNNI CPU
     # MetaSchedule tensorizes those with dot_16x4_vnni (TVM's own failed LLVM's verifier).

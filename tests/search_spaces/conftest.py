@@ -100,6 +100,33 @@ def conv_padded_output_bf16() -> tvm.IRModule:
         padding=1), "pad_NCHWc", "bf16")  # fmt: skip
 
 
+def conv_padded_output_u8() -> tvm.IRModule:
+    """The int8 counterpart of :func:`conv_padded_output_bf16`, as ``tune`` extracts it from
+    a QDQ graph: a uint8 x int8 conv 1x1 (input quantized with zero point 0) + requantize +
+    relu + quantize, whose uint8 output a conv 3x3 (pad 1) reads; the function ends by
+    copying each tile into the padded shape (``tuner.pad_fusion``)."""
+    import numpy as np
+
+    op = tvm.relax.op
+    rng = np.random.default_rng(3)
+
+    def qdq(x: tvm.relax.Expr, scale: float) -> tvm.relax.Expr:
+        args = (tvm.relax.const(scale, "float32"), tvm.relax.const(0, "uint8"))
+        return op.dequantize(op.quantize(x, *args, out_dtype="uint8"), *args, out_dtype="float32")
+
+    def weight(*shape: int) -> tvm.relax.Constant:
+        # int8 values x a per-channel scale, as quantize_static writes them (127 the peak)
+        q = rng.integers(-127, 128, shape).astype(np.float32)
+        q[:, 0, 0, 0] = 127
+        return tvm.relax.const(q * rng.uniform(1e-3, 4e-3, (shape[0], 1, 1, 1)).astype(np.float32))
+
+    def layer(x: tvm.relax.Expr) -> tvm.relax.Expr:
+        y = op.nn.relu(op.add(op.nn.conv2d(qdq(x, 1 / 255), weight(32, 32, 1, 1)), _const(1, 32, 1, 1)))
+        return op.nn.conv2d(qdq(y, 0.02), weight(32, 32, 3, 3), padding=1)
+
+    return _extracted((1, 32, 14, 14), layer, "pad_NCHWc", "int8")
+
+
 def dense_relax(precision: str = "fp32") -> tvm.IRModule:
     """A dense layer + bias + relu as ``tune`` extracts it (the weight packed): 46 rows, 64 -> 64;
     in bf16, on the dot-product instruction."""
@@ -289,6 +316,7 @@ TASKS: dict[str, Callable[[], tvm.IRModule]] = {
     "conv_nchwc_bf16": conv_nchwc_dot,
     "conv_nchwc_bf16_s2": lambda: conv_nchwc_dot(stride=2),
     "conv_padded_output_bf16": conv_padded_output_bf16,
+    "conv_padded_output_u8": conv_padded_output_u8,
     "conv_nchwc_u8": lambda: conv_nchwc_dot("uint8"),
     "conv_nchwc_u8_residual": lambda: conv_nchwc_dot("uint8", stride=2, residual=True),
     "dense_u8s8": dense_u8s8,

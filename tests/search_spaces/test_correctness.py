@@ -33,6 +33,7 @@ from tuner.tasks import extract_tasks
                                                  ("x86-conv2d-nchwc-dot", "conv_nchwc_bf16_s2"),
                                                  ("x86-conv2d-nchwc-dot", "conv_nchwc_u8"),
                                                  ("x86-conv2d-nchwc-dot", "conv_nchwc_u8_residual"),
+                                                 ("x86-conv2d-nchwc-dot", "conv_padded_output_u8"),
                                                  ("x86-dense-vnni", "dense_u8s8"),
                                                  ("x86-dense-amx-bf16", "dense_bf16"),
                                                  ("x86-dense-amx-int8", "dense_u8s8"),

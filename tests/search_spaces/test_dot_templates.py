@@ -79,6 +79,7 @@ def test_sampled_points_use_vdpbf16ps_and_match_the_reference():
 @needs_vnni
 @pytest.mark.parametrize(("kind", "task_name"), [("x86-conv2d-nchwc-dot", "conv_nchwc_u8"),
                                                  ("x86-conv2d-nchwc-dot", "conv_nchwc_u8_residual"),
+                                                 ("x86-conv2d-nchwc-dot", "conv_padded_output_u8"),
                                                  ("x86-dense-vnni", "dense_u8s8")])  # fmt: skip
 def test_int8_templates_use_vpdpbusd_and_compute_exactly(kind, task_name):
     """uint8 x int8 sums are exact: a candidate matches the unscheduled task bit for bit, on
@@ -150,6 +151,8 @@ def _check_on_instruction(kind: str, task_name: str, point) -> None:
     # The tiles stored into the interior of the next conv's padded input: 16 of 12 pixels, one of 4.
     pytest.param("conv_padded_output_bf16", {"reg_n": 12, "tile_oc": 2}, marks=needs_bf16),
     pytest.param("conv_padded_output_bf16", {"reg_n": 7, "fuse_pixels": 0, "tile_oh": 2}, marks=needs_bf16),
+    pytest.param("conv_padded_output_u8", {"reg_n": 12, "tile_oc": 2}, marks=needs_vnni),
+    pytest.param("conv_padded_output_u8", {"reg_n": 7, "fuse_pixels": 0, "tile_oh": 2}, marks=needs_vnni),
     pytest.param("conv_nchwc_u8", {"reg_n": 6, "tile_oc": 2}, marks=needs_vnni),  # padding its own pass
     pytest.param("conv_nchwc_u8_residual", {"reg_n": 5, "order": 1, "unroll_kw": 3}, marks=needs_vnni),
 ])  # fmt: skip
