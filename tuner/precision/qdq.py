@@ -15,11 +15,13 @@ recovered exactly (the symmetric ``max |w| / 127`` scale ``quantize_static`` use
 whose values are not ``int8 x scale`` is left alone). The bias add and the next
 ``quantize`` stay as they are and fuse into the operator's task: the requantize epilogue.
 Operands fit int16 (``uint8 - zero_point`` and int8), so the sums are exact in int32. A
-conv whose activation is uint8 with zero point 0 (every conv after a ReLU: its range starts
-at 0) reads ``q`` and ``w_q`` as they are, uint8 x int8, which the blocked layout hands to
-``vpdpbusd`` (``tuner.layout.dot_elements``, template ``x86-conv2d-nchwc-dot``). A matmul by
-a constant weight does too, whatever the zero point, ``q @ w_q - zero_point * colsum(w_q)``
-with ``w_q`` packed ``[K/4, N, 4]`` (template ``x86-dense-vnni``).
+conv (one group) whose activation is uint8 reads ``q`` and ``w_q`` as they are, uint8 x
+int8, which the blocked layout hands to ``vpdpbusd`` (``tuner.layout.dot_elements``,
+template ``x86-conv2d-nchwc-dot``): with zero point 0 (every conv after a ReLU) directly,
+with another (ResNet's stem) as ``conv2d(pad(q, zero_point), w_q) - zero_point * sum(w_q)``
+(:meth:`_ToInt8._uint8_conv`). A matmul by a constant weight does too, whatever the zero
+point, ``q @ w_q - zero_point * colsum(w_q)`` with ``w_q`` packed ``[K/4, N, 4]`` (template
+``x86-dense-vnni``). Grouped convs with a zero point other than 0 stay int16.
 
 Last, the remaining per-tensor ``quantize``/``dequantize`` calls are written out as the
 elementwise operators TVM would lower them to (:func:`qdq_as_elementwise`): Relax infers no
@@ -253,7 +255,7 @@ def _filled(value: float, like: relax.Expr) -> relax.Constant:
 
 def qdq_as_elementwise(mod: tvm.IRModule) -> tvm.IRModule:
     """Per-tensor (scalar scale and zero point) ``quantize``/``dequantize`` as the elementwise
-    operators of TVM's own legalization (``clip(round(x / s) + zp)``, ``(q - zp) * s``),
+    operators of TVM's own legalization (``clip(round(x * (1 / s)) + zp)``, ``(q - zp) * s``),
     which follow any layout and fuse into their neighbours."""
     from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
@@ -268,7 +270,10 @@ def qdq_as_elementwise(mod: tvm.IRModule) -> tvm.IRModule:
         (s, z), dtype = params, str(expr.attrs.out_dtype)
         info = np.iinfo(dtype)
         x = expr.args[0]
-        x = relax.op.add(relax.op.round(relax.op.divide(x, _filled(s, x))), _filled(z, x))
+        # x * (1 / s) where TVM's legalization divides: a division (vdivps) was the slowest
+        # step of every int8 operator's epilogue. The product is within an ulp of the quotient,
+        # so a value rounds the other way only within an ulp of a half step.
+        x = relax.op.add(relax.op.round(relax.op.multiply(x, _filled(1 / s, x))), _filled(z, x))
         x = relax.op.minimum(relax.op.maximum(x, relax.const(float(info.min), "float32")),
                              relax.const(float(info.max), "float32"))  # fmt: skip
         return relax.op.astype(x, dtype)
