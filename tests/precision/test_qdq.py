@@ -15,7 +15,7 @@ from tuner.device import parse_device
 from tuner.frontends import load_model
 from tuner.layout import LayoutPlan
 from tuner.precision.accuracy import run_outputs
-from tuner.precision.qdq import quantize_weight, to_int8
+from tuner.precision.qdq import qdq_as_elementwise, quantize_weight, to_int8
 from tuner.tasks import extract_tasks
 
 onnx = pytest.importorskip("onnx")
@@ -170,3 +170,37 @@ def test_int8_convs_read_uint8_in_the_blocked_layout(tmp_path):
         for int8 in builds:
             got = run_outputs(int8.executable, device, x)[0]
             assert np.max(np.abs(got - session.run(None, {"x": x[0]})[0])) <= step * 1.001, seed
+
+
+def test_a_max_pool_before_a_quantize_runs_on_the_quantized_values():
+    """quantize(max_pool(x)) becomes max_pool(quantize(x)): the pool reads uint8, and the
+    result is the same bit for bit (a quantize is monotone; the pool's border stays lowest)."""
+    import tvm
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16, 9, 9), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            pooled = bb.emit(relax.op.nn.max_pool2d(x, (3, 3), (2, 2), (1, 1, 1, 1)))
+            q = bb.emit(relax.op.quantize(pooled, relax.const(0.02, "float32"), relax.const(3, "uint8"),
+                                          out_dtype="uint8"))  # fmt: skip
+            out = bb.emit_output(q)
+        bb.emit_func_output(out)
+    mod = bb.get()
+    rewritten = qdq_as_elementwise(mod)
+    [pool] = [b.value for b in rewritten["main"].body.blocks[0].bindings
+              if isinstance(b.value, relax.Call) and b.value.op.name == "relax.nn.max_pool2d"]  # fmt: skip
+    assert str(pool.args[0].ty.dtype) == "uint8"
+
+    def run(m: tvm.IRModule, data: np.ndarray) -> np.ndarray:
+        ex = relax.build(relax.transform.LegalizeOps()(m), target="llvm")
+        return relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(data)).numpy()
+
+    # values below the zero point's floor and above the uint8 range, and many half steps
+    data = np.random.default_rng(0).uniform(-1, 6, (1, 16, 9, 9)).astype("float32")
+    data.flat[::7] = np.round(data.flat[::7] / 0.02) * 0.02 + 0.01
+    data[:, :4] -= 7  # four channels below the range: their pooled values are 0
+    want = run(mod, data)
+    assert want.min() == 0 and want.max() == 255
+    np.testing.assert_array_equal(run(rewritten, data), want)

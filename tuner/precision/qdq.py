@@ -256,7 +256,8 @@ def _filled(value: float, like: relax.Expr) -> relax.Constant:
 def qdq_as_elementwise(mod: tvm.IRModule) -> tvm.IRModule:
     """Per-tensor (scalar scale and zero point) ``quantize``/``dequantize`` as the elementwise
     operators of TVM's own legalization (``clip(round(x * (1 / s)) + zp)``, ``(q - zp) * s``),
-    which follow any layout and fuse into their neighbours."""
+    which follow any layout and fuse into their neighbours; a max pool that a quantize reads
+    runs after it, on the quantized values."""
     from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
     def scalars(call: relax.Call) -> tuple[float, float] | None:
@@ -288,9 +289,22 @@ def qdq_as_elementwise(mod: tvm.IRModule) -> tvm.IRModule:
             x = relax.op.subtract(x, _filled(z, expr.args[0]))
         return relax.op.multiply(x, _filled(s, expr.args[0]))
 
+    pooled = wildcard()
+    pool = is_op("relax.nn.max_pool2d")(pooled)
+
+    def pool_after_quantize(expr: relax.Call, matches: dict) -> relax.Expr:
+        # A per-tensor quantize is monotone non-decreasing, so it commutes with a max (and
+        # the pool's border, the dtype's lowest value, stays the lowest): exact. The pool then
+        # reads uint8 instead of float32 (ResNet-50's stem: 0.8 MB, not 3.2 MB).
+        if scalars(expr) is None:
+            return expr
+        moved = relax.Call(expr.op, [matches[pooled], *expr.args[1:]], expr.attrs)
+        return relax.Call(matches[pool].op, [moved], matches[pool].attrs)
+
     funcs = {}
     for gv, func in mod.functions_items():
         if isinstance(func, relax.Function):
+            func = rewrite_call(is_op("relax.quantize")(pool, wildcard(), wildcard()), pool_after_quantize, func)
             func = rewrite_call(is_op("relax.quantize")(wildcard(), wildcard(), wildcard()), quantize, func)
             func = rewrite_call(is_op("relax.dequantize")(wildcard(), wildcard(), wildcard()), dequantize, func)
         funcs[gv] = func
