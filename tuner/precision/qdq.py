@@ -33,6 +33,7 @@ What is not this pattern stays float32 and is reported (:class:`Int8Rewrite`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -256,13 +257,37 @@ def _filled(value: float, like: relax.Expr) -> relax.Constant:
 def qdq_as_elementwise(mod: tvm.IRModule) -> tvm.IRModule:
     """Per-tensor (scalar scale and zero point) ``quantize``/``dequantize`` as the elementwise
     operators of TVM's own legalization (``clip(round(x * (1 / s)) + zp)``, ``(q - zp) * s``),
-    which follow any layout and fuse into their neighbours; a max pool that a quantize reads
-    runs after it, on the quantized values."""
+    which follow any layout and fuse into their neighbours.
+
+    Every step of an int8 operator's requantize epilogue runs once per output element, and
+    in a 1x1 conv over 64 channels the epilogue is as long as the sums. So, each exact:
+
+    - a max pool that a quantize reads runs after it, on the quantized values;
+    - a ReLU before a quantize whose zero point is the dtype's lowest is dropped (the
+      quantize's clip does it);
+    - ``dequantize(quantize(x))`` whose quantized values nothing else reads (ONNX Runtime's
+      QDQ pair around a conv's output, before its ReLU or residual add) stays float:
+      ``clip(round(x / s), lo - zp, hi - zp) * s``, no conversion to uint8 and back;
+    - a zero point of 0 is not added.
+    """
     from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
     def scalars(call: relax.Call) -> tuple[float, float] | None:
         s, z = _scalar(call.args[1]), _scalar(call.args[2])
         return None if s is None or z is None else (s, z)
+
+    def rounded(x: relax.Expr, s: float, z: float, lo: float, hi: float) -> relax.Expr:
+        # x * (1 / s) where TVM's legalization divides: a division (vdivps) per element in
+        # every epilogue. The product is within an ulp of the quotient, so a value rounds the
+        # other way only within an ulp of a half step.
+        like = x  # typed, unlike the calls built here
+        x = relax.op.round(relax.op.multiply(x, _filled(1 / s, like)))
+        if z != 0:
+            x = relax.op.add(x, _filled(z, like))
+        # The dtype's bounds are the same in every layer; others are arguments (see _filled).
+        bounds = [relax.const(b, "float32") if b in (0.0, 255.0, -128.0, 127.0) else _filled(b, like)
+                  for b in (lo, hi)]  # fmt: skip
+        return relax.op.minimum(relax.op.maximum(x, bounds[0]), bounds[1])
 
     def quantize(expr: relax.Call, _matches: dict) -> relax.Expr:
         params = scalars(expr)
@@ -270,14 +295,7 @@ def qdq_as_elementwise(mod: tvm.IRModule) -> tvm.IRModule:
             return expr
         (s, z), dtype = params, str(expr.attrs.out_dtype)
         info = np.iinfo(dtype)
-        x = expr.args[0]
-        # x * (1 / s) where TVM's legalization divides: a division (vdivps) was the slowest
-        # step of every int8 operator's epilogue. The product is within an ulp of the quotient,
-        # so a value rounds the other way only within an ulp of a half step.
-        x = relax.op.add(relax.op.round(relax.op.multiply(x, _filled(1 / s, x))), _filled(z, x))
-        x = relax.op.minimum(relax.op.maximum(x, relax.const(float(info.min), "float32")),
-                             relax.const(float(info.max), "float32"))  # fmt: skip
-        return relax.op.astype(x, dtype)
+        return relax.op.astype(rounded(expr.args[0], s, z, float(info.min), float(info.max)), dtype)
 
     def dequantize(expr: relax.Call, _matches: dict) -> relax.Expr:
         params = scalars(expr)
@@ -289,26 +307,64 @@ def qdq_as_elementwise(mod: tvm.IRModule) -> tvm.IRModule:
             x = relax.op.subtract(x, _filled(z, expr.args[0]))
         return relax.op.multiply(x, _filled(s, expr.args[0]))
 
-    pooled = wildcard()
+    pooled, relu_in, quantized = wildcard(), wildcard(), wildcard()
     pool = is_op("relax.nn.max_pool2d")(pooled)
+    quantized_pair = is_op("relax.quantize")(quantized, wildcard(), wildcard())
 
     def pool_after_quantize(expr: relax.Call, matches: dict) -> relax.Expr:
         # A per-tensor quantize is monotone non-decreasing, so it commutes with a max (and
-        # the pool's border, the dtype's lowest value, stays the lowest): exact. The pool then
-        # reads uint8 instead of float32 (ResNet-50's stem: 0.8 MB, not 3.2 MB).
+        # the pool's border, the dtype's lowest value, stays the lowest). The pool then reads
+        # uint8 instead of float32 (ResNet-50's stem: 0.8 MB, not 3.2 MB).
         if scalars(expr) is None:
             return expr
         moved = relax.Call(expr.op, [matches[pooled], *expr.args[1:]], expr.attrs)
         return relax.Call(matches[pool].op, [moved], matches[pool].attrs)
 
+    def without_relu(expr: relax.Call, matches: dict) -> relax.Expr:
+        params = scalars(expr)
+        if params is None or params[1] != np.iinfo(str(expr.attrs.out_dtype)).min:
+            return expr
+        return relax.Call(expr.op, [matches[relu_in], *expr.args[1:]], expr.attrs)
+
+    def float_pair(single: list[relax.Call]) -> Callable[[relax.Call, dict], relax.Expr]:
+        def fold(expr: relax.Call, matches: dict) -> relax.Expr:
+            q = matches[quantized_pair]
+            params = scalars(expr)
+            if (params is None or params != scalars(q) or str(expr.attrs.out_dtype) != "float32"
+                    or not any(q.same_as(c) for c in single)):  # fmt: skip
+                return expr
+            (s, z), info = params, np.iinfo(str(q.attrs.out_dtype))
+            x = matches[quantized]
+            return relax.op.multiply(rounded(x, s, 0.0, float(info.min) - z, float(info.max) - z), _filled(s, x))
+
+        return fold
+
     funcs = {}
     for gv, func in mod.functions_items():
         if isinstance(func, relax.Function):
             func = rewrite_call(is_op("relax.quantize")(pool, wildcard(), wildcard()), pool_after_quantize, func)
+            func = rewrite_call(is_op("relax.quantize")(is_op("relax.nn.relu")(relu_in), wildcard(), wildcard()),
+                                without_relu, func)  # fmt: skip
+            func = rewrite_call(is_op("relax.dequantize")(quantized_pair, wildcard(), wildcard()),
+                                float_pair(_read_once(func, "relax.quantize")), func)  # fmt: skip
             func = rewrite_call(is_op("relax.quantize")(wildcard(), wildcard(), wildcard()), quantize, func)
             func = rewrite_call(is_op("relax.dequantize")(wildcard(), wildcard(), wildcard()), dequantize, func)
         funcs[gv] = func
-    return tvm.IRModule(funcs, attrs=mod.attrs)
+    return relax.transform.DeadCodeElimination()(tvm.IRModule(funcs, attrs=mod.attrs))
+
+
+def _read_once(func: relax.Function, op_name: str) -> list[relax.Call]:
+    """The calls of ``op_name`` in ``func`` whose bound variable is read exactly once."""
+    counts: dict[relax.Var, int] = {}
+
+    def visit(expr: relax.Expr) -> None:
+        if isinstance(expr, relax.Var):
+            counts[expr] = counts.get(expr, 0) + 1
+
+    relax.analysis.post_order_visit(func.body, visit)
+    return [b.value for block in func.body.blocks for b in block.bindings
+            if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)
+            and b.value.op.name == op_name and counts.get(b.var) == 1]  # fmt: skip
 
 
 def to_int8(mod: tvm.IRModule) -> Int8Rewrite:
