@@ -1,18 +1,21 @@
-"""A bf16 conv's padded input, written by the function that produces it.
+"""A dot-product conv's padded input, written by the function that produces it.
 
 A bf16 conv on ``vdpbf16ps`` reads its input already padded: TVM computes a bfloat16 buffer
 that a function allocates in float32 (``BF16ComputeLegalize``), which the instruction cannot
 read, so the padding cannot be a block of the conv's own function. Until 2026-11-27 it was a
-function of its own that read the producer's whole output back and wrote it again.
+function of its own that read the producer's whole output back and wrote it again. A uint8
+conv on ``vpdpbusd`` (zero point 0, so its border is 0) could pad in its own function, but
+that too is a pass over the data before the sums; it is padded the same way where this pass
+runs (:func:`tuner.layout.pad_dtypes_apart`).
 
 :func:`emit_padded` (called by :mod:`tuner.layout` for such a conv) pads in two functions:
 :func:`pad_interior` copies the data into the interior of the padded shape, and
 :func:`zero_border` zeroes the border in place. Between ``FuseOps`` and ``FuseTIR``,
 :func:`fold_pad_into_producer` moves the copy into the fused function that produced the
-data when the copy is its only reader (ResNet-50: the 1x1 conv + bias + relu + cast before
-each 3x3 conv), where ``x86-conv2d-nchwc-dot`` stores each register tile at its offset in the
-padded output. :func:`tuner.tasks.fuse_passes` runs it except for AMX targets, whose conv
-template has not run with a padded output.
+data when the copy is its only reader (ResNet-50: the 1x1 conv + bias + relu + cast, or
+requantize, before each 3x3 conv), where ``x86-conv2d-nchwc-dot`` stores each register tile
+at its offset in the padded output. :func:`tuner.tasks.fuse_passes` runs it except for AMX
+targets, whose conv template has not run with a padded output.
 """
 
 from __future__ import annotations

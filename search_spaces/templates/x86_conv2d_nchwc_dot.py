@@ -20,11 +20,11 @@ The task is what :func:`tuner.layout.prepare` makes of such a conv (``dot_elemen
 ``tuner.layout.conv2d_nchwc_dot`` (TOPI's ``conv2d_NCHWc_int8`` compute), block
 ``conv2d_NCHWc_dot`` with spatial iters (n, oc_chunk, oh, ow, oc_block) and reduce iters
 (kh, kw, ic_chunk, ic_group, ic_lane), weights packed ``OIHW{i/n}i16o{n}i`` at compile
-time; an optional ``data_pad`` block before it (always its own pass: a padded load cannot
-feed the instruction); elementwise epilogue blocks after it (bias, residual, relu,
-requantize). In bf16 the last of them may be ``padded_output``, the copy into the interior
-of the next conv's padded input (``tuner.pad_fusion``): the tile is stored at its offset
-there, and the border is zeroed by a function of its own.
+time; an optional ``data_pad`` block before it (uint8 on AMX targets; always its own pass:
+a padded load cannot feed the instruction); elementwise epilogue blocks after it (bias,
+residual, relu, requantize). The last of them may be ``padded_output``, the copy into the
+interior of the next conv's padded input (``tuner.pad_fusion``): the tile is stored at its
+offset there, and the border is zeroed by a function of its own.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ logger = logging.getLogger(__name__)
 
 NAME = "x86-conv2d-nchwc-dot"
 _CONV_PREFIX = "conv2d_NCHWc_dot"
-# The block that copies a bf16 conv's input into the interior of its padded shape
+# The block that copies a dot conv's input into the interior of its padded shape
 # (tuner.pad_fusion): it can end the producing conv's epilogue, elementwise over its output.
 PADDED_OUTPUT = "padded_output"
 

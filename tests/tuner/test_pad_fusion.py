@@ -1,4 +1,4 @@
-"""A bf16 conv's padded input, written by the function that produces it (tuner.pad_fusion)."""
+"""A conv's padded input (bf16, and uint8 in int8), written by the function that produces it (tuner.pad_fusion)."""
 
 from __future__ import annotations
 
@@ -94,3 +94,14 @@ def test_zero_border_zeroes_the_border_alone():
     border[:, :, 1:6, 2:8] = False
     assert not got[border].any()
     np.testing.assert_array_equal(got[~border], padded.astype(np.float32)[~border])
+
+
+def test_uint8_convs_pad_apart_where_the_fold_runs():
+    """uint8 data is padded by another function where fold_pad_into_producer runs (not on
+    AMX targets, whose conv template has not run with a padded output); bfloat16 always."""
+    from tuner.layout import pad_dtypes_apart
+
+    zen4 = parse_device("cpu", target_arch="znver4").target
+    amx = parse_device("cpu", target_arch="sapphirerapids").target
+    assert pad_dtypes_apart(zen4) == ("bfloat16", "uint8")
+    assert pad_dtypes_apart(amx) == ("bfloat16",)
