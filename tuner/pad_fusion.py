@@ -115,7 +115,8 @@ def _is_primitive_call(mod: tvm.IRModule, value: relax.Expr) -> bool:
     return isinstance(func, relax.Function) and bool(func.attrs and func.attrs.get("Primitive"))
 
 
-def _uses(func: relax.Function) -> dict[relax.Var, int]:
+def var_reads(func: relax.Function) -> dict[relax.Var, int]:
+    """How many times each variable is read in ``func``'s body (its bindings' left sides not counted)."""
     counts: dict[relax.Var, int] = {}
 
     def visit(expr: relax.Expr) -> None:
@@ -141,7 +142,7 @@ def _with_pad(producer: relax.Function, pad: relax.Call) -> relax.Function:
 def fold_pad_into_producer(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
     """Move each marked padding call into the fused function whose output only it reads."""
     main = mod["main"]
-    uses = _uses(main)
+    uses = var_reads(main)
     bb = relax.BlockBuilder(mod)
     produced: dict[relax.Var, relax.Call] = {}
     replace: dict[relax.Var, relax.Call] = {}  # a pad's binding -> the call of the folded function

@@ -355,13 +355,9 @@ def qdq_as_elementwise(mod: tvm.IRModule) -> tvm.IRModule:
 
 def _read_once(func: relax.Function, op_name: str) -> list[relax.Call]:
     """The calls of ``op_name`` in ``func`` whose bound variable is read exactly once."""
-    counts: dict[relax.Var, int] = {}
+    from tuner.pad_fusion import var_reads
 
-    def visit(expr: relax.Expr) -> None:
-        if isinstance(expr, relax.Var):
-            counts[expr] = counts.get(expr, 0) + 1
-
-    relax.analysis.post_order_visit(func.body, visit)
+    counts = var_reads(func)
     return [b.value for block in func.body.blocks for b in block.bindings
             if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)
             and b.value.op.name == op_name and counts.get(b.var) == 1]  # fmt: skip
