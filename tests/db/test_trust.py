@@ -320,3 +320,19 @@ def test_a_record_of_a_same_key_function_with_other_block_names_is_passed_over(d
     assert "does not apply to" in caplog.text and "shares its workload key" in caplog.text
     (fast,) = adapter.get_top_k(Workload(mod_b), 1)
     assert [float(s) for s in fast.run_secs] == [1e-6]
+
+
+def test_an_empty_tensorize_annotation_passes_and_nothing_else_empty_does():
+    """MetaSchedule annotates a tensorized reduction's init block with auto_tensorize "" (its
+    VNNI sketches of a uint8 x int8 matmul): such a record must be usable at compile time."""
+
+    def record(key: str, value: str) -> str:
+        insts = [["GetSBlock", [], ["compute", "main"], ["b0"]], ["Annotate", ["b0", json.dumps(value)], [key], []]]
+        trace = [insts, []]
+        return json.dumps([trace, [1e-5], {"kind": "llvm"}, []])
+
+    assert record_rejection(record("meta_schedule.auto_tensorize", "")) is None
+    assert record_rejection(record("meta_schedule.auto_tensorize_init", "")) is None
+    assert record_rejection(record("meta_schedule.auto_tensorize", "dot_16x4_vnni")) is None
+    assert "disallowed value" in record_rejection(record("meta_schedule.cache_type", ""))
+    assert "disallowed value" in record_rejection(record("meta_schedule.auto_tensorize", "a b"))
