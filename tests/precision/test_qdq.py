@@ -23,15 +23,15 @@ ort = pytest.importorskip("onnxruntime")
 quantization = pytest.importorskip("onnxruntime.quantization")
 
 
-def _small_model(path: Path) -> None:
-    """conv 3x3 (3->16) + relu, conv 3x3 (16->16) + relu, global pool, matmul (16->32) + add."""
+def _small_model(path: Path, classes: int = 32) -> None:
+    """conv 3x3 (3->16) + relu, conv 3x3 (16->16) + relu, global pool, matmul (16->classes) + add."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
     weights = {
         "w1": rng.normal(0, 0.3, (16, 3, 3, 3)), "b1": rng.normal(0, 0.1, 16),
         "w2": rng.normal(0, 0.1, (16, 16, 3, 3)), "b2": rng.normal(0, 0.1, 16),
-        "wf": rng.normal(0, 0.3, (16, 32)), "bf": rng.normal(0, 0.1, 32),
+        "wf": rng.normal(0, 0.3, (16, classes)), "bf": rng.normal(0, 0.1, classes),
     }  # fmt: skip
     node = helper.make_node
     nodes = [
@@ -42,7 +42,7 @@ def _small_model(path: Path) -> None:
     ]  # fmt: skip
     graph = helper.make_graph(
         nodes, "small", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, classes])],
         [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()],
     )  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -64,9 +64,9 @@ def _has_vnni() -> bool:
     return any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8"))
 
 
-def _quantize(tmp_path: Path, exclude: list[str]) -> Path:
-    src, out = tmp_path / "fp32.onnx", tmp_path / f"qdq{len(exclude)}.onnx"
-    _small_model(src)
+def _quantize(tmp_path: Path, exclude: list[str], classes: int = 32) -> Path:
+    src, out = tmp_path / f"fp32_{classes}.onnx", tmp_path / f"qdq{len(exclude)}_{classes}.onnx"
+    _small_model(src, classes)
     # Without VNNI, ONNX Runtime's u8s8 kernels use vpmaddubsw, whose int16 pair sums saturate
     # with full-range int8 weights (its docs say so), and it stops being an exact reference:
     # 7-bit weights (reduce_range) keep every pair sum in range.
@@ -78,12 +78,18 @@ def _quantize(tmp_path: Path, exclude: list[str]) -> Path:
     return out
 
 
-def test_int8_matches_onnx_runtime_int8(tmp_path):
-    path = _quantize(tmp_path, [])
+@pytest.mark.parametrize("classes", [32, 30])
+def test_int8_matches_onnx_runtime_int8(tmp_path, classes):
+    """The whole model against ONNX Runtime's int8; 30 classes (not whole vectors) pack the
+    matmul's weight with two zero columns, sliced off after it (ResNet-50's 1000 classes)."""
+    path = _quantize(tmp_path, [], classes)
     spec = load_model(str(path))
     report = to_int8(spec.bound())
     assert report.rewritten == {"conv2d": 2, "matmul": 1} and not report.unhandled
     device = parse_device("cpu")
+    tasks = extract_tasks(spec.bound(), device.target, precision="int8")
+    packed = [a.shape for t in tasks if "matmul_u8s8" in t.mod.script() for a in arg_specs(t.mod) if a.dtype == "int8"]
+    assert packed == [(4, 32, 4)], packed
     int8 = compile_model(spec, device, None, precision="int8")
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     # The output is quantized (uint8) then dequantized: one step of it is its scale.

@@ -224,21 +224,27 @@ class _ToInt8(relax.PyExprMutator):
         """``(q - zx) @ wq`` in int32 as ``q @ wq - zx * colsum(wq)``: uint8 x int8 with the
         weight packed ``[K/4, N, 4]`` (what vpdpbusd reads, template ``x86-dense-vnni``); the
         correction is a constant per output column, exact in int32."""
-        from search_spaces.templates.intrin_x86 import VNNI_DOT
+        from search_spaces.templates.intrin_x86 import DOT_LANES, VNNI_DOT
         from tuner.precision.bf16 import pack_weight, packed_matmul
 
-        packed = relax.const(pack_weight(wq, VNNI_DOT.elements, np.int8), "int8")
+        n = wq.shape[1]
+        # Columns up to whole vectors, zero weights, sliced off after (ResNet-50's 1000
+        # classes: 1008), rather than the int16 matmul a partial vector would leave.
+        padded = np.pad(wq, ((0, 0), (0, -n % DOT_LANES)))
+        packed = relax.const(pack_weight(padded, VNNI_DOT.elements, np.int8), "int8")
         acc = self.builder_.call_te(packed_matmul, q, packed, "int32", INT8_MATMUL, primfunc_name_hint=INT8_MATMUL)
+        if padded.shape[1] != n:
+            last = len(q.ty.shape.values) - 1
+            acc = self.builder_.emit(relax.op.strided_slice(acc, axes=[last], begin=[0], end=[n]))
         if zx:
             acc = relax.op.subtract(acc, relax.const(zx * wq.astype(np.int32).sum(axis=0), "int32"))
         return acc
 
 
 def _packable(wq: np.ndarray) -> bool:
-    from search_spaces.templates.intrin_x86 import DOT_LANES, VNNI_DOT
+    from search_spaces.templates.intrin_x86 import VNNI_DOT
 
-    k, n = wq.shape
-    return k % VNNI_DOT.elements == 0 and n % DOT_LANES == 0
+    return wq.shape[0] % VNNI_DOT.elements == 0
 
 
 def _filled(value: float, like: relax.Expr) -> relax.Constant:
