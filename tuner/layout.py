@@ -35,10 +35,8 @@ from tvm.ir.expr import Constant
 from tvm.relax import pipeline as relax_pipeline
 
 from search_spaces.constraints import is_x86
-from search_spaces.templates.intrin_amx import AMX_TILE_FEATURE
-from search_spaces.templates.intrin_x86 import target_has
 from tuner.fold import fold_constants
-from tuner.pad_fusion import emit_padded
+from tuner.pad_fusion import emit_padded, folds_pads
 
 logger = logging.getLogger(__name__)
 
@@ -507,11 +505,12 @@ def pad_dtypes_apart(target: tvm.target.Target) -> tuple[str, ...]:
     bfloat16 always: TVM computes on bfloat16 buffers that a function allocates in float32
     (``BF16ComputeLegalize``), so a padded copy made inside the conv's function could not
     feed ``vdpbf16ps``. uint8 too where :func:`tuner.pad_fusion.fold_pad_into_producer`
-    runs (not on AMX targets): a uint8 conv (zero point 0, so the border is 0) otherwise
-    pads in a pass of its own inside its function, which reads the producer's output back
-    and writes it again; folded, the producer stores each tile into the padded buffer.
+    runs (:func:`tuner.pad_fusion.folds_pads`): a uint8 conv (zero point 0, so the border is
+    0) otherwise pads in a pass of its own inside its function, which reads the producer's
+    output back and writes it again; folded, the producer stores each tile into the padded
+    buffer.
     """
-    return ("bfloat16",) if target_has(target, AMX_TILE_FEATURE) else ("bfloat16", "uint8")
+    return ("bfloat16", "uint8") if folds_pads(target) else ("bfloat16",)
 
 
 def prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> tvm.IRModule:

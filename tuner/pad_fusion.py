@@ -14,8 +14,8 @@ runs (:func:`tuner.layout.pad_dtypes_apart`).
 :func:`fold_pad_into_producer` moves the copy into the fused function that produced the
 data when the copy is its only reader (ResNet-50: the 1x1 conv + bias + relu + cast, or
 requantize, before each 3x3 conv), where ``x86-conv2d-nchwc-dot`` stores each register tile
-at its offset in the padded output. :func:`tuner.tasks.fuse_passes` runs it except for AMX
-targets, whose conv template has not run with a padded output.
+at its offset in the padded output. :func:`tuner.tasks.fuse_passes` runs it where :func:`folds_pads`
+says (not for AMX targets).
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ import tvm
 from tvm import relax
 from tvm.script import tirx as T
 
+from search_spaces.templates.intrin_amx import AMX_TILE_FEATURE
+from search_spaces.templates.intrin_x86 import target_has
 from search_spaces.templates.x86_conv2d_nchwc_dot import PADDED_OUTPUT
 
 logger = logging.getLogger(__name__)
@@ -34,6 +36,12 @@ logger = logging.getLogger(__name__)
 # The attribute that marks a padding function this pass may move.
 PAD_ATTR = "nightshift.dot_input_pad"
 _OPAQUE = 8  # relax's OpPatternKind kOpaque
+
+
+def folds_pads(target: tvm.target.Target) -> bool:
+    """Whether :func:`fold_pad_into_producer` runs for ``target``: not on AMX targets, whose
+    conv template has not run with a padded output (no AMX CPU here)."""
+    return not target_has(target, AMX_TILE_FEATURE)
 
 
 def _opaque(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:

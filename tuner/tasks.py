@@ -17,10 +17,8 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.analysis import estimate_tir_flops
 from tvm.s_tir.schedule import Trace
 
-from search_spaces.templates.intrin_amx import AMX_TILE_FEATURE
-from search_spaces.templates.intrin_x86 import target_has
 from tuner.layout import LayoutPlan, conv_calls, prepare, task_layout, useful_layouts
-from tuner.pad_fusion import fold_pad_into_producer
+from tuner.pad_fusion import fold_pad_into_producer, folds_pads
 
 logger = logging.getLogger(__name__)
 
@@ -112,8 +110,7 @@ def fuse_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
-        # Not for AMX: its conv template has not run with a padded output (no AMX CPU here).
-        *([] if target_has(target, AMX_TILE_FEATURE) else [fold_pad_into_producer]),
+        *([fold_pad_into_producer] if folds_pads(target) else []),
         relax.transform.FuseTIR(),
     ]
 

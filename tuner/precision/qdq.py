@@ -200,7 +200,8 @@ class _ToInt8(relax.PyExprMutator):
         out after the sums, ``conv2d(q, wq) - zx * sum(wq)`` per output channel, with the
         border padded by ``zx`` rather than by the conv (a padded ``zx`` is a real 0): exact
         in int32. ResNet-50's stem widened to int16 ran at 360 GFLOP/s on a Zen 5, a third of
-        OpenVINO's on the same QDQ file (benchmarks/README.md).
+        OpenVINO's (``INFERENCE_PRECISION_HINT=f32``, running the file's int8 kernels) on the
+        same QDQ file (benchmarks/README.md).
         """
         from search_spaces.templates.intrin_x86 import VNNI_DOT
 
