@@ -29,7 +29,8 @@ import cost_models
 import search_spaces
 from tuner import search
 from tuner.db import NewRecord, TuningDatabase
-from tuner.db.database import measured_results
+from tuner.db.database import REFUSED_TRACE, measured_results
+from tuner.db.validate import trace_rejection
 from tuner.device import Device
 from tuner.errors import DatabaseError, UserInputError
 from tuner.measure.ray_measure import MeasureConfig, MeasureError, RayMeasurer, device_resource
@@ -790,9 +791,14 @@ class TuningJob:
             # made around an empty trace, then given the candidate's.
             rec = ms.database.TuningRecord(Trace([], {}), ms.database.Workload(task.mod),
                                            r.run_secs or None, target, args_info).as_json()  # fmt: skip
-            rec[0] = c.trace_json
+            rec[0] = trace = c.trace_json
             error = m.error_class
             msg = m.error_msg
+            # The compiler replays only traces the allow-list passes: a timing of any other is
+            # a failure here, so the job's best is the compiled model's and the refusal is loud.
+            if error is None and (refused := trace_rejection(trace)) is not None:
+                error, msg = REFUSED_TRACE, f"trace refused by tuner.db.validate's allow-list: {refused}"
+                logger.error("task %s: a measured candidate's %s", task.name, msg)
             if error is None and r.early_stopped:
                 msg = f"stopped early: at least {min(r.run_secs):.3g} s (probe only)"
             records.append(NewRecord(

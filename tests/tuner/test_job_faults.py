@@ -19,6 +19,7 @@ from job_tasks import matmul_task
 from tvm import te
 
 from tuner.db import NewRecord, TuningDatabase
+from tuner.db.database import REFUSED_TRACE
 from tuner.errors import DatabaseError
 from tuner.job import NothingMeasurable, TuneConfig, TuningJob
 from tuner.measure.ray_measure import MeasureConfig
@@ -172,4 +173,22 @@ def test_job_whose_every_candidate_fails_stops_with_the_cause(ray_cluster, cpu_d
     # with every failure it measured recorded.
     assert config.hopeless_after <= db.job_trials(row.id) < config.hopeless_after + 3 * config.batch_size
     assert db.job_trials(row.id) == sum(job.errors.values()) == job.errors["build_timeout"]
+    db.close()
+
+
+def test_candidates_whose_traces_the_allow_list_refuses_fail_loudly(ray_cluster, cpu_device, tmp_path, monkeypatch):
+    # About the job, not the allow-list: a stand-in refuses every trace, as the real one did
+    # the vpdpbusd sketches' empty tensorize annotation until 2026-11-27 (then the compile
+    # silently passed over every record of that operator).
+    monkeypatch.setattr("tuner.job.trace_rejection", lambda trace: "annotation key 'x' is not allowed")
+    db = TuningDatabase(f"sqlite:///{tmp_path / 't.db'}")
+    tasks = [matmul_task(n) for n in (16, 24)]
+    config = TuneConfig(trials=16, batch_size=4, name="refused", hopeless_after=8)
+    job = TuningJob(tasks, cpu_device, db, config, model_name="m")
+    with pytest.raises(NothingMeasurable, match=r"refused_trace: trace refused by tuner.db.validate's allow-list"):
+        job.run()
+    assert job.errors.keys() == {REFUSED_TRACE} and job._run_ok == 0
+    with db.engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT error_class, mean_sec FROM records")).all()
+    assert rows and all(r.error_class == REFUSED_TRACE and r.mean_sec is None for r in rows)
     db.close()
