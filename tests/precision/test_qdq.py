@@ -249,6 +249,51 @@ def test_a_requantize_chain_stays_float_between_its_quantizes():
     r = np.maximum((q1.astype(np.float32) - 97) * np.float32(0.03), 0)
     want = np.clip(np.rint(r * inv[0.02]), 0, 255).astype(np.uint8)
     assert want.min() == 0 and want.max() == 237  # (255 - 97) * 0.03 / 0.02: the first clip shows
-    np.testing.assert_array_equal(run(rewritten, data), want)
+    # fold_scales: one multiply by 0.03 / 0.02 = 1.5 instead of two, and the first clip's
+    # lower bound dropped (-97 * 1.5 is below the second clip's 0); its upper one (158 * 1.5
+    # = 237 < 255) stays. Every odd value of the first round is a tie of the second: which
+    # way it rounds follows the product's last bit, so the reference folds the same way.
+    once = np.minimum(np.rint(data * inv[0.03]), 158) * (np.float32(0.03) * inv[0.02])
+    folded = np.clip(np.rint(once), 0, 255).astype(np.uint8)
+    np.testing.assert_array_equal(run(rewritten, data), folded)
+    assert np.abs(folded.astype(int) - want).max() <= 1
     # TVM's own legalization divides: a value a tie away may round the other way, by one step.
     assert np.abs(run(mod, data).astype(int) - want).max() <= 1
+
+
+def test_a_clip_the_next_clip_makes_idle_is_dropped_and_only_then():
+    """clip(round(clip(y, l1, h1) * k), 0, 255): the inner bound goes where the outer one
+    does its work (l1 * k <= 0, h1 * k >= 255), bit for bit; where it does not, it stays."""
+    import tvm
+    from tvm import relax
+
+    from tuner.precision.qdq import fold_scales
+
+    def chain(l1: float, h1: float, k: float) -> tvm.IRModule:
+        bb = relax.BlockBuilder()
+        y = relax.Var("y", relax.TensorType((4, 64), "float32"))
+        with bb.function("main", [y]):
+            with bb.dataflow():
+                f32 = lambda v: relax.const(v, "float32")  # noqa: E731
+                inner = bb.emit(relax.op.minimum(relax.op.maximum(y, f32(l1)), f32(h1)))
+                scaled = bb.emit(relax.op.round(relax.op.multiply(inner, f32(k))))
+                out = bb.emit_output(relax.op.minimum(relax.op.maximum(scaled, f32(0.0)), f32(255.0)))
+            bb.emit_func_output(out)
+        return bb.get()
+
+    def run(m: tvm.IRModule, data: np.ndarray) -> np.ndarray:
+        ex = relax.build(relax.transform.LegalizeOps()(m), target="llvm")
+        return relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(data)).numpy()
+
+    def clips(m: tvm.IRModule) -> int:
+        return sum(isinstance(b.value, relax.Call) and b.value.op.name in ("relax.maximum", "relax.minimum")
+                   for b in m["main"].body.blocks[0].bindings)  # fmt: skip
+
+    data = np.random.default_rng(3).uniform(-300, 300, (4, 64)).astype("float32")
+    data.flat[::5] = np.rint(data.flat[::5]) + 0.5
+    # (l1, h1, k): both bounds idle; only the lower; neither (h1 * k = 237, l1 * k > 0)
+    for (l1, h1, k), left in (((-126.0, 129.0, 1.98), 2), ((-97.0, 158.0, 1.5), 3), ((10.0, 158.0, 1.5), 4)):
+        mod = chain(l1, h1, k)
+        folded = fold_scales(mod)
+        assert clips(folded) == left, (l1, h1, k, folded)
+        np.testing.assert_array_equal(run(folded, data), run(mod, data))
