@@ -6,15 +6,18 @@ two runs. Here the second database's build is one more entry of the same rounds 
 runs a TVM build), so the two builds and the peers see the same machine. The default peers
 are ONNX Runtime and OpenVINO asked for f32 (``openvino-f32``, ``INFERENCE_PRECISION_HINT``
 f32; plain ``openvino`` runs its default, bf16 on CPUs with AVX512_BF16, and its row says
-so). With ``--precision bf16`` or ``int8`` both builds are that precision (fp32 models only:
-int8 wants its QDQ file, see precision_vs_peers.py) and the peers should run at it too
+so). With ``--precision bf16`` or ``int8`` both builds are that precision (for int8, give
+``--model`` the QDQ file ``tune`` quantized the model into, which the peers then run too;
+see precision_vs_peers.py) and the peers should run at it too
 (``--peers openvino torch-bf16`` for bf16). ``--b-opaque-transforms`` builds B with TVM's own
 ``layout_transform`` legalization, which nothing fuses with (Nightshift's before 2026-11-26;
 give ``--db-b`` the same file to compare the two builds alone). ``--b-widened-attention``
 builds B (bf16) with attention's matmuls of two activations as before 2026-11-27: both cast
 to bf16 and widened to float32 FMAs, not packed for ``vdpbf16ps``. ``--b-separate-pads``
 builds B (bf16) with each conv's padding a function of its own, as before the twenty-fourth
-session (tuner.pad_fusion). Writes
+session (tuner.pad_fusion). ``--b-unfolded-scales`` builds B (int8) with each requantize
+scale a multiply of its own and every clip kept, as before the twenty-seventh session
+(``tuner.precision.qdq.fold_scales``). Writes
 benchmarks/results/db_ab.json (``--out``).
 
     .venv/bin/python benchmarks/db_ab.py --db warm.db --db-b cold.db --label-b "cold-tuned" --model resnet50
@@ -26,6 +29,7 @@ import argparse
 import contextlib
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -54,20 +58,17 @@ class OtherDatabase(Peer):
     install = "pip install -e ."
 
     def __init__(self, spec, device, db: TuningDatabase, label: str, precision: str = "fp32",
-                 opaque_transforms: bool = False, widened_attention: bool = False,
-                 separate_pads: bool = False) -> None:  # fmt: skip
+                 variants: tuple[Callable[[], contextlib.AbstractContextManager], ...] = ()) -> None:  # fmt: skip
         super().__init__()
         self._spec, self._device, self._db, self.label = spec, device, db, label
         self._precision = precision
-        self._opaque = opaque_transforms
-        self._widened = widened_attention
-        self._separate_pads = separate_pads
+        self._variants = variants  # each: the code as before one change, for B's build
         self.precision = "f32" if precision == "fp32" else precision
 
     def prepare(self, model: PeerModel, threads: int) -> None:
-        with opaque_layout_transforms() if self._opaque else contextlib.nullcontext(), \
-                unpacked_activations() if self._widened else contextlib.nullcontext(), \
-                separate_pads() if self._separate_pads else contextlib.nullcontext():
+        with contextlib.ExitStack() as stack:
+            for variant in self._variants:
+                stack.enter_context(variant())
             chosen = measured_plan(self._spec, self._device, self._db, self._precision)
             compiled = compile_model(self._spec, self._device, self._db, precision=self._precision,
                                      plan=chosen.plan if chosen else None)  # fmt: skip
@@ -121,6 +122,14 @@ def separate_pads():
     return _swapped(tuner.layout, "emit_padded", topi_pad)
 
 
+def unfolded_scales():
+    """int8 requantize epilogues as before 2026-11-27 (twenty-seventh session): each scale a
+    multiply of its own and every clip kept (tuner.precision.qdq.fold_scales left out)."""
+    import tuner.precision.qdq as qdq
+
+    return _swapped(qdq, "fold_scales", lambda mod: mod)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--db", required=True, help="database A: the 'TVM, database' row")
@@ -137,13 +146,18 @@ def main() -> None:
                    help="bf16: build B with attention's matmuls widened to float32 (not packed for vdpbf16ps)")
     p.add_argument("--b-separate-pads", action="store_true",
                    help="bf16: build B with each conv's padding a function of its own (not written by its producer)")
+    p.add_argument("--b-unfolded-scales", action="store_true",
+                   help="int8: build B with each requantize scale a multiply of its own and every clip kept")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     device = parse_device("cpu")
     check_device(args.precision, device)
     spec = load_model(args.model)
+    chosen_variants = [(args.b_opaque_transforms, opaque_layout_transforms), (args.b_widened_attention,
+                       unpacked_activations), (args.b_separate_pads, separate_pads),
+                       (args.b_unfolded_scales, unfolded_scales)]  # fmt: skip
     other = OtherDatabase(spec, device, TuningDatabase(args.db_b), args.label_b, args.precision,
-                          args.b_opaque_transforms, args.b_widened_attention, args.b_separate_pads)  # fmt: skip
+                          tuple(make for wanted, make in chosen_variants if wanted))
     peers = [TorchBf16Peer() if name == "torch-bf16" else name for name in args.peers]
     db_a = TuningDatabase(args.db)
     # Each build's convs in the layouts its own database measured best, as `nightshift bench`.
@@ -156,7 +170,7 @@ def main() -> None:
     write_result(args.out, "db_ab", {
         "db_a": args.db, "db_b": args.db_b, "label_b": args.label_b, "precision": args.precision,
         "b_opaque_transforms": args.b_opaque_transforms, "b_widened_attention": args.b_widened_attention,
-        "b_separate_pads": args.b_separate_pads,
+        "b_separate_pads": args.b_separate_pads, "b_unfolded_scales": args.b_unfolded_scales,
         "load_before": load_before, "load_after": os.getloadavg(), "result": result.to_json(),
     })  # fmt: skip
     console.print(f"wrote {args.out}")
