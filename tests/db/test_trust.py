@@ -16,7 +16,7 @@ from tvm.s_tir.meta_schedule.database import JSONDatabase, TuningRecord, Workloa
 from tuner import cli
 from tuner.compile import fallback_record
 from tuner.db import NewRecord, TuningDatabase
-from tuner.db.database import IMPLAUSIBLE, REFUSED_TRACE
+from tuner.db.database import IMPLAUSIBLE
 from tuner.db.interop import RECORD_FILE, WORKLOAD_FILE, import_json
 from tuner.db.tvm_adapter import MetaScheduleDatabase
 from tuner.db.validate import record_rejection
@@ -61,13 +61,8 @@ def test_injected_llvm_pragma_never_gets_through(db_url, cpu_device, tmp_path):
     db = TuningDatabase(db_url)
     dev = db.device_id(cpu_device)
     db.workload_id(key, "victim", mod, 64.0)
-    # Nightshift's own writes store it as a failure: never a timing a lookup could return.
+    # Someone with write access stores the faster-looking malicious record.
     db.add_records(dev, None, [NewRecord(key, "evil", json.dumps(evil), [1e-7])])
-    with db.engine.begin() as conn:
-        row = conn.execute(sa.text("SELECT error_class, error_msg, mean_sec FROM records")).one()
-        assert row.error_class == REFUSED_TRACE and "pragma_import_llvm" in row.error_msg and row.mean_sec is None
-        # Someone with write access to the tables (an older writer, psql) makes it a timing.
-        conn.execute(sa.text("UPDATE records SET error_class = NULL, error_msg = NULL, mean_sec = 1e-7"))
     adapter = MetaScheduleDatabase(db, dev, read_only=True, fallback=lambda w: fallback_record(w, cpu_device.target))
     got = adapter.get_top_k(Workload(mod), 1)
     assert adapter.decisions[key].kind == "fallback"  # not the malicious record

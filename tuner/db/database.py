@@ -53,8 +53,8 @@ Source = Literal["device", "same-arch", "foreign"]
 PREFERRED_TIMINGS: tuple[Timing, ...] = ("cold", "warm")
 # Error class of a timing refused on write (below the roofline, MetaSchedule's failure value).
 IMPLAUSIBLE = "implausible_timing"
-# Error class of a measured record whose trace the allow-list refuses: no lookup would ever
-# return it, so it is stored as a failure rather than as a timing the compiler cannot use.
+# Error class ``tune`` gives a measured candidate whose trace the allow-list refuses: no
+# lookup would ever return it, so it is stored as a failure, not as a timing no compile uses.
 REFUSED_TRACE = "refused_trace"
 # A running job whose heartbeat is older than this is dead (it writes one at least every minute).
 DEAD_AFTER = timedelta(minutes=5)
@@ -484,9 +484,9 @@ class TuningDatabase:
         With ``source`` the records are an import: stored as foreign, with the file, device
         and TVM version they came from. A timing that cannot be true (MetaSchedule's failure
         value, or faster than the device's peak for the workload's FLOPs) is stored as a
-        failed record of class :data:`IMPLAUSIBLE`, never as a measurement; a measured record
-        whose trace the allow-list refuses (:mod:`tuner.db.validate`), which no lookup would
-        return, as one of class :data:`REFUSED_TRACE`, logged as an error.
+        failed record of class :data:`IMPLAUSIBLE`, never as a measurement. Traces are checked
+        when read (:meth:`lookup`); ``tune`` checks its own before it writes them
+        (:data:`REFUSED_TRACE`).
 
         Raises:
             DatabaseError: a record names a workload not stored yet, or the write failed.
@@ -517,10 +517,6 @@ class TuningDatabase:
                 logger.warning("refused the timing of a %s record (point %s): %s", r.workload_key[:12],
                                r.point[:60], refused)
                 mean, error, msg = None, IMPLAUSIBLE, refused
-            elif mean is not None and (refused := record_rejection(r.record_json)) is not None:
-                logger.error("refused a %s record (point %s): its trace fails the allow-list, so no compile "
-                             "would use it: %s", r.workload_key[:12], r.point[:60], refused)
-                mean, error, msg = None, REFUSED_TRACE, refused
             rows[rkey] = {
                 "record_key": rkey, "workload_id": wid, "device_id": device_id, "job_id": job_id,
                 "point": r.point, "program_hash": r.program_hash, "record_json": r.record_json,

@@ -394,13 +394,23 @@ def fold_scales(mod: tvm.IRModule) -> tvm.IRModule:
     def times(matches: dict, one, other) -> relax.Constant:
         return relax.const((value(matches, one) * value(matches, other)).astype(np.float32), "float32")
 
-    def fold_biased(_expr: relax.Call, m: dict) -> relax.Expr:
+    def floats(matches: dict, *consts) -> bool:
+        # Only float32 scales: an integer chain would change type, and means something else.
+        return all(value(matches, k).dtype == np.float32 for k in consts)
+
+    def fold_biased(expr: relax.Call, m: dict) -> relax.Expr:
+        if not floats(m, a, b, c):
+            return expr
         return relax.op.add(relax.op.multiply(m[x], times(m, a, c)), times(m, b, c))
 
-    def fold_twice(_expr: relax.Call, m: dict) -> relax.Expr:
+    def fold_twice(expr: relax.Call, m: dict) -> relax.Expr:
+        if not floats(m, a, c):
+            return expr
         return relax.op.multiply(m[x], times(m, a, c))
 
-    def fold_summed(_expr: relax.Call, m: dict) -> relax.Expr:
+    def fold_summed(expr: relax.Call, m: dict) -> relax.Expr:
+        if not floats(m, a, b, c):
+            return expr
         return relax.op.add(relax.op.multiply(m[x], times(m, a, c)), relax.op.multiply(m[y], times(m, b, c)))
 
     l1, h1, k, l2, h2, inner = is_const(), is_const(), is_const(), is_const(), is_const(), wildcard()
