@@ -29,7 +29,7 @@ import cost_models
 import search_spaces
 from tuner import search
 from tuner.db import NewRecord, TuningDatabase
-from tuner.db.database import REFUSED_TRACE, measured_results
+from tuner.db.database import measured_results
 from tuner.db.validate import trace_rejection
 from tuner.device import Device
 from tuner.errors import DatabaseError, UserInputError
@@ -797,7 +797,7 @@ class TuningJob:
             # The compiler replays only traces the allow-list passes: a timing of any other is
             # a failure here, so the job's best is the compiled model's and the refusal is loud.
             if error is None and (refused := trace_rejection(trace)) is not None:
-                error, msg = REFUSED_TRACE, f"trace refused by tuner.db.validate's allow-list: {refused}"
+                error, msg = ErrorClass.REFUSED_TRACE, f"trace refused by tuner.db.validate's allow-list: {refused}"
                 logger.error("task %s: a measured candidate's %s", task.name, msg)
             if error is None and r.early_stopped:
                 msg = f"stopped early: at least {min(r.run_secs):.3g} s (probe only)"

@@ -19,10 +19,10 @@ from job_tasks import matmul_task
 from tvm import te
 
 from tuner.db import NewRecord, TuningDatabase
-from tuner.db.database import REFUSED_TRACE
 from tuner.errors import DatabaseError
 from tuner.job import NothingMeasurable, TuneConfig, TuningJob
 from tuner.measure.ray_measure import MeasureConfig
+from tuner.measure.results import ErrorClass
 from tuner.tasks import Task, workload_key
 
 
@@ -187,8 +187,8 @@ def test_candidates_whose_traces_the_allow_list_refuses_fail_loudly(ray_cluster,
     job = TuningJob(tasks, cpu_device, db, config, model_name="m")
     with pytest.raises(NothingMeasurable, match=r"refused_trace: trace refused by tuner.db.validate's allow-list"):
         job.run()
-    assert job.errors.keys() == {REFUSED_TRACE} and job._run_ok == 0
+    assert job.errors.keys() == {ErrorClass.REFUSED_TRACE} and job._run_ok == 0
     with db.engine.connect() as conn:
         rows = conn.execute(sa.text("SELECT error_class, mean_sec FROM records")).all()
-    assert rows and all(r.error_class == REFUSED_TRACE and r.mean_sec is None for r in rows)
+    assert rows and all(r.error_class == ErrorClass.REFUSED_TRACE and r.mean_sec is None for r in rows)
     db.close()

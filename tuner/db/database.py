@@ -53,9 +53,6 @@ Source = Literal["device", "same-arch", "foreign"]
 PREFERRED_TIMINGS: tuple[Timing, ...] = ("cold", "warm")
 # Error class of a timing refused on write (below the roofline, MetaSchedule's failure value).
 IMPLAUSIBLE = "implausible_timing"
-# Error class ``tune`` gives a measured candidate whose trace the allow-list refuses: no
-# lookup would ever return it, so it is stored as a failure, not as a timing no compile uses.
-REFUSED_TRACE = "refused_trace"
 # A running job whose heartbeat is older than this is dead (it writes one at least every minute).
 DEAD_AFTER = timedelta(minutes=5)
 
@@ -486,7 +483,7 @@ class TuningDatabase:
         value, or faster than the device's peak for the workload's FLOPs) is stored as a
         failed record of class :data:`IMPLAUSIBLE`, never as a measurement. Traces are checked
         when read (:meth:`lookup`); ``tune`` checks its own before it writes them
-        (:data:`REFUSED_TRACE`).
+        (``ErrorClass.REFUSED_TRACE``).
 
         Raises:
             DatabaseError: a record names a workload not stored yet, or the write failed.

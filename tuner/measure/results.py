@@ -23,6 +23,8 @@ class ErrorClass(StrEnum):
     RUN_TIMEOUT = "run_timeout"
     WRONG_RESULT = "wrong_result"
     LOST = "lost"
+    # Measured, but its trace fails tuner.db.validate's allow-list: no compile would use it.
+    REFUSED_TRACE = "refused_trace"
 
 
 @dataclass(frozen=True)

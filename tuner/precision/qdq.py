@@ -368,7 +368,7 @@ def fold_scales(mod: tvm.IRModule) -> tvm.IRModule:
     """Fewer steps in the requantize epilogues: constant scales multiplied together, and a
     clip dropped where the clip after it does its work.
 
-    - ``((x * a + b) * c`` becomes ``x * (a * c) + b * c`` (the conv's scale and bias, then
+    - ``(x * a + b) * c`` becomes ``x * (a * c) + b * c`` (the conv's scale and bias, then
       the quantize's 1 / s: one multiply-add instead of a multiply-add and a multiply);
     - ``(x * a) * c`` becomes ``x * (a * c)`` (a dequantize's s, then the next quantize's 1 / s);
     - ``(x * a + y * b) * c`` becomes ``x * (a * c) + y * (b * c)`` (a residual add between
