@@ -35,6 +35,8 @@ _ISA_FLAGS = (
 # /proc/cpuinfo's x86 flags and LLVM's names for the same features. LLVM names the host CPU
 # by its family and model, and a hypervisor may hide what that model has (an AMD Zen 4 guest
 # without AVX-512: mcpu znver4, no avx512f flag); code built for the name then dies on SIGILL.
+# It may also report a model older than the CPU (a Xeon with AMX as model 167, which LLVM
+# names rocketlake: no AMX, no avx512bf16); code built for the name then leaves them unused.
 _LLVM_FEATURES = (
     ("avx", "avx"), ("avx2", "avx2"), ("fma", "fma"), ("f16c", "f16c"),
     ("avx512f", "avx512f"), ("avx512bw", "avx512bw"), ("avx512dq", "avx512dq"),
@@ -140,9 +142,14 @@ def _cpu_device(mcpu: str | None, num_cores: int | None) -> Device:
     cores = num_cores or info["cores"]
     config: dict[str, Any] = {"kind": "llvm", "mcpu": mcpu or info["mcpu"], "num-cores": int(cores)}
     hidden = [] if mcpu is not None else hidden_features(config, host_cpu_flags())
+    unnamed = [] if mcpu is not None else unnamed_features(config, host_cpu_flags())
     if hidden:
         logger.info("LLVM names this CPU %s, but it lacks %s: building without them", config["mcpu"], ", ".join(hidden))
-        config["mattr"] = [f"-{f}" for f in hidden]
+    if unnamed:
+        logger.info("LLVM names this CPU %s, which lacks %s that it has: building with them",
+                    config["mcpu"], ", ".join(unnamed))
+    if hidden or unnamed:
+        config["mattr"] = [f"-{f}" for f in hidden] + [f"+{f}" for f in unnamed]
     desc = dict(info) | {"cores": int(cores)}
     return Device(kind="cpu", index=0, target_config=config, description=desc)
 
@@ -195,6 +202,19 @@ def hidden_features(config: dict[str, Any], cpu_flags: Iterable[str]) -> list[st
 
     Empty where the flags are unknown (no /proc/cpuinfo, not x86) or LLVM does not know the mcpu.
     """
+    return _features_differing(config, cpu_flags, listed=False)
+
+
+def unnamed_features(config: dict[str, Any], cpu_flags: Iterable[str]) -> list[str]:
+    """LLVM features that the CPU's flags list but ``config``'s mcpu does not imply.
+
+    Empty where the flags are unknown (no /proc/cpuinfo, not x86) or LLVM does not know the mcpu.
+    """
+    return _features_differing(config, cpu_flags, listed=True)
+
+
+def _features_differing(config: dict[str, Any], cpu_flags: Iterable[str], *, listed: bool) -> list[str]:
+    """The LLVM features whose flag the CPU lists (``listed``) or not, where the mcpu says otherwise."""
     from tvm.target import codegen
 
     flags = set(cpu_flags)
@@ -203,7 +223,7 @@ def hidden_features(config: dict[str, Any], cpu_flags: Iterable[str]) -> list[st
     try:
         target = tvm.target.Target(config)
         return [llvm for flag, llvm in _LLVM_FEATURES
-                if flag not in flags and codegen.target_has_features(llvm, target)]  # fmt: skip
+                if (flag in flags) == listed and bool(codegen.target_has_features(llvm, target)) != listed]  # fmt: skip
     except (RuntimeError, ValueError):
         return []
 

@@ -3,7 +3,14 @@ import tvm
 from tvm.target import codegen
 
 from search_spaces.constraints import limits_for
-from tuner.device import _LLVM_FEATURES, hidden_features, host_cpu_flags, host_cpu_info, parse_device
+from tuner.device import (
+    _LLVM_FEATURES,
+    hidden_features,
+    host_cpu_flags,
+    host_cpu_info,
+    parse_device,
+    unnamed_features,
+)
 from tuner.errors import UnknownDeviceError
 
 
@@ -95,6 +102,18 @@ def test_features_a_hypervisor_hides_are_built_without():
     assert hidden_features({"kind": "llvm", "mcpu": "znver4"}, []) == []  # flags unknown: trust LLVM
 
 
+def test_features_the_cpu_has_beyond_llvms_name_for_it_are_built_with():
+    # A Xeon with AMX that the hypervisor reports as model 167: LLVM names it rocketlake.
+    xeon = [*ZEN4_FLAGS, "avx512_fp16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16"]
+    unnamed = unnamed_features({"kind": "llvm", "mcpu": "rocketlake"}, xeon)
+    assert set(unnamed) == {"avx512bf16", "avx512fp16", "avxvnni", "amx-tile", "amx-int8", "amx-bf16"}
+    assert hidden_features({"kind": "llvm", "mcpu": "rocketlake"}, xeon) == []
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "rocketlake", "mattr": [f"+{f}" for f in unnamed]})
+    assert all(codegen.target_has_features(f, target) for f in unnamed)
+    assert unnamed_features({"kind": "llvm", "mcpu": "sapphirerapids"}, xeon) == []
+    assert unnamed_features({"kind": "llvm", "mcpu": "rocketlake"}, []) == []  # flags unknown: trust LLVM
+
+
 def test_host_target_claims_no_feature_the_cpu_lacks():
     dev = parse_device("cpu")
     flags = set(host_cpu_flags())
@@ -103,5 +122,8 @@ def test_host_target_claims_no_feature_the_cpu_lacks():
     # Each feature LLVM would use must be one the CPU lists (names from tuner.device's table).
     claimed = [flag for flag, llvm in _LLVM_FEATURES if codegen.target_has_features(llvm, dev.target)]
     assert set(claimed) <= flags, (sorted(set(claimed) - flags), dev.target_config)
+    # and leaves out none that it lists
+    listed = [flag for flag, _ in _LLVM_FEATURES if flag in flags]
+    assert set(listed) <= set(claimed), (sorted(set(listed) - set(claimed)), dev.target_config)
     # and explicit --target-arch cross-builds for the named CPU, as asked
     assert "mattr" not in parse_device("cpu", target_arch="znver4").target_config
