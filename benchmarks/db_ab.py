@@ -17,7 +17,9 @@ to bf16 and widened to float32 FMAs, not packed for ``vdpbf16ps``. ``--b-separat
 builds B (bf16) with each conv's padding a function of its own, as before the twenty-fourth
 session (tuner.pad_fusion). ``--b-unfolded-scales`` builds B (int8) with each requantize
 scale a multiply of its own and every clip kept, as before the twenty-seventh session
-(``tuner.precision.qdq.fold_scales``). Writes
+(``tuner.precision.qdq.fold_scales``). ``--b-narrow-blocks`` builds B (bf16, int8; an AMX
+CPU) with every conv reading 16-channel blocks and uint8 padded inside the conv's function,
+as before the twenty-eighth session (``tuner.layout.wide_blocks``). Writes
 benchmarks/results/db_ab.json (``--out``).
 
     .venv/bin/python benchmarks/db_ab.py --db warm.db --db-b cold.db --label-b "cold-tuned" --model resnet50
@@ -130,6 +132,15 @@ def unfolded_scales():
     return _swapped(qdq, "fold_scales", lambda mod: mod)
 
 
+def narrow_blocks():
+    """AMX convs as before the twenty-eighth session: 16-channel input blocks, half a bf16
+    tile row (a quarter of a uint8 one), uint8 padded inside the conv's function
+    (tuner.layout asks ``wide_blocks`` for both)."""
+    import tuner.layout
+
+    return _swapped(tuner.layout, "wide_blocks", lambda target: {})
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--db", required=True, help="database A: the 'TVM, database' row")
@@ -148,6 +159,8 @@ def main() -> None:
                    help="bf16: build B with each conv's padding a function of its own (not written by its producer)")
     p.add_argument("--b-unfolded-scales", action="store_true",
                    help="int8: build B with each requantize scale a multiply of its own and every clip kept")
+    p.add_argument("--b-narrow-blocks", action="store_true",
+                   help="AMX: build B with 16-channel input blocks on every conv (no wide blocks)")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     device = parse_device("cpu")
@@ -155,7 +168,7 @@ def main() -> None:
     spec = load_model(args.model)
     chosen_variants = [(args.b_opaque_transforms, opaque_layout_transforms), (args.b_widened_attention,
                        unpacked_activations), (args.b_separate_pads, separate_pads),
-                       (args.b_unfolded_scales, unfolded_scales)]  # fmt: skip
+                       (args.b_unfolded_scales, unfolded_scales), (args.b_narrow_blocks, narrow_blocks)]  # fmt: skip
     other = OtherDatabase(spec, device, TuningDatabase(args.db_b), args.label_b, args.precision,
                           tuple(make for wanted, make in chosen_variants if wanted))
     peers = [TorchBf16Peer() if name == "torch-bf16" else name for name in args.peers]
@@ -171,6 +184,7 @@ def main() -> None:
         "db_a": args.db, "db_b": args.db_b, "label_b": args.label_b, "precision": args.precision,
         "b_opaque_transforms": args.b_opaque_transforms, "b_widened_attention": args.b_widened_attention,
         "b_separate_pads": args.b_separate_pads, "b_unfolded_scales": args.b_unfolded_scales,
+        "b_narrow_blocks": args.b_narrow_blocks,
         "load_before": load_before, "load_after": os.getloadavg(), "result": result.to_json(),
     })  # fmt: skip
     console.print(f"wrote {args.out}")

@@ -49,16 +49,23 @@ def _opaque(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     return func.with_attr("op_pattern", _OPAQUE)
 
 
-def pad_interior(shape: Sequence[int], padding: Sequence[int], dtype: str) -> tvm.tirx.PrimFunc:
+def pad_interior(shape: Sequence[int], padding: Sequence[int], dtype: str, block: int | None = None,
+                 ) -> tvm.tirx.PrimFunc:  # fmt: skip
     """The copy of ``NCHW{b}c`` data of ``shape`` into the interior of its padded shape
     (``padding``: top, left, bottom, right), the border left as it is; marked for
     :func:`fold_pad_into_producer`. :func:`zero_border` completes the padding.
+
+    With ``block`` (a multiple of ``b``), the padded copy is ``NCHW{block}c``: ``block / b``
+    neighbouring chunks side by side in each pixel, the wide rows an AMX conv reads
+    (:func:`tuner.layout.wide_block`).
 
     Two functions, not one: a block that writes a buffer another block writes too is not
     "complete" to TIR's schedule, and the conv template moves the copy into its register tile.
     """
     n, c, h, w, b = _int64(shape)
     top, left, bottom, right = _int64(padding)
+    if block is not None and block != int(shape[4]):
+        return _opaque(_pad_wide(shape, padding, dtype, block))
 
     @T.prim_func(private=True, s_tir=True)
     def pad(x: T.Buffer((n, c, h, w, b), dtype), y: T.Buffer((n, c, h + top + bottom, w + left + right, b), dtype)):
@@ -68,6 +75,24 @@ def pad_interior(shape: Sequence[int], padding: Sequence[int], dtype: str) -> tv
                 y[v0, v1, v2 + top, v3 + left, v4] = x[v0, v1, v2, v3, v4]
 
     return _opaque(pad).with_attr(PAD_ATTR, True)
+
+
+def _pad_wide(shape: Sequence[int], padding: Sequence[int], dtype: str, block: int) -> tvm.tirx.PrimFunc:
+    """:func:`pad_interior`'s copy into ``NCHW{block}c``; not marked for folding (the conv
+    templates store a register tile into a padded output of their own block only)."""
+    n, c, h, w, b = _int64(shape)
+    top, left, bottom, right = _int64(padding)
+    k = block // int(shape[4])
+    wc, wb = _int64([int(shape[1]) // k, block])
+
+    @T.prim_func(private=True, s_tir=True)
+    def pad(x: T.Buffer((n, c, h, w, b), dtype), y: T.Buffer((n, wc, h + top + bottom, w + left + right, wb), dtype)):
+        for i0, i1, i2, i3, i4 in T.grid(n, c, h, w, b):
+            with T.sblock(PADDED_OUTPUT):
+                v0, v1, v2, v3, v4 = T.axis.remap("SSSSS", [i0, i1, i2, i3, i4])
+                y[v0, v1 // k, v2 + top, v3 + left, v1 % k * b + v4] = x[v0, v1, v2, v3, v4]
+
+    return pad
 
 
 def zero_border(shape: Sequence[int], padding: Sequence[int], dtype: str) -> tvm.tirx.PrimFunc:
@@ -92,15 +117,18 @@ def zero_border(shape: Sequence[int], padding: Sequence[int], dtype: str) -> tvm
     return _opaque(border).with_attr("tirx.is_scheduled", True)
 
 
-def emit_padded(bb: relax.BlockBuilder, data: relax.Expr, padding: Sequence[int]) -> relax.Expr:
+def emit_padded(bb: relax.BlockBuilder, data: relax.Expr, padding: Sequence[int], block: int | None = None,
+                ) -> relax.Expr:  # fmt: skip
     """Emit the zero padding of static ``NCHW{b}c`` ``data`` by ``padding`` (top, left,
-    bottom, right): :func:`pad_interior`, then :func:`zero_border` in place."""
+    bottom, right): :func:`pad_interior` (into ``NCHW{block}c`` with ``block``), then
+    :func:`zero_border` in place."""
     top, left, bottom, right = padding
     shape = [int(d) for d in data.ty.shape.values]
     dtype = str(data.ty.dtype)
-    ty = relax.TensorType([*shape[:2], shape[2] + top + bottom, shape[3] + left + right, shape[4]], dtype)
-    interior = bb.add_func(pad_interior(shape, padding, dtype), "pad_NCHWc")
-    border = bb.add_func(zero_border(shape, padding, dtype), "pad_border_NCHWc")
+    wide = shape if block is None else [shape[0], shape[1] * shape[4] // block, shape[2], shape[3], block]
+    ty = relax.TensorType([*wide[:2], wide[2] + top + bottom, wide[3] + left + right, wide[4]], dtype)
+    interior = bb.add_func(pad_interior(shape, padding, dtype, block), "pad_NCHWc")
+    border = bb.add_func(zero_border(wide, padding, dtype), "pad_border_NCHWc")
     return bb.emit(relax.call_tir_inplace(border, [bb.emit(relax.call_tir(interior, [data], ty))], 0, ty))
 
 

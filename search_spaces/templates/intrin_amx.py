@@ -106,10 +106,21 @@ class TileShape:
 
 
 #: A conv tile: pixels of one output row (rows; ResNet's and MobileNet's rows are multiples
-#: of 7 or 8), tn output channel blocks, one input channel block of 16 per step (NCHW16c).
+#: of 7 or 8), tn output channel blocks, one input channel block per step: 16 channels
+#: (NCHW16c), or a wide block that fills the whole 64-byte A row (32 bfloat16 or 64 uint8
+#: channels, :func:`conv_blocks`), in which each tile multiply does 2x (4x) the work for
+#: the same cycles (``benchmarks/amx_conv_steps.py``).
 CONV_ROWS = (7, 8, 14, 16)
 CONV_BLOCK = 16
-CONV_SHAPES = tuple(TileShape(1, tn, rows, CONV_BLOCK) for rows in CONV_ROWS for tn in (1, 2, 3))
+
+
+def conv_blocks(inst: AmxInstruction) -> tuple[int, ...]:
+    """Input channel blocks a conv's A rows may hold for ``inst``: 16 and the whole row."""
+    return (CONV_BLOCK, inst.step)
+
+
+def _conv_shapes(inst: AmxInstruction) -> tuple[TileShape, ...]:
+    return tuple(TileShape(1, tn, rows, k) for k in conv_blocks(inst) for rows in CONV_ROWS for tn in (1, 2, 3))
 #: Conv strides an update reads A's pixels at (ResNet's downsampling convs are stride 2).
 CONV_STRIDES = (1, 2)
 
@@ -452,7 +463,7 @@ def register_amx_intrinsics() -> None:
 
     with quick_tvmscript():
         intrinsics = [_dense_intrinsics(inst, TileShape(tm, tn)) for inst in (AMX_BF16, AMX_INT8) for tm, tn in SHAPES]
-        intrinsics += [_conv_intrinsics(inst, shape) for inst in (AMX_BF16, AMX_INT8) for shape in CONV_SHAPES]
+        intrinsics += [_conv_intrinsics(inst, shape) for inst in (AMX_BF16, AMX_INT8) for shape in _conv_shapes(inst)]
     for group in intrinsics:
         for name, (desc, impl) in group.items():
             TensorIntrin.register(name, desc, impl, override=True)

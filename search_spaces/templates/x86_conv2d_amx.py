@@ -2,22 +2,23 @@
 (``tdpbf16ps`` for bf16, ``tdpbusd`` for uint8 x int8), + epilogue.
 
 The task is the one of ``x86-conv2d-nchwc-dot`` (:mod:`.x86_conv2d_nchwc_dot`): block
-``conv2d_NCHWc_dot`` over ``NCHW16c`` data with weights packed ``OIHW{16/e}i16o{e}i``, whose
+``conv2d_NCHWc_dot`` over ``NCHW{b}c`` data with weights packed ``OIHW{b/e}i16o{e}i``, whose
 rows of 16 output channels x ``e`` input channels are 64 bytes: one row of an AMX B tile.
 An accumulator tile is ``rows`` output pixels of one output row x one output channel block
 of 16; the register tile is ``tile_oc`` of them side by side (the same pixels). One
-reduction step is one input channel block (16 channels, 32 bytes of bf16 or 16 of uint8 per
-pixel) at one kernel tap: an A tile of ``rows`` input pixels, 16 channels each, that a
-conv reads at a constant stride (the channel block's 16 elements, times the conv's stride
-along the row), and ``tile_oc`` B tiles. The accumulators stay in the tile registers
-across every channel block and tap (:mod:`.intrin_amx`); the epilogue then runs from a
-local copy, vectorized.
+reduction step is one input channel block at one kernel tap: an A tile of ``rows`` input
+pixels, ``b`` channels each, that a conv reads at a constant stride (the block's ``b``
+elements, times the conv's stride along the row), and ``tile_oc`` B tiles. The
+accumulators stay in the tile registers across every channel block and tap
+(:mod:`.intrin_amx`); the epilogue then runs from a local copy, vectorized.
 
 ``rows`` divides the output row (7, 8, 14 or 16 pixels: tiles of fewer than 16 rows are
 fine for AMX, each row of A is one step of the tile multiply), so no tile is partial. An
-``NCHW16c`` block fills only half of a bf16 A row (a quarter of a uint8 one): a 32-channel
-block would double each instruction's work, but every other kernel and layout transform
-in the blocked plan is built on 16.
+``NCHW16c`` block fills only half of a bf16 A row (a quarter of a uint8 one), and a tile
+multiply costs the same cycles whatever part of the row it uses
+(``benchmarks/amx_conv_steps.py``): a conv whose input is padded by another function reads
+it in a wide block that fills the row, 32 bf16 or 64 uint8 channels
+(:func:`tuner.layout.wide_blocks`), and so does half (a quarter of) the tile multiplies.
 
 Strides other than 1 and 2, and rows that none of the tile heights divide, stay on the
 AVX-512 template.
@@ -42,6 +43,7 @@ from search_spaces.templates.intrin_amx import (
     CONV_STRIDES,
     AmxInstruction,
     TileShape,
+    conv_blocks,
     conv_update,
     copy_accumulators,
     register_amx_intrinsics,
@@ -55,9 +57,10 @@ NAME = "x86-conv2d-amx"
 _TILE_OC = (1, 2, 3)
 
 
-def _instruction(sch: Schedule, conv: Any) -> tuple[AmxInstruction, int] | None:
-    """The AMX instruction for the conv's (data, weight) dtypes and the conv's stride along
-    the row (one of :data:`CONV_STRIDES`), or None; the data must be an ``NCHW16c`` block."""
+def _instruction(sch: Schedule, conv: Any) -> tuple[AmxInstruction, int, int] | None:
+    """The AMX instruction for the conv's (data, weight) dtypes, the conv's stride along the
+    row (one of :data:`CONV_STRIDES`) and its input channel block (one of
+    :func:`~.intrin_amx.conv_blocks`: ``NCHW16c`` data, or a wide block), or None."""
     stmt = sch.get(conv)
     reads = stmt.reads
     inst = AMX_DOTS.get(tuple(str(r.source.dtype) for r in reads)) if len(reads) == 2 else None
@@ -65,10 +68,11 @@ def _instruction(sch: Schedule, conv: Any) -> tuple[AmxInstruction, int] | None:
         return None
     *_, groups, lanes = (int(sch.get(loop).extent) for loop in sch.get_loops(conv))
     data = reads[0].source
-    if lanes != inst.elements or groups * lanes != CONV_BLOCK or int(data.shape[-1]) != CONV_BLOCK:
+    block = int(data.shape[-1])
+    if lanes != inst.elements or groups * lanes != block or block not in conv_blocks(inst):
         return None
     stride = _row_stride(stmt, data)
-    return (inst, stride) if stride in CONV_STRIDES else None
+    return (inst, stride, block) if stride in CONV_STRIDES else None
 
 
 def _row_stride(stmt: Any, data: Any) -> int | None:
@@ -109,11 +113,12 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     conv = _conv_block(sch)
     found = None if conv is None else _instruction(sch, conv)
     if conv is None or found is None:
-        raise ValueError("no stride-1 or -2 conv2d_NCHWc_dot block over NCHW16c bfloat16 or uint8 x int8 data")
-    inst, stride = found
+        raise ValueError("no stride-1 or -2 conv2d_NCHWc_dot block over NCHW16c (or wide-block) bfloat16 "
+                         "or uint8 x int8 data")
+    inst, stride, block = found
     conv_name = sch.get(conv).name_hint
     conv, store = accumulate_conv(sch, conv)
-    shape = TileShape(1, values["tile_oc"], values["rows"], CONV_BLOCK)
+    shape = TileShape(1, values["tile_oc"], values["rows"], block)
     n, oc, oh, ow, oc_block, kh, kw, ic_chunk, ic_group, ic_lane = sch.get_loops(conv)
     oc_o, oc_i = sch.split(oc, [None, shape.tn])
     ow_o, ow_i = sch.split(ow, [None, shape.rows])

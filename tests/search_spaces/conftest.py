@@ -59,11 +59,16 @@ def conv_nchwc(c: int = 32, hw: int = 14, o: int = 32, k: int = 3, stride: int =
     return tvm.IRModule({"main": te.create_prim_func([data, kernel, bias, out])})
 
 
-def _extracted(x_shape: tuple[int, ...], layer: Callable, name: str, precision: str = "fp32") -> tvm.IRModule:
+def _extracted(x_shape: tuple[int, ...], layer: Callable, name: str, precision: str = "fp32",
+               folding: bool = False) -> tvm.IRModule:  # fmt: skip
     """The task ``name`` of a one-layer Relax model ``layer(x)``, as ``tune`` extracts it
-    (the host's layouts, int64 indices, the epilogue fused) at ``precision``."""
+    (the host's layouts, int64 indices, the epilogue fused) at ``precision``; with
+    ``folding``, as for the host without AMX tiles, where a conv's padded input is written by
+    its producer (``tuner.pad_fusion.folds_pads``)."""
     from tvm import relax
 
+    from tuner.device import parse_device
+    from tuner.pad_fusion import folds_pads
     from tuner.tasks import extract_tasks
 
     bb = relax.BlockBuilder()
@@ -72,7 +77,13 @@ def _extracted(x_shape: tuple[int, ...], layer: Callable, name: str, precision: 
         with bb.dataflow():
             out = bb.emit_output(bb.emit(layer(x)))
         bb.emit_func_output(out)
-    [found] = [t for t in extract_tasks(bb.get(), target("llvm"), precision=precision) if name in t.name]
+    host = target("llvm")
+    if folding and not folds_pads(host):
+        config = dict(parse_device("cpu").target_config)
+        config["mattr"] = [m for m in config.get("mattr", []) if "amx" not in m] + ["-amx-tile", "-amx-bf16",
+                                                                                    "-amx-int8"]  # fmt: skip
+        host = tvm.target.Target(config)
+    [found] = [t for t in extract_tasks(bb.get(), host, precision=precision) if name in t.name]
     return found.mod
 
 
@@ -97,7 +108,7 @@ def conv_padded_output_bf16() -> tvm.IRModule:
     op = tvm.relax.op
     return _extracted((1, 32, 14, 14), lambda x: op.nn.conv2d(
         op.nn.relu(op.add(op.nn.conv2d(x, _const(32, 32, 1, 1)), _const(1, 32, 1, 1))), _const(32, 32, 3, 3),
-        padding=1), "pad_NCHWc", "bf16")  # fmt: skip
+        padding=1), "pad_NCHWc", "bf16", folding=True)  # fmt: skip
 
 
 def conv_padded_output_u8() -> tvm.IRModule:
@@ -124,7 +135,7 @@ def conv_padded_output_u8() -> tvm.IRModule:
         y = op.nn.relu(op.add(op.nn.conv2d(qdq(x, 1 / 255), weight(32, 32, 1, 1)), _const(1, 32, 1, 1)))
         return op.nn.conv2d(qdq(y, 0.02), weight(32, 32, 3, 3), padding=1)
 
-    return _extracted((1, 32, 14, 14), layer, "pad_NCHWc", "int8")
+    return _extracted((1, 32, 14, 14), layer, "pad_NCHWc", "int8", folding=True)
 
 
 def dense_relax(precision: str = "fp32") -> tvm.IRModule:
@@ -245,20 +256,23 @@ def dense_u8s8(m: int = 32, k: int = 64, n: int = 48) -> tvm.IRModule:
 
 
 def conv_nchwc_dot(dtype: str = "bfloat16", stride: int = 1, residual: bool = False, channels: int = 32,
-                   ) -> tvm.IRModule:  # fmt: skip
+                   block: int = 16) -> tvm.IRModule:  # fmt: skip
     """A 3x3 conv (pad 1), 32 -> ``channels`` channels, in NCHW16c as ``tuner.layout``
     legalizes one that fits a dot-product instruction: ``conv2d_NCHWc_dot`` with weights
     ``OIHW{16/n}i16o{n}i``, bfloat16 (n 2, float32 sums) or uint8 x int8 (n 4, int32 sums),
     + bias + relu; ``residual`` adds a dequantized input computed before the conv, as int8
-    ResNets fuse it."""
+    ResNets fuse it. A ``block`` above 16 reads ``block`` input channels (64 for uint8) in
+    one chunk, already padded: the wide block of an AMX target (``tuner.layout.wide_blocks``)."""
     from tuner.layout import conv2d_nchwc_dot
 
     n = 2 if dtype == "bfloat16" else 4
     acc = "float32" if dtype == "bfloat16" else "int32"
     # bfloat16 data comes padded by a function of its own (see tuner.layout._legalize_conv2d).
-    pad = 0 if n == 2 else 1
-    data = te.placeholder((1, 2, 16 - 2 * pad, 16 - 2 * pad, 16), name="data", dtype=dtype)
-    weight = te.placeholder((channels // 16, 2, 3, 3, 16 // n, 16, n), name="weight", dtype=dtype if n == 2 else "int8")
+    pad = 0 if n == 2 or block > 16 else 1
+    chunks = max(32, block) // block
+    data = te.placeholder((1, chunks, 16 - 2 * pad, 16 - 2 * pad, block), name="data", dtype=dtype)
+    weight = te.placeholder((channels // 16, chunks, 3, 3, block // n, 16, n), name="weight",
+                            dtype=dtype if n == 2 else "int8")  # fmt: skip
     bias = te.placeholder((1, channels // 16, 1, 1, 16), name="bias")
     conv = conv2d_nchwc_dot(data, weight, (stride, stride), (pad,) * 4, (1, 1), acc)
     out = topi.add(topi.cast(conv, "float32") if acc != "float32" else conv, bias)
@@ -319,6 +333,8 @@ TASKS: dict[str, Callable[[], tvm.IRModule]] = {
     "conv_padded_output_u8": conv_padded_output_u8,
     "conv_nchwc_u8": lambda: conv_nchwc_dot("uint8"),
     "conv_nchwc_u8_residual": lambda: conv_nchwc_dot("uint8", stride=2, residual=True),
+    "conv_nchwc_bf16_wide": lambda: conv_nchwc_dot(block=32),
+    "conv_nchwc_u8_wide": lambda: conv_nchwc_dot("uint8", stride=2, residual=True, block=64),
     "dense_u8s8": dense_u8s8,
     "conv_winograd": conv_winograd,
     # A 7x7 map in tiles of 2 (the last row and column of tiles reach past it), no epilogue.

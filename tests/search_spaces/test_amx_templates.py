@@ -42,6 +42,9 @@ def test_templates_need_amx_and_whole_tiles():
     assert "x86-conv2d-amx" not in search_spaces.applicable_kinds(task("conv_nchwc_bf16"), vnni)
     # Stride 2: A's rows are two pixels apart.
     assert "x86-conv2d-amx" in search_spaces.applicable_kinds(task("conv_nchwc_bf16_s2"), amx)
+    # Wide blocks (a whole 64-byte tile row per pixel): on tiles and on the AVX-512 dot products.
+    for name in ("conv_nchwc_bf16_wide", "conv_nchwc_u8_wide"):
+        assert {"x86-conv2d-amx", "x86-conv2d-nchwc-dot"} <= set(search_spaces.applicable_kinds(task(name), amx))
 
 
 def test_register_tiles_fit_the_tile_registers():
@@ -68,7 +71,8 @@ def _points(kind: str, task_name: str, count: int, seed: int):
 @needs_amx_bf16
 @pytest.mark.parametrize(("kind", "task_name"), [("x86-dense-amx-bf16", "dense_bf16"),
                                                  ("x86-conv2d-amx", "conv_nchwc_bf16"),
-                                                 ("x86-conv2d-amx", "conv_nchwc_bf16_s2")])  # fmt: skip
+                                                 ("x86-conv2d-amx", "conv_nchwc_bf16_s2"),
+                                                 ("x86-conv2d-amx", "conv_nchwc_bf16_wide")])  # fmt: skip
 def test_bf16_points_run_on_tiles_and_match_the_reference(kind, task_name):
     """Stated tolerance: the reference is the unscheduled task on the same bf16 inputs; the
     tiles sum the exact bf16 products in float32, so a candidate matches within the float32
@@ -85,7 +89,8 @@ def test_bf16_points_run_on_tiles_and_match_the_reference(kind, task_name):
 @needs_amx_int8
 @pytest.mark.parametrize(("kind", "task_name"), [("x86-dense-amx-int8", "dense_u8s8"),
                                                  ("x86-conv2d-amx", "conv_nchwc_u8"),
-                                                 ("x86-conv2d-amx", "conv_nchwc_u8_residual")])  # fmt: skip
+                                                 ("x86-conv2d-amx", "conv_nchwc_u8_residual"),
+                                                 ("x86-conv2d-amx", "conv_nchwc_u8_wide")])  # fmt: skip
 def test_int8_points_compute_exactly(kind, task_name):
     """uint8 x int8 sums in int32 are exact: bit for bit on full-range inputs (not the 0/1
     integers of tuner.measure, under which a kernel that dropped part of the reduction could

@@ -39,6 +39,10 @@ from tuner.tasks import extract_tasks
                                                  ("x86-dense-amx-int8", "dense_u8s8"),
                                                  ("x86-conv2d-amx", "conv_nchwc_bf16"),
                                                  ("x86-conv2d-amx", "conv_nchwc_u8"),
+                                                 ("x86-conv2d-amx", "conv_nchwc_bf16_wide"),
+                                                 ("x86-conv2d-amx", "conv_nchwc_u8_wide"),
+                                                 ("x86-conv2d-nchwc-dot", "conv_nchwc_bf16_wide"),
+                                                 ("x86-conv2d-nchwc-dot", "conv_nchwc_u8_wide"),
                                                  ("x86-conv2d-winograd", "conv_winograd"),
                                                  ("x86-conv2d-winograd", "conv_winograd_m2_bare"),
                                                  ("x86-conv2d-winograd", "conv_winograd_bf16")])  # fmt: skip

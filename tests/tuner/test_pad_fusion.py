@@ -14,7 +14,7 @@ from tuner.compile import compile_model, run_model
 from tuner.db import TuningDatabase
 from tuner.device import host_cpu_info, parse_device
 from tuner.frontends import ModelSpec
-from tuner.pad_fusion import zero_border
+from tuner.pad_fusion import PAD_ATTR, pad_interior, zero_border
 from tuner.tasks import extract_tasks
 
 needs_bf16 = pytest.mark.skipif("avx512_bf16" not in host_cpu_info()["isa_flags"],
@@ -96,12 +96,31 @@ def test_zero_border_zeroes_the_border_alone():
     np.testing.assert_array_equal(got[~border], padded.astype(np.float32)[~border])
 
 
-def test_uint8_convs_pad_apart_where_the_fold_runs():
+def test_uint8_convs_pad_apart_where_the_fold_runs_or_amx_widens_them():
     """uint8 data is padded by another function where fold_pad_into_producer runs (not on
-    AMX targets, whose conv template has not run with a padded output); bfloat16 always."""
-    from tuner.layout import pad_dtypes_apart
+    AMX targets, whose conv template has not run with a padded output), and on AMX-INT8
+    targets, where that copy lays the data out in blocks of 64 (a whole tile row); bfloat16
+    always, in blocks of 32 on AMX."""
+    from tuner.layout import pad_dtypes_apart, wide_blocks
 
     zen4 = parse_device("cpu", target_arch="znver4").target
     amx = parse_device("cpu", target_arch="sapphirerapids").target
-    assert pad_dtypes_apart(zen4) == ("bfloat16", "uint8")
-    assert pad_dtypes_apart(amx) == ("bfloat16",)
+    assert pad_dtypes_apart(zen4) == ("bfloat16", "uint8") and wide_blocks(zen4) == {}
+    assert pad_dtypes_apart(amx) == ("bfloat16", "uint8")
+    assert wide_blocks(amx) == {"bfloat16": 32, "uint8": 64}
+
+
+def test_a_wide_padded_copy_puts_neighbouring_chunks_side_by_side():
+    """pad_interior into NCHW32c from NCHW16c (what an AMX bf16 conv reads): chunk 2c + j
+    of the data is lanes 16 j to 16 j + 15 of wide chunk c, at the padded offset; the
+    border is zero_border's, left as it was."""
+    shape, padding = (1, 4, 5, 6, 16), (1, 1, 1, 1)
+    func = pad_interior(shape, padding, "float32", block=32).with_attr("global_symbol", "main")
+    assert not (func.attrs and func.attrs.get(PAD_ATTR)), "a wide copy is not the producer's to fold"
+    lib = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
+    x = np.random.default_rng(0).uniform(0.5, 1, shape).astype(np.float32)
+    y = tvm.runtime.tensor(np.full((1, 2, 7, 8, 32), -1.0, np.float32))
+    lib["main"](tvm.runtime.tensor(x), y)
+    want = np.full((1, 2, 7, 8, 32), -1.0, np.float32)
+    want[:, :, 1:6, 1:7] = x.reshape(1, 2, 2, 5, 6, 16).transpose(0, 1, 3, 4, 2, 5).reshape(1, 2, 5, 6, 32)
+    np.testing.assert_array_equal(y.numpy(), want)
