@@ -315,6 +315,43 @@ def wide_blocks(target: tvm.target.Target) -> dict[str, int]:
     return {inst.dtypes[0]: inst.step for inst in AMX_DOTS.values() if target_has_amx(target, inst)}
 
 
+def row_taps_fit(weight_shape: Sequence[int], block: int | None) -> bool:
+    """Whether a conv of one input chunk fits a kernel row's taps x channels into ``block``
+    (ResNet's 7x7 stem over 4 channels: 28 of 32), so that :func:`row_taps` can run it."""
+    if block is None or len(weight_shape) != 6:
+        return False
+    _, chunks, _, kw, ib, _ = weight_shape
+    return chunks == 1 and kw > 1 and kw * ib <= block
+
+
+def row_taps(data: te.Tensor, padding: Sequence[int], kw: int, stride_w: int, block: int) -> te.Tensor:
+    """``NCHW{b}c`` data of one chunk as the rows a conv reads along a kernel row: element
+    (ih, ow, t b + c) is the zero-padded input at row ih, column ``ow * stride_w + t``, channel
+    c; ``block`` elements per row, the ``kw * b`` taps first, then zeros. A conv over it with
+    the kernel's rows alone (kh x 1, stride 1 along the row, :func:`row_tap_weight`) is the
+    conv over ``data``, each reduction step a whole ``block`` of the taps."""
+    n, _, h, w, b = (int(d) for d in data.shape)
+    top, left, bottom, right = padding
+    ow = (w + left + right - kw) // stride_w + 1
+
+    def value(i0, i1, i2, i3, i4):
+        tap, c = i4 // b, i4 % b
+        col = i3 * stride_w + tap - left
+        inside = tvm.tirx.all(tap < kw, i2 >= top, i2 < h + top, col >= 0, col < w)
+        return tvm.tirx.if_then_else(inside, data[i0, i1, i2 - top, col, c], tvm.tirx.const(0, data.dtype))
+
+    return te.compute((n, 1, h + top + bottom, ow, block), value, name="row_taps")
+
+
+def row_tap_weight(weight: np.ndarray, block: int) -> np.ndarray:
+    """``OIHW{b}i{o}o`` weights of one input chunk for a conv over :func:`row_taps`:
+    ``OIH1{block}i{o}o``, the kernel row's taps x channels, then zeros."""
+    oc, _, kh, kw, ib, ob = weight.shape
+    out = np.zeros((oc, 1, kh, 1, block, ob), weight.dtype)
+    out[:, 0, :, 0, :kw * ib] = weight[:, 0].reshape(oc, kh, kw * ib, ob)
+    return out
+
+
 def pack_dot_weight(weight: np.ndarray, n: int) -> np.ndarray:
     """``OIHW{i}i{o}o`` weights as ``OIHW{i/n}i{o}o{n}i``: the ``n`` input channels one lane
     of the instruction reduces are adjacent, the ``o`` lanes of one register contiguous."""
@@ -375,6 +412,20 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call,
             [int(p) for p in attrs.padding], [int(d) for d in attrs.dilation], out,
             primfunc_name_hint="depthwise_conv2d_NCHWc",
         )
+    data = call.args[0]
+    block = (wide or {}).get(str(data.ty.dtype))
+    if (weight is not None and str(data.ty.dtype) in pad_apart and row_taps_fit(weight.ty.shape.values, block)
+            and all(int(d) == 1 for d in attrs.dilation)):
+        # A conv of few channels (an RGB stem) reads a kernel row's taps as one block: the
+        # row_taps copy takes the padding's place, outside the conv's function.
+        from search_spaces.templates.intrin_x86 import DOTS
+
+        taps = bb.emit_te(row_taps, data, [int(p) for p in attrs.padding], int(weight.ty.shape.values[3]),
+                          int(attrs.strides[1]), block, primfunc_name_hint="row_taps")  # fmt: skip
+        n = DOTS[(str(data.ty.dtype), str(weight.ty.dtype))].elements
+        packed = relax.const(pack_dot_weight(row_tap_weight(weight.value.numpy(), block), n), str(weight.ty.dtype))
+        return bb.call_te(conv2d_nchwc_dot, taps, packed, [int(attrs.strides[0]), 1], [0, 0, 0, 0],
+                          [int(attrs.dilation[0]), 1], out, primfunc_name_hint="conv2d_NCHWc_dot")  # fmt: skip
     n = dot_elements(call, weight)
     if n is not None and weight is not None:
         w = weight.value.numpy()
