@@ -324,7 +324,7 @@ def test_bf16_rounds_a_shared_activation_once_where_it_is_made():
 def test_bf16_gives_an_rgb_conv_a_zero_channel_for_the_dot_instruction():
     """A conv over 3 channels (ResNet's stem) reads 4, the fourth zero in data and weights:
     vdpbf16ps adds channel pairs. It becomes a conv2d_NCHWc_dot and computes what fp32 does."""
-    from tuner.layout import LayoutPlan, prepare
+    from tuner.layout import LayoutPlan, prepare, wide_blocks
 
     rng = np.random.default_rng(8)
     bb = relax.BlockBuilder()
@@ -338,6 +338,10 @@ def test_bf16_gives_an_rgb_conv_a_zero_channel_for_the_dot_instruction():
     assert "1 conv2d with a zero input channel" in bf16_summary(mod)
     tasks = extract_tasks(mod, target, plan, precision="bf16")
     assert any("conv2d_NCHWc_dot" in t.name for t in tasks), [t.name for t in tasks]
+    # On AMX the stem reads a kernel row's 7 taps x 4 channels as one block of 32, which
+    # the input's cast, channel pad and layout transform write in one pass.
+    amx = "bfloat16" in wide_blocks(target)
+    assert any(t.name.endswith("_row_taps") for t in tasks) == amx, [t.name for t in tasks]
     data = rng.uniform(-1, 1, (1, 3, 16, 16)).astype("float32")
     want = _run(mod, target, data)
     got = _run(prepare(apply_precision(mod, "bf16"), target, plan), target, data)

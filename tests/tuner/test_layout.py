@@ -21,9 +21,14 @@ from tuner.layout import (
     auto_layouts,
     choose_from_database,
     choose_layouts,
+    conv2d_nchwc_dot,
     conv_calls,
     conv_task_keys,
+    pack_dot_weight,
     prepare,
+    row_tap_weight,
+    row_taps,
+    row_taps_fit,
     simplify_sums,
     stored_layouts,
     vector_lanes,
@@ -524,3 +529,34 @@ def _constants(mod: tvm.IRModule) -> list[Constant]:
             relax.analysis.post_order_visit(
                 func, lambda e: found.append(e) if isinstance(e, Constant) and hasattr(e.value, "numpy") else None)
     return found
+
+
+@pytest.mark.parametrize(("channels", "stride"), [(4, 2), (3, 1)])
+def test_a_conv_over_row_taps_is_the_conv(channels, stride):
+    """A few-channel conv (ResNet's 7x7 stem) over row_taps, its kernel rows alone with
+    row_tap_weight, computes the padded conv over the data: what an AMX stem runs
+    (tuner.layout.wide_blocks; float32 here, so it builds and runs on any CPU)."""
+    from tvm import te
+
+    rng = np.random.default_rng(3)
+    pad, block = (3, 3, 3, 3), 32
+    data = rng.uniform(-1, 1, (1, 1, 12, 13, channels)).astype("float32")
+    weight = rng.uniform(-1, 1, (2, 1, 7, 7, channels, 16)).astype("float32")  # OIHW{c}i16o
+    x = te.placeholder(data.shape, "float32", name="x")
+
+    def build(out: te.Tensor, w: te.Tensor) -> np.ndarray:
+        lib = tvm.compile(tvm.IRModule({"main": te.create_prim_func([x, w, out])}), target="llvm")
+        got = tvm.runtime.tensor(np.zeros([int(d) for d in out.shape], "float32"))
+        lib["main"](tvm.runtime.tensor(data), tvm.runtime.tensor(packed[w.name]), got)
+        return got.numpy()
+
+    packed = {"w": pack_dot_weight(weight, 1) if channels % 2 else pack_dot_weight(weight, 2),
+              "w_rows": pack_dot_weight(row_tap_weight(weight, block), 2)}
+    w = te.placeholder(packed["w"].shape, "float32", name="w")
+    w_rows = te.placeholder(packed["w_rows"].shape, "float32", name="w_rows")
+    want = build(conv2d_nchwc_dot(x, w, (stride, stride), pad, (1, 1), "float32"), w)
+    taps = row_taps(x, pad, 7, stride, block)
+    got = build(conv2d_nchwc_dot(taps, w_rows, (stride, 1), (0, 0, 0, 0), (1, 1), "float32"), w_rows)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert row_taps_fit(weight.shape, block) and not row_taps_fit(weight.shape, 16)
