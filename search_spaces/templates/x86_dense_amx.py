@@ -12,8 +12,10 @@ and ``tile_n`` B tiles and issues ``tile_m * tile_n`` tile products. The accumul
 stored once per register tile to a local buffer, from which the epilogue (bias, GELU,
 residual; requantize for int8) writes the output, vectorized, as in ``x86-dense``.
 
-Rows and columns must be whole tiles (BERT's 128 tokens and its 768/3072 features are), and
-W a weight (no batch dimensions); other tasks are left to the AVX-512 templates.
+Rows and columns must be whole tiles (BERT's 128 tokens and its 768/3072 features are);
+other tasks are left to the AVX-512 templates. W may have batch dimensions (attention's
+second activation, packed by ``tuner.precision.bf16``): the tiles then run one batch at a
+time, the batches in parallel.
 """
 
 from __future__ import annotations
@@ -53,10 +55,6 @@ def _knobs(dot: _Dot, inst: AmxInstruction, mod: tvm.IRModule, target: tvm.targe
     sch = Schedule(mod)
     block = _matmul_block(sch, dot)
     if block is None or _tail(sch, block) is None:
-        return None
-    if len(sch.get(block).reads[1].source.shape) != 3:
-        # A batched W (attention's packed second activation) has not run on an AMX CPU yet:
-        # it stays with x86-dense-bf16 until one measures it.
         return None
     *_, m, n, groups, _ = (int(sch.get(loop).extent) for loop in sch.get_loops(block))
     if m % TILE or n % TILE or groups % TILE:
