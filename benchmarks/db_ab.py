@@ -18,8 +18,9 @@ builds B (bf16) with each conv's padding a function of its own, as before the tw
 session (tuner.pad_fusion). ``--b-unfolded-scales`` builds B (int8) with each requantize
 scale a multiply of its own and every clip kept, as before the twenty-seventh session
 (``tuner.precision.qdq.fold_scales``). ``--b-narrow-blocks`` builds B (bf16, int8; an AMX
-CPU) with every conv reading 16-channel blocks and uint8 padded inside the conv's function,
-as before the twenty-eighth session (``tuner.layout.wide_blocks``). Writes
+CPU) as before the twenty-eighth session: every conv reading 16-channel blocks, uint8
+padded inside the conv's function and every padding a function of its own
+(``tuner.layout.wide_blocks``, ``PAD_APART``, ``tuner.pad_fusion``). Writes
 benchmarks/results/db_ab.json (``--out``).
 
     .venv/bin/python benchmarks/db_ab.py --db warm.db --db-b cold.db --label-b "cold-tuned" --model resnet50
@@ -34,6 +35,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import tvm
 from rich.console import Console
 
 from tuner.bench import BenchConfig, TvmRunner, bench, render
@@ -132,13 +134,19 @@ def unfolded_scales():
     return _swapped(qdq, "fold_scales", lambda mod: mod)
 
 
+@contextlib.contextmanager
 def narrow_blocks():
     """AMX convs as before the twenty-eighth session: 16-channel input blocks, half a bf16
-    tile row (a quarter of a uint8 one), uint8 padded inside the conv's function
-    (tuner.layout asks ``wide_blocks`` for both)."""
+    tile row (a quarter of a uint8 one), no row taps for the stem (tuner.layout asks
+    ``wide_blocks`` for both), uint8 padded inside the conv's function (``PAD_APART``) and
+    every padding a function of its own (the fold left out of tuner.tasks' passes)."""
     import tuner.layout
+    import tuner.tasks
 
-    return _swapped(tuner.layout, "wide_blocks", lambda target: {})
+    with (_swapped(tuner.layout, "wide_blocks", lambda target: {}),
+          _swapped(tuner.layout, "PAD_APART", ("bfloat16",)),
+          _swapped(tuner.tasks, "fold_pad_into_producer", tvm.transform.Sequential([]))):  # fmt: skip
+        yield
 
 
 def main() -> None:
@@ -160,7 +168,7 @@ def main() -> None:
     p.add_argument("--b-unfolded-scales", action="store_true",
                    help="int8: build B with each requantize scale a multiply of its own and every clip kept")
     p.add_argument("--b-narrow-blocks", action="store_true",
-                   help="AMX: build B with 16-channel input blocks on every conv (no wide blocks)")
+                   help="AMX: build B as before the twenty-eighth session (16-channel blocks, paddings apart)")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     device = parse_device("cpu")

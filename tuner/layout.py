@@ -36,7 +36,7 @@ from tvm.relax import pipeline as relax_pipeline
 
 from search_spaces.constraints import is_x86
 from tuner.fold import fold_constants
-from tuner.pad_fusion import emit_padded, folds_pads
+from tuner.pad_fusion import emit_padded
 
 logger = logging.getLogger(__name__)
 
@@ -308,7 +308,7 @@ def widen_weight(weight: np.ndarray, block: int) -> np.ndarray:
 def wide_blocks(target: tvm.target.Target) -> dict[str, int]:
     """Input channel blocks, by data dtype, that fill an AMX tile row (32 bfloat16, 64 uint8)
     where ``target`` has the tile multiply: a conv whose data is padded by another function
-    (:func:`pad_dtypes_apart`) reads it in that block (``x86-conv2d-amx``: each tile
+    (:data:`PAD_APART`) reads it in that block (``x86-conv2d-amx``: each tile
     multiply then does 2x, 4x the work of one 16-channel block, for the same cycles)."""
     from search_spaces.templates.intrin_amx import AMX_DOTS, target_has_amx
 
@@ -389,7 +389,7 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call,
     ``winograd_calls`` (with its tile), :func:`conv2d_nchwc_dot` with packed weights for one
     that fits a dot-product instruction (bf16, uint8 x int8; :func:`dot_elements`), its data
     padded outside its function where the data's dtype is in ``pad_apart``
-    (:func:`pad_dtypes_apart`) and then in the block ``wide`` gives for its dtype where the
+    (:data:`PAD_APART`) and then in the block ``wide`` gives for its dtype where the
     input channels fill it (:func:`wide_blocks`), :func:`depthwise_conv2d_nchwc` for a
     blocked depthwise one; TVM's own legalization otherwise."""
     attrs = call.attrs
@@ -432,7 +432,7 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call,
         data, padding = call.args[0], [int(p) for p in attrs.padding]
         if str(data.ty.dtype) in pad_apart and any(padding):
             # The conv reads data padded outside its function: a copy into the padded shape,
-            # which tuner.pad_fusion moves into the data's producer (pad_dtypes_apart says why),
+            # which tuner.pad_fusion moves into the data's producer (PAD_APART says why),
             # or, on AMX, into wide blocks (a copy there all the same).
             block = (wide or {}).get(str(data.ty.dtype))
             chunks, ib = w.shape[1], w.shape[4]
@@ -579,20 +579,15 @@ def clip_as_min_max(mod: tvm.IRModule) -> tvm.IRModule:
     return tvm.IRModule(funcs, attrs=mod.attrs)
 
 
-def pad_dtypes_apart(target: tvm.target.Target) -> tuple[str, ...]:
-    """The data dtypes whose dot-product convs read their input padded by another function.
-
-    bfloat16 always: TVM computes on bfloat16 buffers that a function allocates in float32
-    (``BF16ComputeLegalize``), so a padded copy made inside the conv's function could not
-    feed ``vdpbf16ps``. uint8 too where :func:`tuner.pad_fusion.fold_pad_into_producer`
-    runs (:func:`tuner.pad_fusion.folds_pads`): a uint8 conv (zero point 0, so the border is
-    0) otherwise pads in a pass of its own inside its function, which reads the producer's
-    output back and writes it again; folded, the producer stores each tile into the padded
-    buffer. uint8 on AMX-INT8 targets as well: the copy is then where the data takes the
-    wide block that fills a tile row (:func:`wide_blocks`), instead of a pass inside the
-    conv's function.
-    """
-    return ("bfloat16", "uint8") if folds_pads(target) or "uint8" in wide_blocks(target) else ("bfloat16",)
+#: The data dtypes whose dot-product convs read their input padded by another function.
+#: bfloat16: TVM computes on bfloat16 buffers that a function allocates in float32
+#: (``BF16ComputeLegalize``), so a padded copy made inside the conv's function could not
+#: feed ``vdpbf16ps``. uint8 too: a uint8 conv (zero point 0, so the border is 0) would
+#: otherwise pad in a pass of its own inside its function, which reads the producer's output
+#: back and writes it again; apart, :func:`tuner.pad_fusion.fold_pad_into_producer` has the
+#: producer store each tile into the padded buffer (in the wide block of an AMX conv's
+#: input, :func:`wide_blocks`).
+PAD_APART = ("bfloat16", "uint8")
 
 
 def prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> tvm.IRModule:
@@ -642,7 +637,7 @@ def prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> t
     # ConvertLayout and the folding keep the convs in binding order: the plan's indices.
     winograd_calls = [(call, tiles[i]) for i, call in enumerate(conv_calls(folded)) if i in tiles]
     custom = {_CONV2D: functools.partial(_legalize_conv2d, winograd_calls=winograd_calls,
-                                         pad_apart=pad_dtypes_apart(target), wide=wide_blocks(target)),
+                                         pad_apart=PAD_APART, wide=wide_blocks(target)),
               _LAYOUT_TRANSFORM: _legalize_layout_transform}  # fmt: skip
     if cpu:
         custom[_GELU] = _legalize_gelu

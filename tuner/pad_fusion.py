@@ -5,17 +5,17 @@ that a function allocates in float32 (``BF16ComputeLegalize``), which the instru
 read, so the padding cannot be a block of the conv's own function. Until 2026-11-27 it was a
 function of its own that read the producer's whole output back and wrote it again. A uint8
 conv on ``vpdpbusd`` (zero point 0, so its border is 0) could pad in its own function, but
-that too is a pass over the data before the sums; it is padded the same way where this pass
-runs (:func:`tuner.layout.pad_dtypes_apart`).
+that too is a pass over the data before the sums; it is padded the same way
+(:data:`tuner.layout.PAD_APART`).
 
 :func:`emit_padded` (called by :mod:`tuner.layout` for such a conv) pads in two functions:
 :func:`pad_interior` copies the data into the interior of the padded shape, and
 :func:`zero_border` zeroes the border in place. Between ``FuseOps`` and ``FuseTIR``,
 :func:`fold_pad_into_producer` moves the copy into the fused function that produced the
 data when the copy is its only reader (ResNet-50: the 1x1 conv + bias + relu + cast, or
-requantize, before each 3x3 conv), where ``x86-conv2d-nchwc-dot`` stores each register tile
-at its offset in the padded output. :func:`tuner.tasks.fuse_passes` runs it where :func:`folds_pads`
-says (not for AMX targets).
+requantize, before each 3x3 conv), where ``x86-conv2d-nchwc-dot`` and ``x86-conv2d-amx``
+store each register tile at its offset in the padded output (in the wide block of an AMX
+conv's input too, :func:`tuner.layout.wide_blocks`). :func:`tuner.tasks.fuse_passes` runs it.
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ import tvm
 from tvm import relax
 from tvm.script import tirx as T
 
-from search_spaces.templates.intrin_amx import AMX_TILE_FEATURE
-from search_spaces.templates.intrin_x86 import target_has
 from search_spaces.templates.x86_conv2d_nchwc_dot import PADDED_OUTPUT
 
 logger = logging.getLogger(__name__)
@@ -36,12 +34,6 @@ logger = logging.getLogger(__name__)
 # The attribute that marks a padding function this pass may move.
 PAD_ATTR = "nightshift.dot_input_pad"
 _OPAQUE = 8  # relax's OpPatternKind kOpaque
-
-
-def folds_pads(target: tvm.target.Target) -> bool:
-    """Whether :func:`fold_pad_into_producer` runs for ``target``: not on AMX targets, whose
-    conv template has not run with a padded output (no AMX CPU here)."""
-    return not target_has(target, AMX_TILE_FEATURE)
 
 
 def _opaque(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
@@ -65,7 +57,7 @@ def pad_interior(shape: Sequence[int], padding: Sequence[int], dtype: str, block
     n, c, h, w, b = _int64(shape)
     top, left, bottom, right = _int64(padding)
     if block is not None and block != int(shape[4]):
-        return _opaque(_pad_wide(shape, padding, dtype, block))
+        return _opaque(_pad_wide(shape, padding, dtype, block)).with_attr(PAD_ATTR, True)
 
     @T.prim_func(private=True, s_tir=True)
     def pad(x: T.Buffer((n, c, h, w, b), dtype), y: T.Buffer((n, c, h + top + bottom, w + left + right, b), dtype)):
@@ -78,8 +70,8 @@ def pad_interior(shape: Sequence[int], padding: Sequence[int], dtype: str, block
 
 
 def _pad_wide(shape: Sequence[int], padding: Sequence[int], dtype: str, block: int) -> tvm.tirx.PrimFunc:
-    """:func:`pad_interior`'s copy into ``NCHW{block}c``; not marked for folding (the conv
-    templates store a register tile into a padded output of their own block only)."""
+    """:func:`pad_interior`'s copy into ``NCHW{block}c``: chunk ``c`` of the data is lanes
+    ``(c % k) b`` on of wide chunk ``c // k``."""
     n, c, h, w, b = _int64(shape)
     top, left, bottom, right = _int64(padding)
     k = block // int(shape[4])

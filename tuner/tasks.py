@@ -18,7 +18,7 @@ from tvm.s_tir.analysis import estimate_tir_flops
 from tvm.s_tir.schedule import Trace
 
 from tuner.layout import LayoutPlan, conv_calls, prepare, task_layout, useful_layouts
-from tuner.pad_fusion import fold_pad_into_producer, folds_pads
+from tuner.pad_fusion import fold_pad_into_producer
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def fuse_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
-        *([fold_pad_into_producer] if folds_pads(target) else []),
+        fold_pad_into_producer,
         relax.transform.FuseTIR(),
     ]
 

@@ -59,16 +59,11 @@ def conv_nchwc(c: int = 32, hw: int = 14, o: int = 32, k: int = 3, stride: int =
     return tvm.IRModule({"main": te.create_prim_func([data, kernel, bias, out])})
 
 
-def _extracted(x_shape: tuple[int, ...], layer: Callable, name: str, precision: str = "fp32",
-               folding: bool = False) -> tvm.IRModule:  # fmt: skip
+def _extracted(x_shape: tuple[int, ...], layer: Callable, name: str, precision: str = "fp32") -> tvm.IRModule:
     """The task ``name`` of a one-layer Relax model ``layer(x)``, as ``tune`` extracts it
-    (the host's layouts, int64 indices, the epilogue fused) at ``precision``; with
-    ``folding``, as for the host without AMX tiles, where a conv's padded input is written by
-    its producer (``tuner.pad_fusion.folds_pads``)."""
+    (the host's layouts, int64 indices, the epilogue fused) at ``precision``."""
     from tvm import relax
 
-    from tuner.device import parse_device
-    from tuner.pad_fusion import folds_pads
     from tuner.tasks import extract_tasks
 
     bb = relax.BlockBuilder()
@@ -77,13 +72,7 @@ def _extracted(x_shape: tuple[int, ...], layer: Callable, name: str, precision: 
         with bb.dataflow():
             out = bb.emit_output(bb.emit(layer(x)))
         bb.emit_func_output(out)
-    host = target("llvm")
-    if folding and not folds_pads(host):
-        config = dict(parse_device("cpu").target_config)
-        config["mattr"] = [m for m in config.get("mattr", []) if "amx" not in m] + ["-amx-tile", "-amx-bf16",
-                                                                                    "-amx-int8"]  # fmt: skip
-        host = tvm.target.Target(config)
-    [found] = [t for t in extract_tasks(bb.get(), host, precision=precision) if name in t.name]
+    [found] = [t for t in extract_tasks(bb.get(), target("llvm"), precision=precision) if name in t.name]
     return found.mod
 
 
@@ -108,7 +97,7 @@ def conv_padded_output_bf16() -> tvm.IRModule:
     op = tvm.relax.op
     return _extracted((1, 32, 14, 14), lambda x: op.nn.conv2d(
         op.nn.relu(op.add(op.nn.conv2d(x, _const(32, 32, 1, 1)), _const(1, 32, 1, 1))), _const(32, 32, 3, 3),
-        padding=1), "pad_NCHWc", "bf16", folding=True)  # fmt: skip
+        padding=1), "pad_NCHWc", "bf16")  # fmt: skip
 
 
 def conv_padded_output_u8() -> tvm.IRModule:
@@ -135,7 +124,7 @@ def conv_padded_output_u8() -> tvm.IRModule:
         y = op.nn.relu(op.add(op.nn.conv2d(qdq(x, 1 / 255), weight(32, 32, 1, 1)), _const(1, 32, 1, 1)))
         return op.nn.conv2d(qdq(y, 0.02), weight(32, 32, 3, 3), padding=1)
 
-    return _extracted((1, 32, 14, 14), layer, "pad_NCHWc", "int8", folding=True)
+    return _extracted((1, 32, 14, 14), layer, "pad_NCHWc", "int8")
 
 
 def dense_relax(precision: str = "fp32") -> tvm.IRModule:

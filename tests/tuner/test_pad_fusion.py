@@ -96,18 +96,19 @@ def test_zero_border_zeroes_the_border_alone():
     np.testing.assert_array_equal(got[~border], padded.astype(np.float32)[~border])
 
 
-def test_uint8_convs_pad_apart_where_the_fold_runs_or_amx_widens_them():
-    """uint8 data is padded by another function where fold_pad_into_producer runs (not on
-    AMX targets, whose conv template has not run with a padded output), and on AMX-INT8
-    targets, where that copy lays the data out in blocks of 64 (a whole tile row); bfloat16
-    always, in blocks of 32 on AMX."""
-    from tuner.layout import pad_dtypes_apart, wide_blocks
+def test_amx_convs_read_wide_blocks_that_their_producer_writes():
+    """On AMX a 3x3 conv over 32 bf16 channels reads them in one block of 32 (a whole tile
+    row): the 1x1 conv before it stores each tile into the padded NCHW32c buffer; a Zen 4
+    target keeps 16. Extraction builds nothing, so this runs on any host."""
+    from tuner.layout import wide_blocks
 
     zen4 = parse_device("cpu", target_arch="znver4").target
     amx = parse_device("cpu", target_arch="sapphirerapids").target
-    assert pad_dtypes_apart(zen4) == ("bfloat16", "uint8") and wide_blocks(zen4) == {}
-    assert pad_dtypes_apart(amx) == ("bfloat16", "uint8")
-    assert wide_blocks(amx) == {"bfloat16": 32, "uint8": 64}
+    assert wide_blocks(zen4) == {} and wide_blocks(amx) == {"bfloat16": 32, "uint8": 64}
+    tasks = extract_tasks(_model(1).bound(), amx, precision="bf16")
+    assert not [t.name for t in tasks if t.name.startswith("pad_")], [t.name for t in tasks]
+    [producer] = [t for t in tasks if "_pad_NCHWc" in t.name]
+    assert arg_specs(producer.mod)[-1].shape == (1, 1, 16, 16, 32)
 
 
 def test_a_wide_padded_copy_puts_neighbouring_chunks_side_by_side():
@@ -116,7 +117,7 @@ def test_a_wide_padded_copy_puts_neighbouring_chunks_side_by_side():
     border is zero_border's, left as it was."""
     shape, padding = (1, 4, 5, 6, 16), (1, 1, 1, 1)
     func = pad_interior(shape, padding, "float32", block=32).with_attr("global_symbol", "main")
-    assert not (func.attrs and func.attrs.get(PAD_ATTR)), "a wide copy is not the producer's to fold"
+    assert func.attrs.get(PAD_ATTR), "the producer's to fold, as a copy into NCHW16c"
     lib = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
     x = np.random.default_rng(0).uniform(0.5, 1, shape).astype(np.float32)
     y = tvm.runtime.tensor(np.full((1, 2, 7, 8, 32), -1.0, np.float32))
