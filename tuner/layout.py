@@ -36,7 +36,7 @@ from tvm.relax import pipeline as relax_pipeline
 
 from search_spaces.constraints import is_x86
 from tuner.fold import fold_constants
-from tuner.pad_fusion import emit_padded
+from tuner.pad_fusion import emit_padded, emit_subsampled
 
 logger = logging.getLogger(__name__)
 
@@ -315,29 +315,41 @@ def wide_blocks(target: tvm.target.Target) -> dict[str, int]:
     return {inst.dtypes[0]: inst.step for inst in AMX_DOTS.values() if target_has_amx(target, inst)}
 
 
+def _subsamples_wide(weight_shape: Sequence[int], strides: Sequence[int], padding: Sequence[int],
+                     block: int | None) -> bool:
+    """Whether a conv is a strided, unpadded 1x1 conv whose input chunks fill ``block``:
+    :func:`tuner.pad_fusion.emit_subsampled` then copies what it reads into wide blocks."""
+    _, chunks, kh, kw, ib, _ = (int(d) for d in weight_shape)
+    return (block is not None and (kh, kw) == (1, 1) and max(strides) > 1 and not any(padding)
+            and block > ib and block % ib == 0 and chunks % (block // ib) == 0)  # fmt: skip
+
+
 def row_taps_fit(weight_shape: Sequence[int], block: int | None) -> bool:
     """Whether a conv of one input chunk fits a kernel row's taps x channels into ``block``
-    (ResNet's 7x7 stem over 4 channels: 28 of 32), so that :func:`row_taps` can run it."""
+    (ResNet's 7x7 stem over 4 channels: 8 taps a channel, 7 used), so that :func:`row_taps`
+    can run it."""
     if block is None or len(weight_shape) != 6:
         return False
-    _, chunks, _, kw, ib, _ = weight_shape
-    return chunks == 1 and kw > 1 and kw * ib <= block
+    _, chunks, _, kw, ib, _ = (int(d) for d in weight_shape)
+    return chunks == 1 and kw > 1 and kw <= block // ib
 
 
 def row_taps(data: te.Tensor, padding: Sequence[int], kw: int, stride_w: int, block: int) -> te.Tensor:
     """``NCHW{b}c`` data of one chunk as the rows a conv reads along a kernel row: element
-    (ih, ow, t b + c) is the zero-padded input at row ih, column ``ow * stride_w + t``, channel
-    c; ``block`` elements per row, the ``kw * b`` taps first, then zeros. A conv over it with
-    the kernel's rows alone (kh x 1, stride 1 along the row, :func:`row_tap_weight`) is the
-    conv over ``data``, each reduction step a whole ``block`` of the taps."""
+    (ih, ow, c t' + t) is the zero-padded input at row ih, column ``ow * stride_w + t``,
+    channel c, with ``t' = block // b`` slots a channel (the ``kw`` taps, then zeros), so that
+    each channel's taps are neighbouring columns of the image. A conv over it with the
+    kernel's rows alone (kh x 1, stride 1 along the row, :func:`row_tap_weight`) is the conv
+    over ``data``, each reduction step a whole ``block`` of the taps."""
     n, _, h, w, b = (int(d) for d in data.shape)
     top, left, bottom, right = padding
     ow = (w + left + right - kw) // stride_w + 1
+    slots = block // b
 
     def value(i0, i1, i2, i3, i4):
-        tap, c = i4 // b, i4 % b
+        c, tap = i4 // slots, i4 % slots
         col = i3 * stride_w + tap - left
-        inside = tvm.tirx.all(tap < kw, i2 >= top, i2 < h + top, col >= 0, col < w)
+        inside = tvm.tirx.all(c < b, tap < kw, i2 >= top, i2 < h + top, col >= 0, col < w)
         return tvm.tirx.if_then_else(inside, data[i0, i1, i2 - top, col, c], tvm.tirx.const(0, data.dtype))
 
     return te.compute((n, 1, h + top + bottom, ow, block), value, name="row_taps")
@@ -345,10 +357,12 @@ def row_taps(data: te.Tensor, padding: Sequence[int], kw: int, stride_w: int, bl
 
 def row_tap_weight(weight: np.ndarray, block: int) -> np.ndarray:
     """``OIHW{b}i{o}o`` weights of one input chunk for a conv over :func:`row_taps`:
-    ``OIH1{block}i{o}o``, the kernel row's taps x channels, then zeros."""
+    ``OIH1{block}i{o}o``, each channel's kernel row taps in its ``block // b`` slots."""
     oc, _, kh, kw, ib, ob = weight.shape
+    slots = block // ib
     out = np.zeros((oc, 1, kh, 1, block, ob), weight.dtype)
-    out[:, 0, :, 0, :kw * ib] = weight[:, 0].reshape(oc, kh, kw * ib, ob)
+    for c in range(ib):
+        out[:, 0, :, 0, c * slots:c * slots + kw] = weight[:, 0, :, :, c]
     return out
 
 
@@ -429,11 +443,11 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call,
     n = dot_elements(call, weight)
     if n is not None and weight is not None:
         w = weight.value.numpy()
-        data, padding = call.args[0], [int(p) for p in attrs.padding]
+        data, padding, strides = call.args[0], [int(p) for p in attrs.padding], [int(s) for s in attrs.strides]
         if str(data.ty.dtype) in pad_apart and any(padding):
             # The conv reads data padded outside its function: a copy into the padded shape,
-            # which tuner.pad_fusion moves into the data's producer (PAD_APART says why),
-            # or, on AMX, into wide blocks (a copy there all the same).
+            # which tuner.pad_fusion moves into the data's producer (PAD_APART says why), in
+            # wide blocks on AMX (wide_blocks).
             block = (wide or {}).get(str(data.ty.dtype))
             chunks, ib = w.shape[1], w.shape[4]
             if block is None or block <= ib or block % ib or chunks % (block // ib):
@@ -441,8 +455,13 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call,
             else:
                 w = widen_weight(w, block)
             data, padding = emit_padded(bb, data, padding, block), [0, 0, 0, 0]
+        elif _subsamples_wide(w.shape, strides, padding, (wide or {}).get(str(data.ty.dtype))):
+            # A strided 1x1 conv (ResNet's downsampling) on AMX: a copy of the pixels it reads,
+            # in wide blocks, then stride 1.
+            block = (wide or {})[str(data.ty.dtype)]
+            data, strides, w = emit_subsampled(bb, data, strides, block), [1, 1], widen_weight(w, block)
         packed = relax.const(pack_dot_weight(w, n), str(weight.ty.dtype))
-        return bb.call_te(conv2d_nchwc_dot, data, packed, [int(s) for s in attrs.strides], padding,
+        return bb.call_te(conv2d_nchwc_dot, data, packed, strides, padding,
                           [int(d) for d in attrs.dilation], out,
                           primfunc_name_hint="conv2d_NCHWc_dot")  # fmt: skip
     return bb.call_te(

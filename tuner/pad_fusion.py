@@ -124,6 +124,30 @@ def emit_padded(bb: relax.BlockBuilder, data: relax.Expr, padding: Sequence[int]
     return bb.emit(relax.call_tir_inplace(border, [bb.emit(relax.call_tir(interior, [data], ty))], 0, ty))
 
 
+def emit_subsampled(bb: relax.BlockBuilder, data: relax.Expr, strides: Sequence[int], block: int) -> relax.Expr:
+    """Emit the copy of static ``NCHW{b}c`` ``data`` that a 1x1 conv of ``strides`` reads:
+    every ``strides``-th pixel, in ``NCHW{block}c`` (:func:`pad_interior`'s wide blocks), so
+    that the conv runs with stride 1 on a whole tile row per pixel. A function of its own:
+    the data has other readers (ResNet's downsampling conv shares its input with the block's
+    first conv)."""
+    n, c, h, w, b = (int(d) for d in data.ty.shape.values)
+    sh, sw = (int(x) for x in strides)
+    oh, ow, k = (h - 1) // sh + 1, (w - 1) // sw + 1, block // b
+    dtype = str(data.ty.dtype)
+    n_, c_, h_, w_, b_, wc, oh_, ow_, wb = _int64([n, c, h, w, b, c // k, oh, ow, block])
+    sh_, sw_, k_ = _int64([sh, sw, k])
+
+    @T.prim_func(private=True, s_tir=True)
+    def subsample(x: T.Buffer((n_, c_, h_, w_, b_), dtype), y: T.Buffer((n_, wc, oh_, ow_, wb), dtype)):
+        for i0, i1, i2, i3, i4 in T.grid(n_, c_, oh_, ow_, b_):
+            with T.sblock("subsampled"):
+                v0, v1, v2, v3, v4 = T.axis.remap("SSSSS", [i0, i1, i2, i3, i4])
+                y[v0, v1 // k_, v2, v3, v1 % k_ * b_ + v4] = x[v0, v1, v2 * sh_, v3 * sw_, v4]
+
+    func = bb.add_func(_opaque(subsample), "subsample_NCHWc")
+    return bb.emit(relax.call_tir(func, [data], relax.TensorType([n, c // k, oh, ow, block], dtype)))
+
+
 def _int64(values: Sequence[int]) -> list[tvm.tirx.IntImm]:
     # int64 like the TE functions' buffers, onto which FuseTIR maps these functions' own.
     return [tvm.tirx.IntImm("int64", int(v)) for v in values]

@@ -179,6 +179,41 @@ def test_bf16_convs_take_packed_weights_in_the_blocked_layout():
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 3e-2
 
 
+def test_a_strided_1x1_conv_on_amx_reads_a_wide_copy_of_its_pixels():
+    """ResNet's downsampling (1x1, stride 2, 32 -> 16 channels here) on AMX: a copy of every
+    other pixel in one block of 32 (subsample_NCHWc), then a stride-1 conv with
+    OIHW16i16o2i weights; elsewhere the strided conv reads its NCHW16c input. Computes what
+    fp32 does, on the host's target."""
+    from search_spaces.verify import arg_specs
+    from tuner.layout import LayoutPlan, prepare, wide_blocks
+
+    rng = np.random.default_rng(6)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 32, 8, 8), "float32"))
+    w = relax.const(rng.normal(0, 0.2, (16, 32, 1, 1)).astype("float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.relu(relax.op.nn.conv2d(relax.op.nn.relu(x), w, strides=2)))
+        bb.emit_func_output(out)
+    mod, plan = bb.get(), LayoutPlan("NCHW16c")
+    for arch in ("sapphirerapids", "znver4"):
+        tasks = extract_tasks(mod, parse_device("cpu", target_arch=arch).target, plan, precision="bf16")
+        [conv] = [t for t in tasks if "conv2d_NCHWc_dot" in t.name]
+        shapes = [a.shape for a in arg_specs(conv.mod)]
+        if arch == "sapphirerapids":
+            assert any(t.name.startswith("subsample_NCHWc") for t in tasks), [t.name for t in tasks]
+            assert (1, 1, 4, 4, 32) in shapes and (1, 1, 1, 1, 16, 16, 2) in shapes, shapes
+        else:
+            assert not any("subsample" in t.name for t in tasks) and (1, 2, 8, 8, 16) in shapes, shapes
+    target = parse_device("cpu").target
+    assert any(t.name.startswith("subsample_NCHWc") for t in extract_tasks(mod, target, plan, precision="bf16")) == (
+        "bfloat16" in wide_blocks(target))
+    data = rng.uniform(-1, 1, (1, 32, 8, 8)).astype("float32")
+    want = _run(mod, target, data)
+    got = _run(prepare(apply_precision(mod, "bf16"), target, plan), target, data)
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 3e-2
+
+
 def test_int8_on_a_float_model_quantizes_it_first_and_reuses_the_file(tmp_path):
     """``--precision int8`` on a zoo model: onnxruntime quantizes it (calibration count shown),
     the file is cached by content, and a second command reuses it, so the tasks (and their
