@@ -42,7 +42,19 @@ def test_compare_tolerance_by_dtype():
     assert compare(want + np.float32(0.1), want) is not None
     half = want.astype("float16")
     assert compare(half + np.float16(0.05), half) is None
-    assert compare(np.arange(4, dtype="int32") + 1, np.arange(4, dtype="int32")) == "4 elements differ"
+    assert compare(np.arange(4, dtype="int32") + 1, np.arange(4, dtype="int32")) == "4 elements differ (by up to 1)"
+    # Requantized 8-bit outputs: a few values one step apart at rounding ties pass (an
+    # ulp of float arithmetic), more of them, or any by 2, do not.
+    q = np.random.default_rng(0).integers(0, 250, 5000).astype("uint8")
+    ties = q.copy()
+    ties[:3] += 1
+    assert compare(ties, q) is None
+    ties[:50] += 1
+    assert compare(ties, q) == "50 elements differ (by up to 2)"
+    spread = q.copy()
+    spread[:10] += 1
+    assert compare(spread, q) == "10 elements differ (by up to 1)"
+    assert compare(np.arange(4, dtype="int32") + 0, np.arange(4, dtype="int32")) is None
     assert compare(np.full(3, np.nan, "float32"), np.zeros(3, "float32")) is not None
 
 

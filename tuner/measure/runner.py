@@ -131,14 +131,25 @@ def random_args(args: list[ArgSpec], seed: int = 0) -> list[np.ndarray]:
     return out
 
 
+#: 8-bit integer outputs are requantized: ``round(acc * s + b)`` in float32, which a
+#: candidate may compute with other float operations than the reference (a fused
+#: multiply-add, the scales folded), so a value within an ulp of a rounding tie may land
+#: one step apart. Up to this fraction of them may differ by 1; a wrong schedule (a dropped
+#: tap, a misplaced tile) moves many more, or by more. int32 (and wider) stays exact.
+REQUANTIZED_TIES = 1e-3
+
+
 def compare(got: np.ndarray, want: np.ndarray) -> str | None:
     """None if ``got`` matches ``want`` within the dtype's tolerance, else what differs."""
     rtol, atol = tolerance(str(want.dtype))
     if got.shape != want.shape:
         return f"shape {got.shape} != {want.shape}"
     if not is_float(want.dtype):
-        bad = int(np.count_nonzero(got != want))
-        return f"{bad} elements differ" if bad else None
+        diff = np.abs(got.astype(np.int64) - want.astype(np.int64))
+        bad = int(np.count_nonzero(diff))
+        if np.dtype(want.dtype).itemsize == 1 and bad <= REQUANTIZED_TIES * diff.size and diff.max(initial=0) <= 1:
+            return None
+        return f"{bad} elements differ (by up to {int(diff.max())})" if bad else None
     g, w = got.astype(np.float64), want.astype(np.float64)
     scale = max(float(np.max(np.abs(w))) if w.size else 0.0, 1.0)
     if not np.all(np.isfinite(g) == np.isfinite(w)):
