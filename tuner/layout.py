@@ -325,13 +325,14 @@ def _subsamples_wide(weight_shape: Sequence[int], strides: Sequence[int], paddin
 
 
 def row_taps_fit(weight_shape: Sequence[int], block: int | None) -> bool:
-    """Whether a conv of one input chunk fits a kernel row's taps x channels into ``block``
-    (ResNet's 7x7 stem over 4 channels: 8 taps a channel, 7 used), so that :func:`row_taps`
-    can run it."""
+    """Whether a conv of one input chunk of few channels (an image's: fewer than 16) fits a
+    kernel row's taps x channels into ``block`` (ResNet's 7x7 stem over 4 channels: 8 taps
+    a channel, 7 used), so that :func:`row_taps` can run it. A conv of 16 channels or more
+    reads a block of whole pixels, its padded input written by its producer."""
     if block is None or len(weight_shape) != 6:
         return False
     _, chunks, _, kw, ib, _ = (int(d) for d in weight_shape)
-    return chunks == 1 and kw > 1 and kw <= block // ib
+    return chunks == 1 and ib < 16 and kw > 1 and kw <= block // ib
 
 
 def row_taps(data: te.Tensor, padding: Sequence[int], kw: int, stride_w: int, block: int) -> te.Tensor:
