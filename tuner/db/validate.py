@@ -176,14 +176,32 @@ MS_FAILED_SEC = 1e9
 # products and sums), 1.5 TOP/s. (ResNet-50's int8 convs reach 1.8 TOP/s on two znver5
 # cores: benchmarks/results/op_profile_resnet50_int8.json.)
 _CPU_PEAK_PER_CORE = 1600e9
+# AMX's tdpbusd multiplies 16 x 16 x 64 uint8 x int8 pairs per tile multiply, one every 16
+# cycles: 2,048 operations a cycle, 12.3 TOP/s at 6 GHz (ResNet-50's int8 3x3 convs with
+# 64-channel blocks reach 3.5-4 TOP/s on two cores of an AMX Xeon, twenty-eighth session).
+_AMX_PEAK_PER_CORE = 12.3e12
 _GPU_PEAK = 4e15
 
 
-def device_peak_flops(kind: str, cores: int | None) -> float:
-    """A generous upper bound of the FLOP/s a device can reach."""
+def device_peak_flops(kind: str, cores: int | None, amx: bool = False) -> float:
+    """A generous upper bound of the FLOP/s a device can reach (``amx``: a CPU with AMX tiles)."""
     if kind == "cpu":
-        return _CPU_PEAK_PER_CORE * max(int(cores or 1), 1)
+        return (_AMX_PEAK_PER_CORE if amx else _CPU_PEAK_PER_CORE) * max(int(cores or 1), 1)
     return _GPU_PEAK
+
+
+def target_has_amx(target_json: str) -> bool:
+    """Whether a stored target (an LLVM CPU) has AMX tiles, as LLVM reads its mcpu and mattr;
+    False where it cannot tell."""
+    import tvm
+
+    from search_spaces.templates.intrin_amx import AMX_TILE_FEATURE
+    from search_spaces.templates.intrin_x86 import target_has
+
+    try:
+        return target_has(tvm.target.Target(json.loads(target_json)), AMX_TILE_FEATURE)
+    except (ValueError, TypeError, RuntimeError):
+        return False
 
 
 def timing_rejection(mean_sec: float, flops: float, peak_flops: float) -> str | None:
