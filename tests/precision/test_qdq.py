@@ -13,7 +13,7 @@ from tuner.compile import compile_model
 from tuner.db import TuningDatabase
 from tuner.device import parse_device
 from tuner.frontends import load_model
-from tuner.layout import LayoutPlan, wide_blocks
+from tuner.layout import LayoutPlan
 from tuner.precision.accuracy import run_outputs
 from tuner.precision.qdq import qdq_as_elementwise, quantize_weight, to_int8
 from tuner.tasks import extract_tasks
@@ -145,9 +145,8 @@ def test_int8_convs_read_uint8_in_the_blocked_layout(tmp_path):
     (what vpdpbusd reads). conv2 reads relu's output (zero point 0), its input padded (18x18)
     by conv1's function (tuner.pad_fusion). conv1 reads the model's input (3 channels, a
     zero point other than 0): a fourth zero-weight channel, the border padded with the zero
-    point before it, the zero point's sum taken out after it; on AMX it reads row taps
-    (tuner.layout.row_taps). Quantize/dequantize follow the layout (no transform around
-    them), and the model still matches ONNX Runtime's int8."""
+    point before it, the zero point's sum taken out after it. Quantize/dequantize follow the
+    layout (no transform around them), and the model still matches ONNX Runtime's int8."""
     path = _quantize(tmp_path, [])
     spec = load_model(str(path))
     device = parse_device("cpu")
@@ -157,14 +156,8 @@ def test_int8_convs_read_uint8_in_the_blocked_layout(tmp_path):
     dot = {t.name: {a.dtype: a.shape for a in reversed(arg_specs(t.mod))}
            for t in tasks if "conv2d_NCHWc_dot" in t.mod.script()}  # fmt: skip
     assert len(dot) == 2 and not [t for t in tasks if "data_pad" in t.mod.script()], [t.name for t in tasks]
-    if "uint8" in wide_blocks(device.target):
-        # On AMX conv1 reads each channel's 3 taps of a kernel row as one 64-byte block.
-        [(conv1, params1)] = [(n, p) for n, p in dot.items() if p["int8"] == (1, 1, 3, 1, 16, 16, 4)]
-        assert params1["uint8"] == (1, 1, 18, 16, 64) and "subtract" in conv1, (conv1, params1)
-        assert [t for t in tasks if t.name.endswith("row_taps")], [t.name for t in tasks]
-    else:
-        [(conv1, params1)] = [(n, p) for n, p in dot.items() if p["int8"] == (1, 1, 3, 3, 1, 16, 4)]
-        assert params1["uint8"] == (1, 1, 18, 18, 4) and "subtract" in conv1, (conv1, params1)
+    [(conv1, params1)] = [(n, p) for n, p in dot.items() if p["int8"] == (1, 1, 3, 3, 1, 16, 4)]
+    assert params1["uint8"] == (1, 1, 18, 18, 4) and "subtract" in conv1, (conv1, params1)
     [(conv2, params2)] = [(n, p) for n, p in dot.items() if p["int8"] == (1, 1, 3, 3, 4, 16, 4)]
     assert params2["uint8"] == (1, 1, 18, 18, 16), params2
     # conv1's function writes conv2's padded input; the quantize after conv2 is in its task.
