@@ -12,7 +12,7 @@ whole reduction, as oneDNN's brgemm kernels keep it. Three tensor intrinsics per
   loads and a ``tdpbf16ps`` take 14 (``benchmarks/amx_tile_config.py``). It is checked, not
   assumed: another kernel, or another runtime on the same thread, may have changed it.
 - ``update``: one step of the reduction (a matmul's: 32 bfloat16 or 64 uint8 elements, a
-  whole 64-byte A row; a conv's: one 16-channel block at one kernel tap): loads the A
+  whole 64-byte A row; a conv's: one input channel block at one kernel tap): loads the A
   tiles (rows of the activations) and the B tiles (the packed weight, whose pairs
   (quadruples) of reduction elements are adjacent, ``[K/e, N, e]``, exactly AMX's layout of
   B) and accumulates ``tm * tn`` tile products into the tile registers.
