@@ -13,10 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import tempfile
 from pathlib import Path
 
+from c_loop import cpu_model, run_c
 from result_file import write_result
 
 SOURCE = Path(__file__).with_suffix(".c")
@@ -28,13 +27,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--out", default="benchmarks/results/amx_conv_steps.json")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        exe = Path(tmp) / "amx_conv_steps"
-        subprocess.run(["gcc", "-O2", "-mamx-tile", "-mamx-bf16", "-mamx-int8", str(SOURCE), "-o", str(exe)],
-                       check=True)  # fmt: skip
-        runs = [[json.loads(line) for line in subprocess.run([str(exe)], check=True, capture_output=True,
-                                                               text=True).stdout.splitlines()]
-                for _ in range(args.runs)]  # fmt: skip
+    outputs = run_c(SOURCE, ["-mamx-tile", "-mamx-bf16", "-mamx-int8"], args.runs)
+    runs = [[json.loads(line) for line in out.splitlines()] for out in outputs]
     rows = []
     for i, first in enumerate(runs[0]):
         cycles = statistics.median(r[i]["cycles_per_step"] for r in runs)
@@ -45,9 +39,7 @@ def main() -> None:
     for r in rows:
         print(f"{r['inst']:10s} {r['tm']:3d} {r['tn']:3d} {r['rows']:5d} {r['channels']:9d} "
               f"{r['cycles_per_step']:12.1f} {r['macs_per_cycle']:10.1f}")
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "")
-    write_result(Path(args.out), "amx_conv_steps", {"cpu": cpu, "steps": rows})
+    write_result(Path(args.out), "amx_conv_steps", {"cpu": cpu_model(), "steps": rows})
 
 
 if __name__ == "__main__":

@@ -12,10 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import tempfile
 from pathlib import Path
 
+from c_loop import cpu_model, run_c
 from result_file import write_result
 
 SOURCE = Path(__file__).with_suffix(".c")
@@ -26,18 +25,13 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--out", default="benchmarks/results/amx_tile_config.json")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        exe = Path(tmp) / "amx_tile_config"
-        subprocess.run(["gcc", "-O2", "-mamx-tile", "-mamx-bf16", str(SOURCE), "-o", str(exe)], check=True)
-        runs = [json.loads(subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout)
-                for _ in range(args.runs)]
+    runs = [json.loads(out) for out in run_c(SOURCE, ["-mamx-tile", "-mamx-bf16"], args.runs)]
     keys = [k for k in runs[0] if k not in ("reloads", "calls")]
     median = {k: statistics.median(r[k] for r in runs) for k in keys}
     for k, v in median.items():
         print(f"{k:30s} {v:8.1f} cycles per call")
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "")
-    write_result(Path(args.out), "amx_tile_config", {"cpu": cpu, "tsc_cycles_per_call_median": median, "runs": runs})
+    write_result(Path(args.out), "amx_tile_config",
+                 {"cpu": cpu_model(), "tsc_cycles_per_call_median": median, "runs": runs})  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -141,6 +141,20 @@ def _two_convs() -> tvm.IRModule:
     return bb.get()
 
 
+def _one_conv(rng: np.random.Generator, x_shape: tuple[int, ...], w_shape: tuple[int, ...],
+              relu_input: bool = False, **attrs) -> tvm.IRModule:  # fmt: skip
+    """relu(conv2d(x, w, **attrs)) with random weights; ``relu_input``: relu(x) first."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(x_shape, "float32"))
+    w = relax.const(rng.normal(0, 0.2, w_shape).astype("float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            data = relax.op.nn.relu(x) if relu_input else x
+            out = bb.emit_output(relax.op.nn.relu(relax.op.nn.conv2d(data, w, **attrs)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
 def _run(mod: tvm.IRModule, target: tvm.target.Target, x: np.ndarray) -> np.ndarray:
     """``mod``'s main on ``x``, built for ``target`` (untuned) and run on this CPU."""
     with target:
@@ -188,14 +202,7 @@ def test_a_strided_1x1_conv_on_amx_reads_a_wide_copy_of_its_pixels():
     from tuner.layout import LayoutPlan, prepare, wide_blocks
 
     rng = np.random.default_rng(6)
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, 32, 8, 8), "float32"))
-    w = relax.const(rng.normal(0, 0.2, (16, 32, 1, 1)).astype("float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            out = bb.emit_output(relax.op.nn.relu(relax.op.nn.conv2d(relax.op.nn.relu(x), w, strides=2)))
-        bb.emit_func_output(out)
-    mod, plan = bb.get(), LayoutPlan("NCHW16c")
+    mod, plan = _one_conv(rng, (1, 32, 8, 8), (16, 32, 1, 1), relu_input=True, strides=2), LayoutPlan("NCHW16c")
     for arch in ("sapphirerapids", "znver4"):
         tasks = extract_tasks(mod, parse_device("cpu", target_arch=arch).target, plan, precision="bf16")
         [conv] = [t for t in tasks if "conv2d_NCHWc_dot" in t.name]
@@ -358,14 +365,8 @@ def test_bf16_gives_an_rgb_conv_a_zero_channel_for_the_dot_instruction():
     from tuner.layout import LayoutPlan, prepare, wide_blocks
 
     rng = np.random.default_rng(8)
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, 3, 16, 16), "float32"))
-    w = relax.const(rng.normal(0, 0.2, (16, 3, 7, 7)).astype("float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            out = bb.emit_output(relax.op.nn.relu(relax.op.nn.conv2d(x, w, strides=2, padding=3)))
-        bb.emit_func_output(out)
-    mod, target, plan = bb.get(), parse_device("cpu").target, LayoutPlan("NCHW16c")
+    mod = _one_conv(rng, (1, 3, 16, 16), (16, 3, 7, 7), strides=2, padding=3)
+    target, plan = parse_device("cpu").target, LayoutPlan("NCHW16c")
     assert "1 conv2d with a zero input channel" in bf16_summary(mod)
     tasks = extract_tasks(mod, target, plan, precision="bf16")
     assert any("conv2d_NCHWc_dot" in t.name for t in tasks), [t.name for t in tasks]
