@@ -429,19 +429,19 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call,
         )
     data = call.args[0]
     block = (wide or {}).get(str(data.ty.dtype))
-    if (weight is not None and str(data.ty.dtype) == "bfloat16" and row_taps_fit(weight.ty.shape.values, block)
-            and all(int(d) == 1 for d in attrs.dilation)):
+    if (weight is not None and str(data.ty.dtype) == str(weight.ty.dtype) == "bfloat16"
+            and row_taps_fit(weight.ty.shape.values, block) and all(int(d) == 1 for d in attrs.dilation)):
         # A conv of few channels (an RGB stem) reads a kernel row's taps as one block: the
         # row_taps copy takes the padding's place, outside the conv's function. Not uint8: its
         # 64-byte block holds 16 slots a channel for 7 taps, and the quantize that writes
         # them took 0.68 ms in ResNet-50's int8 job, against 0.48 for the stem and its input
         # function without (twenty-eighth session, an AMX Xeon).
-        from search_spaces.templates.intrin_x86 import DOTS
+        from search_spaces.templates.intrin_x86 import BF16_DOT
 
         taps = bb.emit_te(row_taps, data, [int(p) for p in attrs.padding], int(weight.ty.shape.values[3]),
                           int(attrs.strides[1]), block, primfunc_name_hint="row_taps")  # fmt: skip
-        n = DOTS[(str(data.ty.dtype), str(weight.ty.dtype))].elements
-        packed = relax.const(pack_dot_weight(row_tap_weight(weight.value.numpy(), block), n), str(weight.ty.dtype))
+        packed = relax.const(pack_dot_weight(row_tap_weight(weight.value.numpy(), block), BF16_DOT.elements),
+                             "bfloat16")  # fmt: skip
         return bb.call_te(conv2d_nchwc_dot, taps, packed, [int(attrs.strides[0]), 1], [0, 0, 0, 0],
                           [int(attrs.dilation[0]), 1], out, primfunc_name_hint="conv2d_NCHWc_dot")  # fmt: skip
     n = dot_elements(call, weight)
