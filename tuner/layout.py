@@ -315,13 +315,11 @@ def wide_blocks(target: tvm.target.Target) -> dict[str, int]:
     return {inst.dtypes[0]: inst.step for inst in AMX_DOTS.values() if target_has_amx(target, inst)}
 
 
-def _subsamples_wide(weight_shape: Sequence[int], strides: Sequence[int], padding: Sequence[int],
-                     block: int | None) -> bool:
-    """Whether a conv is a strided, unpadded 1x1 conv whose input chunks fill ``block``:
-    :func:`tuner.pad_fusion.emit_subsampled` then copies what it reads into wide blocks."""
-    _, chunks, kh, kw, ib, _ = (int(d) for d in weight_shape)
-    return (block is not None and (kh, kw) == (1, 1) and max(strides) > 1 and not any(padding)
-            and block > ib and block % ib == 0 and chunks % (block // ib) == 0)  # fmt: skip
+def _widens(weight_shape: Sequence[int], block: int | None) -> bool:
+    """Whether a conv's input chunks (``OIHW{i}i{o}o`` weights) group into ``block``: a wide
+    block holds whole neighbouring chunks (:func:`widen_weight`)."""
+    chunks, ib = int(weight_shape[1]), int(weight_shape[4])
+    return block is not None and block > ib and block % ib == 0 and chunks % (block // ib) == 0
 
 
 def row_taps_fit(weight_shape: Sequence[int], block: int | None) -> bool:
@@ -447,22 +445,17 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call,
     n = dot_elements(call, weight)
     if n is not None and weight is not None:
         w = weight.value.numpy()
-        data, padding, strides = call.args[0], [int(p) for p in attrs.padding], [int(s) for s in attrs.strides]
+        padding, strides = [int(p) for p in attrs.padding], [int(s) for s in attrs.strides]
+        widens = _widens(w.shape, block)
         if str(data.ty.dtype) in pad_apart and any(padding):
             # The conv reads data padded outside its function: a copy into the padded shape,
             # which tuner.pad_fusion moves into the data's producer (PAD_APART says why), in
             # wide blocks on AMX (wide_blocks).
-            block = (wide or {}).get(str(data.ty.dtype))
-            chunks, ib = w.shape[1], w.shape[4]
-            if block is None or block <= ib or block % ib or chunks % (block // ib):
-                block = None
-            else:
-                w = widen_weight(w, block)
-            data, padding = emit_padded(bb, data, padding, block), [0, 0, 0, 0]
-        elif _subsamples_wide(w.shape, strides, padding, (wide or {}).get(str(data.ty.dtype))):
+            data, padding = emit_padded(bb, data, padding, block if widens else None), [0, 0, 0, 0]
+            w = widen_weight(w, block) if widens else w
+        elif widens and w.shape[2:4] == (1, 1) and max(strides) > 1 and not any(padding):
             # A strided 1x1 conv (ResNet's downsampling) on AMX: a copy of the pixels it reads,
             # in wide blocks, then stride 1.
-            block = (wide or {})[str(data.ty.dtype)]
             data, strides, w = emit_subsampled(bb, data, strides, block), [1, 1], widen_weight(w, block)
         packed = relax.const(pack_dot_weight(w, n), str(weight.ty.dtype))
         return bb.call_te(conv2d_nchwc_dot, data, packed, strides, padding,

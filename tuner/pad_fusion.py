@@ -49,7 +49,7 @@ def pad_interior(shape: Sequence[int], padding: Sequence[int], dtype: str, block
 
     With ``block`` (a multiple of ``b``), the padded copy is ``NCHW{block}c``: ``block / b``
     neighbouring chunks side by side in each pixel, the wide rows an AMX conv reads
-    (:func:`tuner.layout.wide_block`).
+    (:func:`tuner.layout.wide_blocks`).
 
     Two functions, not one: a block that writes a buffer another block writes too is not
     "complete" to TIR's schedule, and the conv template moves the copy into its register tile.

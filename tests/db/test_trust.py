@@ -19,7 +19,7 @@ from tuner.db import NewRecord, TuningDatabase
 from tuner.db.database import IMPLAUSIBLE
 from tuner.db.interop import RECORD_FILE, WORKLOAD_FILE, import_json
 from tuner.db.tvm_adapter import MetaScheduleDatabase
-from tuner.db.validate import device_peak_flops, record_rejection, target_has_amx, timing_rejection
+from tuner.db.validate import device_peak_flops, record_rejection, stored_target_has_amx, timing_rejection
 from tuner.tasks import workload_key
 
 EVIL_IR = "; ModuleID = 'evil'\ndefine void @owned() {\n  call void @system()\n  ret void\n}\n"
@@ -116,10 +116,11 @@ def test_an_amx_cpu_may_time_above_the_avx512_bound():
     not on a CPU without tiles; a stored target says which (its mcpu, or mattr where LLVM's
     name for the CPU lacks them)."""
     rocketlake_amx = {"kind": "llvm", "mcpu": "rocketlake", "mattr": ["+amx-tile", "+amx-int8", "+amx-bf16"]}
-    assert target_has_amx(json.dumps({"kind": "llvm", "mcpu": "sapphirerapids"}))
-    assert target_has_amx(json.dumps(rocketlake_amx))
-    assert not target_has_amx(json.dumps({"kind": "llvm", "mcpu": "znver4"}))
-    assert not target_has_amx(json.dumps({"kind": "cuda", "arch": "sm_90"})) and not target_has_amx("not json")
+    assert stored_target_has_amx(json.dumps({"kind": "llvm", "mcpu": "sapphirerapids"}))
+    assert stored_target_has_amx(json.dumps(rocketlake_amx))
+    assert not stored_target_has_amx(json.dumps({"kind": "llvm", "mcpu": "znver4"}))
+    assert not stored_target_has_amx(json.dumps({"kind": "cuda", "arch": "sm_90"}))
+    assert not stored_target_has_amx("not json")
     flops, sec = 231e6, 62e-6
     assert timing_rejection(sec, flops, device_peak_flops("cpu", 2, amx=True)) is None
     assert "peak" in timing_rejection(sec, flops, device_peak_flops("cpu", 2))

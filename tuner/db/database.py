@@ -35,7 +35,7 @@ from tuner.db.schema import (
     WorkloadRow,
     _now,
 )
-from tuner.db.validate import device_peak_flops, record_rejection, target_has_amx, timing_rejection
+from tuner.db.validate import device_peak_flops, record_rejection, stored_target_has_amx, timing_rejection
 from tuner.device import Device
 from tuner.errors import DatabaseError, UserInputError
 from tuner.measure.results import ErrorClass, Timing
@@ -621,7 +621,7 @@ class TuningDatabase:
             except (ValueError, AttributeError):
                 cores = 0
             # Without a core count, the most any host has: refuse only the absurd.
-            amx = row is not None and row.kind == "cpu" and target_has_amx(row.target)
+            amx = row is not None and row.kind == "cpu" and stored_target_has_amx(row.target)
             peak = self._peaks[device_id] = device_peak_flops(row.kind if row else "cpu", cores or 1024, amx)
         return peak
 

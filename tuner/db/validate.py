@@ -178,7 +178,7 @@ MS_FAILED_SEC = 1e9
 _CPU_PEAK_PER_CORE = 1600e9
 # AMX's tdpbusd multiplies 16 x 16 x 64 uint8 x int8 pairs per tile multiply, one every 16
 # cycles: 2,048 operations a cycle, 12.3 TOP/s at 6 GHz (ResNet-50's int8 3x3 convs with
-# 64-channel blocks reach 3.5-4 TOP/s on two cores of an AMX Xeon, twenty-eighth session).
+# 64-channel blocks reach 3.3-4.0 TOP/s on two cores of an AMX Xeon, twenty-eighth session).
 _AMX_PEAK_PER_CORE = 12.3e12
 _GPU_PEAK = 4e15
 
@@ -190,7 +190,7 @@ def device_peak_flops(kind: str, cores: int | None, amx: bool = False) -> float:
     return _GPU_PEAK
 
 
-def target_has_amx(target_json: str) -> bool:
+def stored_target_has_amx(target_json: str) -> bool:
     """Whether a stored target (an LLVM CPU) has AMX tiles, as LLVM reads its mcpu and mattr;
     False where it cannot tell."""
     import tvm
