@@ -41,7 +41,8 @@ def _add_model_args(p: argparse.ArgumentParser, *, required: bool = True) -> Non
                    help="convs' data layout; auto (default): on x86 with AVX2/AVX-512, tune each conv in NCHWc "
                         "(blocked by the vector width), NCHWc with its 3x3 stride-1 convs by Winograd F(4, 3) or "
                         "F(2, 3) (NCHWc:w4, NCHWc:w2) and NCHW, compile each in the layout its measurements "
-                        "favour")
+                        "favour; bf16 weighs NCHWc and NCHWc:w2 (its GEMMs on vdpbf16ps) where the CPU has "
+                        "no AMX, int8 takes NCHWc")
     p.add_argument("--precision", default=None, choices=("fp32", "bf16", "int8"),
                    help="fp32 (default); bf16 (needs AVX512_BF16 or AMX); int8 (needs VNNI): a QDQ model as it "
                         "is, a float one quantized first with onnxruntime")

@@ -412,11 +412,16 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call,
     tile = next((m for c, m in winograd_calls if c.same_as(call)), None)
     weight = _constant(bb, call.args[1])
     if tile is not None and weight is not None:
-        from tuner.winograd import conv2d_nchwc_winograd, transform_weight
+        from tuner.winograd import DOT_TILE, conv2d_nchwc_winograd, transform_weight, transform_weight_dot
 
-        # float32 whatever the weights' dtype: a bf16 model's 3x3 weights are transformed
-        # from their bf16 values and not rounded again (tuner.winograd).
-        packed = relax.const(transform_weight(weight.value.numpy().astype(np.float32), tile), "float32")
+        w = weight.value.numpy().astype(np.float32)
+        if tile == DOT_TILE and str(weight.ty.dtype) == "bfloat16":
+            # A bf16 model's F(2, 3): GEMMs on vdpbf16ps, weights transformed and rounded to bf16.
+            packed = relax.const(transform_weight_dot(w, tile), "bfloat16")
+        else:
+            # float32: a bf16 model's F(4, 3) weights are transformed from their bf16 values
+            # and not rounded again (tuner.winograd).
+            packed = relax.const(transform_weight(w, tile), "float32")
         return bb.call_te(conv2d_nchwc_winograd, call.args[0], packed, [int(p) for p in attrs.padding], tile,
                           out, primfunc_name_hint="conv2d_NCHWc_winograd")  # fmt: skip
     if int(attrs.groups) != 1:
@@ -867,8 +872,15 @@ def auto_layouts(target: tvm.target.Target, precision: str = "fp32") -> tuple[st
     and NHWC's spaces were not measured competitive here (pass it explicitly to
     :func:`tuner.tasks.extract_layout_tasks` and :func:`choose_from_database` to weigh it).
 
-    ``precision``: bf16 and int8 keep the blocked layout alone, their convs on the dot
-    product. A bf16 model's 3x3 convs can run by Winograd in float32 (``--layout NCHWc:w4``,
+    ``precision``: int8 keeps the blocked layout alone, its convs on the dot product. bf16
+    weighs the blocked layout against Winograd F(2, 3) with its GEMMs on ``vdpbf16ps``
+    (:func:`tuner.winograd.transform_weight_dot`) where the CPU has no AMX (an AMX tile
+    multiply does 4x ``vdpbf16ps``'s work a step, twenty-eighth session): on a Zen 4 whose
+    direct bf16 3x3 convs ran at 225 GFLOP/s, 3x3 256->256 at 14x14 took 0.57 ms against
+    1.02 (benchmarks/README.md, "bf16 Winograd on the dot product"). F(4, 3) is not weighed
+    for bf16: rounded to bf16 it errs 9x the direct conv (:mod:`tuner.winograd`).
+
+    A bf16 model's 3x3 convs can also run by Winograd in float32 (``--layout NCHWc:w4``,
     :mod:`tuner.winograd`), but weighing it by default did not pay: on a Zen 4 (2026-11-26,
     ``benchmarks/results/db_ab_resnet50_bf16_winograd_vs_direct_zen4.json``) a 2,048-trial
     ResNet-50 job with the Winograd candidates ran 24.8 ms against 24.1 for one without, in
@@ -878,7 +890,14 @@ def auto_layouts(target: tvm.target.Target, precision: str = "fp32") -> tuple[st
     builds also took the job from 574 s to 1,326 s.
     """
     preferred = LayoutPlan.for_target(target).default
-    if preferred == NCHW or precision != "fp32":
+    if preferred == NCHW or precision == "int8":
+        return (preferred,)
+    if precision == "bf16":
+        from search_spaces.templates.intrin_x86 import target_has_bf16_dot
+        from tuner.winograd import DOT_TILE
+
+        if target_has_bf16_dot(target) and "bfloat16" not in wide_blocks(target):
+            return (preferred, winograd(preferred, DOT_TILE))
         return (preferred,)
     return (preferred, winograd(preferred, 4), winograd(preferred, 2), NCHW)
 

@@ -23,13 +23,20 @@ Rounding: tests/tuner/test_winograd.py holds each conv to 1e-5 of TOPI's direct 
 the largest output); ResNet-50's output differs from ONNX Runtime's by 1.3e-6
 (benchmarks/README.md).
 
-In a bf16 model (:mod:`tuner.precision.bf16`) a 3x3 conv runs here under an explicit
-Winograd plan (``--precision bf16 --layout NCHWc:w4``) instead of on ``vdpbf16ps``: it reads
-the same bf16-rounded activation and weights, and transforms and multiplies them in float32
-(the weights transformed from their bf16 values, kept float32), so it rounds no more than
-the bf16 direct conv does. ``--layout auto`` does not weigh it for bf16: measured, it did not
-pay (:func:`tuner.layout.auto_layouts`). A GEMM stage on the bf16 dot product (bf16
-transformed data and weights) would halve both its work and its weight bytes; not built.
+In a bf16 model (:mod:`tuner.precision.bf16`) a 3x3 conv runs here in one of two ways:
+
+- F(2, 3) with its GEMMs on ``vdpbf16ps`` (``dot``, :func:`transform_weight_dot`): the
+  transformed data and weights are rounded to bf16, the GEMMs sum in float32. This halves the
+  GEMMs' work and weight bytes against float32 ones. Its rounding: 1.7x the largest error of
+  the direct bf16 conv on random 64-channel data (4.2e-3 against 2.4e-3 of the largest
+  output); F(4, 3) rounded the same way reached 2.2e-2, 9x, which is why only F(2, 3) runs
+  on the dot product. ``data_pack`` holds the rounded values as their ``uint16`` bits:
+  TVM gives a ``bfloat16`` buffer that a function allocates float32 storage, which the
+  instruction cannot read (:mod:`search_spaces.templates.intrin_x86`).
+- F(4, 3) in float32 (an explicit ``--layout NCHWc:w4``): it reads the same bf16-rounded
+  activation and weights, transformed from their bf16 values and kept float32, so it rounds
+  no more than the bf16 direct conv does. Measured on a Zen 4, it did not pay
+  (:func:`tuner.layout.auto_layouts`).
 """
 
 from __future__ import annotations
@@ -44,6 +51,10 @@ from tvm.topi.nn.winograd_util import _cook_toom_convolution, _interpolation_poi
 # Output tile sizes a plan may ask for.
 TILES = (2, 4)
 KERNEL = 3
+# The tile whose GEMMs run on vdpbf16ps in a bf16 model (see the module's docstring), and the
+# input channels one lane of it sums.
+DOT_TILE = 2
+DOT_PAIR = 2
 
 
 @functools.cache
@@ -68,6 +79,36 @@ def transform_weight(weight: np.ndarray, m: int) -> np.ndarray:
     u = np.einsum("ek,abcdkl,nl->enabcd", g, w, g, optimize=True)  # (alpha, alpha, O/o, I/i, i, o)
     alpha = m + KERNEL - 1
     return np.ascontiguousarray(u.reshape(alpha, alpha, oc, ic * ib, ob)).astype(weight.dtype)
+
+
+def transform_weight_dot(weight: np.ndarray, m: int) -> np.ndarray:
+    """:func:`transform_weight`'s ``U`` rounded to bf16 and packed for ``vdpbf16ps``:
+    ``(alpha, alpha, O/o, I/2, o, 2)``, the two input channels one lane sums adjacent."""
+    import ml_dtypes
+
+    u = transform_weight(weight.astype(np.float32), m)
+    alpha, _, oc_chunks, channels, ob = u.shape
+    if channels % DOT_PAIR:
+        raise ValueError(f"a bf16 Winograd GEMM needs an even number of input channels, got {channels}")
+    packed = u.reshape(alpha, alpha, oc_chunks, channels // DOT_PAIR, DOT_PAIR, ob).transpose(0, 1, 2, 3, 5, 4)
+    return np.ascontiguousarray(packed.astype(ml_dtypes.bfloat16))
+
+
+def bf16_bits(value: tirx.PrimExpr) -> tirx.PrimExpr:
+    """A float32 value rounded to bfloat16 (to nearest, ties to even), as its uint16 bits."""
+    bits = tirx.reinterpret("uint32", value)
+    rounding = ((bits >> tirx.const(16, "uint32")) & tirx.const(1, "uint32")) + tirx.const(0x7FFF, "uint32")
+    return ((bits + rounding) >> tirx.const(16, "uint32")).astype("uint16")
+
+
+def bf16_value(bits: tirx.PrimExpr) -> tirx.PrimExpr:
+    """The float32 value of bfloat16 ``bits`` (uint16): exact. The GEMM's tensor intrinsic
+    describes its A operand with this expression (:mod:`search_spaces.templates.intrin_x86`)."""
+    return tirx.reinterpret("float32", tirx.shift_left(bits.astype("uint32"), tirx.const(16, "uint32")))
+
+
+def _same(value: tirx.PrimExpr) -> tirx.PrimExpr:
+    return value
 
 
 def _rows(matrix: np.ndarray, index: tirx.PrimExpr, terms) -> tirx.PrimExpr:
@@ -96,12 +137,20 @@ def _rows(matrix: np.ndarray, index: tirx.PrimExpr, terms) -> tirx.PrimExpr:
 def conv2d_nchwc_winograd(data: te.Tensor, kernel: te.Tensor, padding: Sequence[int], m: int,
                           out_dtype: str = "float32") -> te.Tensor:
     """A 3x3 stride-1 conv of ``data`` (``NCHW{i}c``, float32 or bfloat16) by Winograd
-    F(m, 3) with float32 weights transformed by :func:`transform_weight`; output
+    F(m, 3) with float32 weights transformed by :func:`transform_weight`, or bf16 ones by
+    :func:`transform_weight_dot` (GEMMs on ``vdpbf16ps``, see the module's docstring); output
     ``NCHW{o}c``. ``padding`` is (top, left, bottom, right)."""
     a_mat, b_mat, _ = matrices(m)
     alpha = m + KERNEL - 1
     n, ic_chunks, h, w, ib = (int(d) for d in data.shape)
-    _, _, oc_chunks, channels, ob = (int(d) for d in kernel.shape)
+    dot = len(kernel.shape) == 6
+    if dot:
+        _, _, oc_chunks, pairs, ob, _ = (int(d) for d in kernel.shape)
+        channels = pairs * DOT_PAIR
+        if ib % DOT_PAIR:
+            raise ValueError(f"a bf16 Winograd GEMM needs an even input channel block, got {ib}")
+    else:
+        _, _, oc_chunks, channels, ob = (int(d) for d in kernel.shape)
     if n != 1:
         raise ValueError("the Winograd compute takes batch 1")
     top, left, bottom, right = padding
@@ -125,17 +174,31 @@ def conv2d_nchwc_winograd(data: te.Tensor, kernel: te.Tensor, padding: Sequence[
     )
     data_pack = te.compute(
         (alpha, alpha, tiles, ic_chunks, ib),
-        lambda eps, nu, p, c, b: _rows(b_mat, nu, lambda r: rows[p, c, eps, r, b]),
+        lambda eps, nu, p, c, b: (bf16_bits if dot else _same)(_rows(b_mat, nu, lambda r: rows[p, c, eps, r, b])),
         name="data_pack",
     )
-    ci = te.reduce_axis((0, channels), name="ci")
-    bgemm = te.compute(
-        (alpha, alpha, oc_chunks, tiles, ob),
-        lambda eps, nu, co, p, k: te.sum(
-            data_pack[eps, nu, p, ci // ib, ci % ib].astype(out_dtype) * kernel[eps, nu, co, ci, k].astype(out_dtype),
-            axis=[ci]),
-        name="bgemm",
-    )
+    if dot:
+        # Reduction iters as the instruction splits them: the input channel block, its pairs,
+        # the two channels of a pair (tensorized with the 16 output lanes).
+        rc = te.reduce_axis((0, ic_chunks), name="ic_chunk")
+        rg = te.reduce_axis((0, ib // DOT_PAIR), name="ic_group")
+        rn = te.reduce_axis((0, DOT_PAIR), name="ic_lane")
+        bgemm = te.compute(
+            (alpha, alpha, oc_chunks, tiles, ob),
+            lambda eps, nu, co, p, k: te.sum(
+                bf16_value(data_pack[eps, nu, p, rc, rg * DOT_PAIR + rn])
+                * kernel[eps, nu, co, rc * (ib // DOT_PAIR) + rg, k, rn].astype("float32"), axis=[rc, rg, rn]),
+            name="bgemm",
+        )
+    else:
+        ci = te.reduce_axis((0, channels), name="ci")
+        bgemm = te.compute(
+            (alpha, alpha, oc_chunks, tiles, ob),
+            lambda eps, nu, co, p, k: te.sum(
+                data_pack[eps, nu, p, ci // ib, ci % ib].astype(out_dtype)
+                * kernel[eps, nu, co, ci, k].astype(out_dtype), axis=[ci]),
+            name="bgemm",
+        )
     inv_rows = te.compute(
         (oc_chunks, tiles, m, alpha, ob),
         lambda co, p, vh, nu, k: _rows(a_mat, vh, lambda r: bgemm[r, nu, co, p, k]),

@@ -10,6 +10,11 @@ generation, so a TIR call cannot hand LLVM the ``<32 x bfloat>`` operands the in
 takes. The implementation therefore passes the bits as ``<16 x i32>`` to a 4-line LLVM IR
 helper (linked into the module through ``pragma_import_llvm``, inlined by LLVM) that
 bitcasts them and calls the intrinsic.
+
+A third intrinsic reads its A operand as uint16 bits of bfloat16 values
+(``dot_16x2_bf16bits_avx512_local``): a buffer that a function allocates itself (Winograd's
+transformed data, :mod:`tuner.winograd`) is stored float32 when declared bfloat16, so it
+holds the rounded bits instead.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from tvm.script import tirx as T
 BF16_DOT_16x2_INTRIN = "dot_16x2_bf16_avx512"
 # The same, accumulating into a register tile (a ``local`` buffer), as templates do.
 BF16_DOT_16x2_LOCAL_INTRIN = "dot_16x2_bf16_avx512_local"
+# The same with A as uint16 bits (see _bf16_bits_dot_16x2).
+BF16_BITS_DOT_16x2_LOCAL_INTRIN = "dot_16x2_bf16bits_avx512_local"
 # LLVM feature name of the instruction set the intrinsic needs.
 BF16_FEATURE = "avx512bf16"
 # TVM's dot_16x4_vnni (uint8 x int8 quadruples into 16 int32 lanes) with a ``local`` accumulator.
@@ -110,6 +117,49 @@ def _bf16_dot_16x2(scope: str):
     return _dot_16xn_desc(2, "bfloat16", "bfloat16", "float32", scope), impl
 
 
+def _bf16_bits_dot_16x2(scope: str):
+    """``vdpbf16ps`` with an A of bfloat16 bits in uint16 (a buffer a function allocates:
+    TVM would store a bfloat16 one as float32; Winograd's ``data_pack``, :mod:`tuner.winograd`).
+    The description widens A exactly as :func:`tuner.winograd.bf16_value` writes it."""
+
+    @T.prim_func(s_tir=True)
+    def desc(
+        A: T.Buffer((2,), "uint16", offset_factor=1),
+        B: T.Buffer((16, 2), "bfloat16", offset_factor=1),
+        C: T.Buffer((16,), "float32", offset_factor=1, scope=scope),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:2], B[0:16, 0:2])
+            T.writes(C[0:16])
+            for i in T.serial(0, 16):
+                for k in T.serial(0, 2):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        C[vi] = C[vi] + T.reinterpret(
+                            "float32", T.shift_left(T.Cast("uint32", A[vk]), T.uint32(16))
+                        ) * T.Cast("float32", B[vi, vk])
+
+    @T.prim_func(s_tir=True)
+    def impl(
+        A: T.Buffer((2,), "uint16", offset_factor=1),
+        B: T.Buffer((16, 2), "bfloat16", offset_factor=1),
+        C: T.Buffer((16,), "float32", offset_factor=1, scope=scope),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:2], B[0:16, 0:2])
+            T.writes(C[0:16])
+            with T.attr(0, "pragma_import_llvm", _HELPER_IR):
+                A_pair = T.reinterpret(A.vload([0], "uint16x2"), dtype="int32")
+                C[T.ramp(T.int32(0), 1, 16)] = T.call_pure_extern(
+                    "float32x16", _HELPER,
+                    C.vload([0], dtype="float32x16"),
+                    T.broadcast(A_pair, 16),
+                    T.reinterpret(B.vload([0, 0], dtype="bfloat16x32"), dtype="int32x16"),
+                )
+
+    return desc, impl
+
+
 def _vnni_dot_16x4(scope: str):
     """TVM's ``dot_16x4_vnni`` (``tvm.s_tir.tensor_intrin.x86``) for an accumulator in ``scope``.
 
@@ -151,6 +201,7 @@ def register_intrinsics() -> None:
     TensorIntrin.register(BF16_DOT_16x2_INTRIN, *_bf16_dot_16x2("global"), override=True)
     TensorIntrin.register(BF16_DOT_16x2_LOCAL_INTRIN, *_bf16_dot_16x2("local"), override=True)
     TensorIntrin.register(VNNI_DOT_16x4_LOCAL_INTRIN, *_vnni_dot_16x4("local"), override=True)
+    TensorIntrin.register(BF16_BITS_DOT_16x2_LOCAL_INTRIN, *_bf16_bits_dot_16x2("local"), override=True)
 
 
 def target_has(target: tvm.target.Target, feature: str) -> bool:

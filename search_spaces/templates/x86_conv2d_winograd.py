@@ -11,6 +11,11 @@ elementwise epilogue. Four passes, each parallel over the threads:
    transformed input value feeding ``tile_oc`` FMAs, ``tile_ci`` input channels unrolled.
 3. ``inverse``: each output tile's ``A^T M A``, vectorized along the output channel block.
 4. The output put back in ``NCHW[x]c`` order with the epilogue applied.
+
+A bf16 model's F(2, 3) (:func:`tuner.winograd.transform_weight_dot`) runs its GEMMs on
+``vdpbf16ps``: the same register tile, each step a pair of input channels (one broadcast
+32-bit lane of ``data_pack``'s bf16 bits) times 16 output channels' pairs (one 512-bit load),
+``tile_ci`` pairs unrolled.
 """
 
 from __future__ import annotations
@@ -25,6 +30,13 @@ from search_spaces.constraints import Limits
 from search_spaces.knobs import Knob, divisors
 from search_spaces.templates import Template, register_template
 from search_spaces.templates.blocks import elementwise_tail, root_blocks
+from search_spaces.templates.intrin_x86 import (
+    BF16_FEATURE,
+    DOT_LANES,
+    BF16_BITS_DOT_16x2_LOCAL_INTRIN,
+    register_intrinsics,
+    target_has,
+)
 from search_spaces.templates.x86_conv2d_nchwc import _acc_budget, _regs_per_pixel
 
 logger = logging.getLogger(__name__)
@@ -41,6 +53,11 @@ def _is_winograd(sch: Schedule) -> bool:
     return names[:len(_STAGES)] == list(_STAGES)
 
 
+def _is_dot(sch: Schedule) -> bool:
+    """Whether the GEMMs are the bf16 dot product's (reduction iters chunk, pair, lane)."""
+    return len(sch.get_loops(sch.get_sblock("bgemm"))) == 8
+
+
 def _tail(sch: Schedule) -> list[str] | None:
     return elementwise_tail(sch, sch.get_sblock(_OUTPUT), 5)
 
@@ -51,8 +68,12 @@ def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tupl
     sch = Schedule(mod)
     if not _is_winograd(sch) or _tail(sch) is None:
         return None
-    _, _, oc_chunks, tiles, oc_block, channels = (int(sch.get(loop).extent)
-                                                  for loop in sch.get_loops(sch.get_sblock("bgemm")))
+    _, _, oc_chunks, tiles, oc_block, *reduction = (int(sch.get(loop).extent)
+                                                    for loop in sch.get_loops(sch.get_sblock("bgemm")))
+    if _is_dot(sch) and (not target_has(target, BF16_FEATURE) or oc_block != DOT_LANES):
+        return None
+    # Unrolled per step: input channels, or (on the dot product) pairs of them.
+    channels = reduction[0] if len(reduction) == 1 else reduction[1]
     max_tiles = _acc_budget(limits) // _regs_per_pixel(oc_block, limits)
     return (
         # Tiles (of the GEMM's rows) in the register tile.
@@ -131,26 +152,39 @@ def _schedule_transform(sch: Schedule, name: str, rows: str, *, tiles_first: boo
 
 def _schedule_gemm(sch: Schedule, values: dict[str, Any]) -> None:
     gemm = sch.get_sblock("bgemm")
+    dot = _is_dot(sch)
     store = sch.cache_write(gemm, 0, "local")
-    eps, nu, co, p, k, ci = sch.get_loops(gemm)
+    if dot:
+        eps, nu, co, p, k, chunk, ci, lane = sch.get_loops(gemm)
+    else:
+        eps, nu, co, p, k, ci = sch.get_loops(gemm)
     e = sch.fuse(eps, nu)
     co_o, co_t = sch.split(co, [None, values["tile_oc"]])
     p_o, p_t = sch.split(p, [None, values["tile_p"]])
     ci_o, ci_i = sch.split(ci, [None, values["tile_ci"]])
-    sch.reorder(e, co_o, p_o, ci_o, ci_i, p_t, co_t, k)
+    if dot:
+        sch.reorder(e, co_o, p_o, chunk, ci_o, ci_i, p_t, co_t, k, lane)
+    else:
+        sch.reorder(e, co_o, p_o, ci_o, ci_i, p_t, co_t, k)
     sch.reverse_compute_at(store, p_o)
     # (eps * nu, oc tiles) alone: at least 36 chunks of work, and fusing the tile rows in too
     # made LLVM take minutes over some points (a 245 s build of a 28x28 map's).
     sch.parallel(sch.fuse(e, co_o))
+    if dot:
+        register_intrinsics()
+        init = sch.decompose_reduction(gemm, chunk)
+        sch.tensorize(k, BF16_BITS_DOT_16x2_LOCAL_INTRIN)
     sch.unroll(ci_i)
     sch.unroll(p_t)
     sch.unroll(co_t)
-    sch.vectorize(k)
+    if not dot:
+        sch.vectorize(k)
     *_, s_co, s_p, s_k = sch.get_loops(store)
     sch.vectorize(s_k)
     sch.unroll(s_p)
     sch.unroll(s_co)
-    init = sch.decompose_reduction(gemm, ci_o)
+    if not dot:
+        init = sch.decompose_reduction(gemm, ci_o)
     sch.vectorize(sch.get_loops(init)[-1])
 
 

@@ -276,15 +276,20 @@ def conv_nchwc_dot(dtype: str = "bfloat16", stride: int = 1, residual: bool = Fa
 
 
 def conv_winograd(c: int = 32, hw: int = 14, o: int = 32, m: int = 4, block: int = 16, *,
-                  epilogue: bool = True, dtype: str = "float32") -> tvm.IRModule:
+                  epilogue: bool = True, dtype: str = "float32", dot: bool = False) -> tvm.IRModule:
     """A 3x3 conv (pad 1) by Winograd F(m, 3) in NCHW{block}c, as ``tuner.layout`` legalizes
     one under an ``NCHW{block}c:w{m}`` plan (weights transformed), + bias + relu (without
     ``epilogue``, the bare conv). ``dtype`` bfloat16: a bf16 model's, its data and output
-    (the epilogue's cast) bf16, the weights float32."""
-    from tuner.winograd import conv2d_nchwc_winograd
+    (the epilogue's cast) bf16, the weights float32, or with ``dot`` bf16 pairs for
+    ``vdpbf16ps`` (``tuner.winograd.transform_weight_dot``)."""
+    from tuner.winograd import DOT_PAIR, conv2d_nchwc_winograd
 
     data = te.placeholder((1, c // block, hw, hw, block), name="data", dtype=dtype)
-    kernel = te.placeholder((m + 2, m + 2, o // block, c, block), name="kernel")
+    if dot:
+        kernel = te.placeholder((m + 2, m + 2, o // block, c // DOT_PAIR, block, DOT_PAIR), name="kernel",
+                                dtype="bfloat16")  # fmt: skip
+    else:
+        kernel = te.placeholder((m + 2, m + 2, o // block, c, block), name="kernel")
     conv = conv2d_nchwc_winograd(data, kernel, (1, 1, 1, 1), m)
     if not epilogue:
         return tvm.IRModule({"main": te.create_prim_func([data, kernel, conv])})
@@ -329,6 +334,7 @@ TASKS: dict[str, Callable[[], tvm.IRModule]] = {
     # A 7x7 map in tiles of 2 (the last row and column of tiles reach past it), no epilogue.
     "conv_winograd_m2_bare": lambda: conv_winograd(hw=7, m=2, epilogue=False),
     "conv_winograd_bf16": lambda: conv_winograd(dtype="bfloat16"),
+    "conv_winograd_bf16_dot": lambda: conv_winograd(m=2, dtype="bfloat16", dot=True),
 }
 
 # Target configs by name; CUDA ones cross-build (no GPU is needed).

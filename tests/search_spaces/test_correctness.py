@@ -45,9 +45,10 @@ from tuner.tasks import extract_tasks
                                                  ("x86-conv2d-nchwc-dot", "conv_nchwc_u8_wide"),
                                                  ("x86-conv2d-winograd", "conv_winograd"),
                                                  ("x86-conv2d-winograd", "conv_winograd_m2_bare"),
-                                                 ("x86-conv2d-winograd", "conv_winograd_bf16")])  # fmt: skip
+                                                 ("x86-conv2d-winograd", "conv_winograd_bf16"),
+                                                 ("x86-conv2d-winograd", "conv_winograd_bf16_dot")])  # fmt: skip
 def test_sampled_points_match_the_reference(kind, task_name):
-    if kind in ("x86-conv2d-nchwc-dot", "x86-dense-vnni"):
+    if kind in ("x86-conv2d-nchwc-dot", "x86-dense-vnni") or task_name.endswith("_dot"):
         feature = "avx512_bf16" if "bf16" in task_name else "avx512_vnni"
         if feature not in host_cpu_info()["isa_flags"]:
             pytest.skip(f"this CPU has no {feature}")

@@ -92,6 +92,20 @@ def test_templates_take_only_their_pattern():
     assert "x86-dense" not in search_spaces.applicable_kinds(dense(n=20), llvm)
 
 
+def test_the_bf16_winograd_gemm_takes_the_dot_product_only_where_the_cpu_has_it():
+    """The bf16 F(2, 3) task (data_pack of bf16 bits, weights in pairs) is the Winograd
+    template's on an AVX512_BF16 CPU, built with vdpbf16ps; not on a VNNI CPU without it. Its
+    unrolled step is in pairs of input channels (16 channel blocks: up to 8)."""
+    wino = task("conv_winograd_bf16_dot")
+    assert "x86-conv2d-winograd" not in search_spaces.applicable_kinds(wino, target("llvm-vnni"))
+    zen4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    sp = TemplateSpace(wino, zen4, "x86-conv2d-winograd")
+    assert dict((k.name, k.choices) for k in sp.knobs(0))["tile_ci"] == (1, 2, 4, 8)
+    sch = sp.apply(sp.sample(np.random.default_rng(0)))
+    assert "dot_16x2_bf16bits" not in sch.mod.script()  # tensorized: the instruction's implementation
+    assert "nightshift_dpbf16ps_512" in sch.mod.script()
+
+
 def _compacted(mod: tvm.IRModule, *then: tvm.transform.Pass) -> str:
     """``mod`` lowered through TVM's buffer planning (and the passes ``then``), as TVMScript."""
     st = tvm.s_tir.transform

@@ -22,7 +22,7 @@ from tuner.layout import (
     winograd_tile,
 )
 from tuner.tasks import extract_layout_tasks, extract_tasks
-from tuner.winograd import conv2d_nchwc_winograd, matrices, transform_weight
+from tuner.winograd import conv2d_nchwc_winograd, matrices, transform_weight, transform_weight_dot
 
 
 def _build(args: list[te.Tensor]):
@@ -106,11 +106,57 @@ def test_auto_layouts_weigh_winograd_on_x86(cpu_device):
     assert auto_layouts(tvm.target.Target({"kind": "cuda", "arch": "sm_90"})) == ("NCHW",)
 
 
-def test_auto_layouts_of_reduced_precisions_are_the_blocked_one(cpu_device):
-    """bf16 and int8 convs run on the dot product in the blocked layout; bf16's Winograd is
-    asked for explicitly (it did not pay by default, tuner.layout.auto_layouts)."""
+def test_auto_layouts_of_reduced_precisions(cpu_device):
+    """int8 convs run on the dot product in the blocked layout alone. bf16 weighs Winograd
+    F(2, 3) on vdpbf16ps beside it where the CPU has vdpbf16ps and no AMX tiles (which do 4x
+    its work a step); F(4, 3) never (tuner.winograd: its bf16 rounding)."""
     blocked = f"NCHW{vector_lanes(cpu_device.target)}c"
-    assert auto_layouts(cpu_device.target, "bf16") == auto_layouts(cpu_device.target, "int8") == (blocked,)
+    assert auto_layouts(cpu_device.target, "int8") == (blocked,)
+    zen4, spr, skx = (tvm.target.Target({"kind": "llvm", "mcpu": cpu, "num-cores": 2})
+                      for cpu in ("znver4", "sapphirerapids", "skylake-avx512"))  # fmt: skip
+    assert auto_layouts(zen4, "bf16") == ("NCHW16c", "NCHW16c:w2")
+    assert auto_layouts(spr, "bf16") == auto_layouts(skx, "bf16") == ("NCHW16c",)
+
+
+def test_bf16_dot_weights_are_the_transform_rounded_and_paired():
+    """transform_weight_dot: transform_weight's U rounded to bf16, each lane's two input
+    channels adjacent: ``out[e, n, o, i // 2, k, i % 2] == bf16(U[e, n, o, i, k])``."""
+    import ml_dtypes
+
+    w = np.random.default_rng(1).standard_normal((2, 2, 3, 3, 16, 16)).astype("float32")
+    u = transform_weight(w, 2)
+    packed = transform_weight_dot(w, 2)
+    assert packed.dtype == ml_dtypes.bfloat16 and packed.shape == (4, 4, 2, 16, 16, 2)
+    want = u.astype(ml_dtypes.bfloat16)
+    assert np.array_equal(packed[:, :, :, 5, :, 1], want[:, :, :, 11, :])
+    assert np.array_equal(packed.transpose(0, 1, 2, 3, 5, 4).reshape(u.shape), want)
+    with pytest.raises(ValueError, match="even number of input channels"):
+        transform_weight_dot(w[:, :1, :, :, :3], 2)
+
+
+def test_bf16_dot_winograd_errs_within_bf16_rounding_of_the_exact_conv():
+    """F(2, 3) with bf16-rounded transformed data and weights (the GEMMs on vdpbf16ps):
+    against the conv of the same bf16 values computed exactly (float64), within twice the
+    bf16 conv's error bound on this data (3.5e-3 here)."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(3)
+    x = np.maximum(rng.standard_normal((1, 4, 10, 10, 16)), 0).astype(ml_dtypes.bfloat16)
+    w = (rng.standard_normal((4, 4, 3, 3, 16, 16)) * np.sqrt(2 / (9 * 64))).astype(ml_dtypes.bfloat16)
+    u = transform_weight_dot(w.astype("float32"), 2)
+    xt = te.placeholder(x.shape, name="x", dtype="bfloat16")
+    ut = te.placeholder(u.shape, name="u", dtype="bfloat16")
+    out = conv2d_nchwc_winograd(xt, ut, (1, 1, 1, 1), 2)
+    got = tvm.runtime.tensor(np.zeros([int(d) for d in out.shape], "float32"))
+    _build([xt, ut, out])(tvm.runtime.tensor(x), tvm.runtime.tensor(u), got)
+    xf = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1), (0, 0)))
+    wf = w.astype(np.float64)
+    exact = sum(np.einsum("cyxi,Ocio->Oyxo", xf[0, :, i:i + 10, j:j + 10], wf[:, :, i, j])
+                for i in range(3) for j in range(3))[None]  # fmt: skip
+    error = np.abs(got.numpy() - exact).max() / np.abs(exact).max()
+    # The direct bf16 conv of these values sums exact products in float32: ~1e-6. The bound
+    # is bf16's half ulp (2^-9) of the transformed values, which are up to 4x the inputs.
+    assert 1e-5 < error < 8e-3, error
 
 
 def test_switching_to_winograd_in_the_same_blocks_costs_no_transform():
@@ -235,3 +281,24 @@ def test_winograd_candidates_are_dropped_for_a_model_without_a_conv_they_fit():
     candidates = ("NCHW8c", "NCHW8c:w4", "NCHW8c:w2", "NCHW")
     assert useful_layouts(_three_convs(), candidates) == candidates
     assert useful_layouts(_three_convs(first_stride=2), candidates) == ("NCHW8c", "NCHW")
+
+
+def test_bf16_bits_round_to_nearest_even_as_numpy_does():
+    """``bf16_bits`` (data_pack's rounding) gives ml_dtypes' bfloat16 bits: ties to even,
+    carries into the exponent; ``bf16_value`` widens them back exactly."""
+    import ml_dtypes
+
+    from tuner.winograd import bf16_bits, bf16_value
+
+    rng = np.random.default_rng(0)
+    ties = np.array([0x3F808000, 0x3F818000, 0x3F7FFFFF, 0x3F80FFFF, 0xBF808001], np.uint32).view(np.float32)
+    x = np.concatenate([ties, rng.standard_normal(4091) * 10.0 ** rng.integers(-3, 4, 4091)]).astype(np.float32)
+    xt = te.placeholder(x.shape, name="x")
+    bits = te.compute(x.shape, lambda i: bf16_bits(xt[i]), name="bits")
+    back = te.compute(x.shape, lambda i: bf16_value(bits[i]), name="back")
+    got_bits = tvm.runtime.tensor(np.zeros(x.shape, np.uint16))
+    got_back = tvm.runtime.tensor(np.zeros(x.shape, np.float32))
+    _build([xt, bits, back])(tvm.runtime.tensor(x), got_bits, got_back)
+    want = x.astype(ml_dtypes.bfloat16)
+    assert np.array_equal(got_bits.numpy(), want.view(np.uint16))
+    assert np.array_equal(got_back.numpy(), want.astype(np.float32))
