@@ -875,10 +875,11 @@ def auto_layouts(target: tvm.target.Target, precision: str = "fp32") -> tuple[st
     ``precision``: int8 keeps the blocked layout alone, its convs on the dot product. bf16
     weighs the blocked layout against Winograd F(2, 3) with its GEMMs on ``vdpbf16ps``
     (:func:`tuner.winograd.transform_weight_dot`) where the CPU has no AMX (an AMX tile
-    multiply does 4x ``vdpbf16ps``'s work a step, twenty-eighth session): on a Zen 4 whose
-    direct bf16 3x3 convs ran at 225 GFLOP/s, 3x3 256->256 at 14x14 took 0.57 ms against
-    1.02 (benchmarks/README.md, "bf16 Winograd on the dot product"). F(4, 3) is not weighed
-    for bf16: rounded to bf16 it errs 9x the direct conv (:mod:`tuner.winograd`).
+    multiply does 4x ``vdpbf16ps``'s work a step, twenty-eighth session). On a Zen 4 its
+    ResNet-50 job chose it for the 3x3 convs of the first three stages and ran 0.956x the
+    time of a job without it (benchmarks/README.md, "bf16 Winograd F(2, 3) on the dot
+    product"). F(4, 3) is not weighed for bf16: rounded to bf16 it errs 7.6-8.9x the direct
+    conv (:mod:`tuner.winograd`).
 
     A bf16 model's 3x3 convs can also run by Winograd in float32 (``--layout NCHWc:w4``,
     :mod:`tuner.winograd`), but weighing it by default did not pay: on a Zen 4 (2026-11-26,

@@ -27,10 +27,12 @@ In a bf16 model (:mod:`tuner.precision.bf16`) a 3x3 conv runs here in one of two
 
 - F(2, 3) with its GEMMs on ``vdpbf16ps`` (``dot``, :func:`transform_weight_dot`): the
   transformed data and weights are rounded to bf16, the GEMMs sum in float32. This halves the
-  GEMMs' work and weight bytes against float32 ones. Its rounding: 1.7x the largest error of
-  the direct bf16 conv on random 64-channel data (4.2e-3 against 2.4e-3 of the largest
-  output); F(4, 3) rounded the same way reached 2.2e-2, 9x, which is why only F(2, 3) runs
-  on the dot product. ``data_pack`` holds the rounded values as their ``uint16`` bits:
+  GEMMs' work and weight bytes against float32 ones. Its rounding: 1.7-1.8x the largest
+  error of the direct bf16 conv on random 64- and 256-channel data (4.2e-3 and 4.6e-3 of the
+  largest output, against 2.5e-3 and 2.6e-3); F(4, 3) rounded the same way errs 7.6-8.9x,
+  which is why only F(2, 3) runs on the dot product
+  (``benchmarks/winograd_bf16_rounding.py``). In ResNet-50 the model's largest error from
+  fp32 went from 4.6e-3 to 4.9e-3, top-1 100% of 200 inputs either way. ``data_pack`` holds the rounded values as their ``uint16`` bits:
   TVM gives a ``bfloat16`` buffer that a function allocates float32 storage, which the
   instruction cannot read (:mod:`search_spaces.templates.intrin_x86`).
 - F(4, 3) in float32 (an explicit ``--layout NCHWc:w4``): it reads the same bf16-rounded
