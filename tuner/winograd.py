@@ -32,9 +32,9 @@ In a bf16 model (:mod:`tuner.precision.bf16`) a 3x3 conv runs here in one of two
   largest output, against 2.5e-3 and 2.6e-3); F(4, 3) rounded the same way errs 7.6-8.9x,
   which is why only F(2, 3) runs on the dot product
   (``benchmarks/winograd_bf16_rounding.py``). In ResNet-50 the model's largest error from
-  fp32 went from 4.6e-3 to 4.9e-3, top-1 100% of 200 inputs either way. ``data_pack`` holds the rounded values as their ``uint16`` bits:
-  TVM gives a ``bfloat16`` buffer that a function allocates float32 storage, which the
-  instruction cannot read (:mod:`search_spaces.templates.intrin_x86`).
+  fp32 went from 4.6e-3 to 4.9e-3, top-1 100% of 200 inputs either way. ``data_pack``
+  holds the rounded values as their ``uint16`` bits: TVM gives a ``bfloat16`` buffer that a
+  function allocates float32 storage, which the instruction cannot read (:mod:`search_spaces.templates.intrin_x86`).
 - F(4, 3) in float32 (an explicit ``--layout NCHWc:w4``): it reads the same bf16-rounded
   activation and weights, transformed from their bf16 values and kept float32, so it rounds
   no more than the bf16 direct conv does. Measured on a Zen 4, it did not pay

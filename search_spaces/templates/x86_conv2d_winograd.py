@@ -179,10 +179,15 @@ def _schedule_gemm(sch: Schedule, values: dict[str, Any]) -> None:
     sch.unroll(co_t)
     if not dot:
         sch.vectorize(k)
-    *_, s_co, s_p, s_k = sch.get_loops(store)
+    # The store's own loops, under p_o: a register tile of one channel block (or one tile)
+    # has no loop of extent 1 there, so counting from the innermost would reach p_o and
+    # unroll the whole GEMM (a 56x56 map's 196 steps: 10-120 s builds, timeouts in the jobs).
+    loops = sch.get_loops(store)
+    depth = next(i for i, loop in enumerate(loops) if sch.get(loop).same_as(sch.get(p_o)))
+    *s_tile, s_k = loops[depth + 1:]
     sch.vectorize(s_k)
-    sch.unroll(s_p)
-    sch.unroll(s_co)
+    for loop in s_tile:
+        sch.unroll(loop)
     if not dot:
         init = sch.decompose_reduction(gemm, ci_o)
     sch.vectorize(sch.get_loops(init)[-1])
