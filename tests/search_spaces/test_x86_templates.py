@@ -114,8 +114,8 @@ def test_winograd_gemm_unrolls_its_register_tile_and_not_the_tile_loop(task_name
     zen4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
     sp = TemplateSpace(task(task_name), zen4, "x86-conv2d-winograd")
     points = (Point(0, v) for v in itertools.product(*(k.choices for k in sp.knobs(0))))
-    point = next(p for p in points
-                 if sp.values(p)["tile_oc"] == 1 and sp.values(p)["tile_p"] in (4, 7) and sp.static_violation(p) is None)
+    point = next(p for p in points if sp.static_violation(p) is None
+                 and sp.values(p)["tile_oc"] == 1 and sp.values(p)["tile_p"] in (4, 7))  # fmt: skip
     script = sp.apply(point).mod.script()
     assert re.search(r"for p_0 in range\(\d+\)", script), script
     assert not re.search(r"for p_0 in T\.unroll", script)
