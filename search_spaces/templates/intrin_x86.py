@@ -70,9 +70,11 @@ declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float>, <32 x bfloa
 """
 
 
-def _dot_16xn_desc(n: int, a_dtype: str, b_dtype: str, acc: str, scope: str):
+def _dot_16xn_desc(n: int, a_dtype: str, b_dtype: str, acc: str, scope: str, widen_a=None):
     """What a 16-lane dot-product instruction computes: each lane ``i`` of ``C`` (``acc``)
-    adds the ``n`` products of ``A`` (broadcast) and row ``i`` of ``B``."""
+    adds the ``n`` products of ``A`` (broadcast) and row ``i`` of ``B``. ``widen_a``: how
+    an element of A becomes ``acc`` (default a cast)."""
+    widen = widen_a or (lambda a: T.cast(a, acc))
 
     @T.prim_func(s_tir=True)
     def desc(
@@ -87,17 +89,19 @@ def _dot_16xn_desc(n: int, a_dtype: str, b_dtype: str, acc: str, scope: str):
                 for k in T.serial(0, n):
                     with T.sblock("update"):
                         vi, vk = T.axis.remap("SR", [i, k])
-                        C[vi] = C[vi] + T.cast(A[vk], acc) * T.cast(B[vi, vk], acc)
+                        C[vi] = C[vi] + widen(A[vk]) * T.cast(B[vi, vk], acc)
 
     return desc
 
 
-def _bf16_dot_16x2(scope: str):
-    """The description and implementation, for an accumulator ``C`` in ``scope``."""
+def _bf16_dot_impl(scope: str, a_dtype: str):
+    """``vdpbf16ps``'s implementation for an A of ``a_dtype`` (bfloat16, or uint16 bits of
+    bfloat16 values) and an accumulator ``C`` in ``scope``."""
+    a_pair = f"{a_dtype}x2"
 
     @T.prim_func(s_tir=True)
     def impl(
-        A: T.Buffer((2,), "bfloat16", offset_factor=1),
+        A: T.Buffer((2,), a_dtype, offset_factor=1),
         B: T.Buffer((16, 2), "bfloat16", offset_factor=1),
         C: T.Buffer((16,), "float32", offset_factor=1, scope=scope),
     ) -> None:
@@ -106,7 +110,7 @@ def _bf16_dot_16x2(scope: str):
             T.writes(C[0:16])
             with T.attr(0, "pragma_import_llvm", _HELPER_IR):
                 # The pair of A is one 32-bit lane, broadcast to all 16 lanes.
-                A_pair = T.reinterpret(A.vload([0], "bfloat16x2"), dtype="int32")
+                A_pair = T.reinterpret(A.vload([0], a_pair), dtype="int32")
                 C[T.ramp(T.int32(0), 1, 16)] = T.call_pure_extern(
                     "float32x16", _HELPER,
                     C.vload([0], dtype="float32x16"),
@@ -114,7 +118,12 @@ def _bf16_dot_16x2(scope: str):
                     T.reinterpret(B.vload([0, 0], dtype="bfloat16x32"), dtype="int32x16"),
                 )
 
-    return _dot_16xn_desc(2, "bfloat16", "bfloat16", "float32", scope), impl
+    return impl
+
+
+def _bf16_dot_16x2(scope: str):
+    """The description and implementation, for an accumulator ``C`` in ``scope``."""
+    return _dot_16xn_desc(2, "bfloat16", "bfloat16", "float32", scope), _bf16_dot_impl(scope, "bfloat16")
 
 
 def _bf16_bits_dot_16x2(scope: str):
@@ -122,42 +131,11 @@ def _bf16_bits_dot_16x2(scope: str):
     TVM would store a bfloat16 one as float32; Winograd's ``data_pack``, :mod:`tuner.winograd`).
     The description widens A exactly as :func:`tuner.winograd.bf16_value` writes it."""
 
-    @T.prim_func(s_tir=True)
-    def desc(
-        A: T.Buffer((2,), "uint16", offset_factor=1),
-        B: T.Buffer((16, 2), "bfloat16", offset_factor=1),
-        C: T.Buffer((16,), "float32", offset_factor=1, scope=scope),
-    ) -> None:
-        with T.sblock("root"):
-            T.reads(C[0:16], A[0:2], B[0:16, 0:2])
-            T.writes(C[0:16])
-            for i in T.serial(0, 16):
-                for k in T.serial(0, 2):
-                    with T.sblock("update"):
-                        vi, vk = T.axis.remap("SR", [i, k])
-                        C[vi] = C[vi] + T.reinterpret(
-                            "float32", T.shift_left(T.Cast("uint32", A[vk]), T.uint32(16))
-                        ) * T.Cast("float32", B[vi, vk])
+    def widen(a):
+        return T.reinterpret("float32", T.shift_left(T.Cast("uint32", a), T.uint32(16)))
 
-    @T.prim_func(s_tir=True)
-    def impl(
-        A: T.Buffer((2,), "uint16", offset_factor=1),
-        B: T.Buffer((16, 2), "bfloat16", offset_factor=1),
-        C: T.Buffer((16,), "float32", offset_factor=1, scope=scope),
-    ) -> None:
-        with T.sblock("root"):
-            T.reads(C[0:16], A[0:2], B[0:16, 0:2])
-            T.writes(C[0:16])
-            with T.attr(0, "pragma_import_llvm", _HELPER_IR):
-                A_pair = T.reinterpret(A.vload([0], "uint16x2"), dtype="int32")
-                C[T.ramp(T.int32(0), 1, 16)] = T.call_pure_extern(
-                    "float32x16", _HELPER,
-                    C.vload([0], dtype="float32x16"),
-                    T.broadcast(A_pair, 16),
-                    T.reinterpret(B.vload([0, 0], dtype="bfloat16x32"), dtype="int32x16"),
-                )
-
-    return desc, impl
+    desc = _dot_16xn_desc(2, "uint16", "bfloat16", "float32", scope, widen)
+    return desc, _bf16_dot_impl(scope, "uint16")
 
 
 def _vnni_dot_16x4(scope: str):
