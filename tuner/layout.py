@@ -876,8 +876,8 @@ def auto_layouts(target: tvm.target.Target, precision: str = "fp32") -> tuple[st
     weighs the blocked layout against Winograd F(2, 3) with its GEMMs on ``vdpbf16ps``
     (:func:`tuner.winograd.transform_weight_dot`) where the CPU has no AMX (an AMX tile
     multiply does 4x ``vdpbf16ps``'s work a step, twenty-eighth session). On a Zen 4 its
-    ResNet-50 job chose it for the 3x3 convs of the first three stages and ran 0.956x the
-    time of a job without it (benchmarks/README.md, "bf16 Winograd F(2, 3) on the dot
+    ResNet-50 job chose it for the 3x3 convs of the first three stages and ran 0.94-0.96x
+    the time of a job without it (benchmarks/README.md, "bf16 Winograd F(2, 3) on the dot
     product"). F(4, 3) is not weighed for bf16: rounded to bf16 it errs 7.6-8.9x the direct
     conv (:mod:`tuner.winograd`).
 
