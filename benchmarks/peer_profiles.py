@@ -91,7 +91,10 @@ def _winograd_size(sch, mod) -> tuple[int, int, int, int] | None:
     except (RuntimeError, ValueError):  # no such block
         return None
     outputs = math.prod(int(iv.dom.extent) for iv in out.iter_vars)
-    _, _, oc_chunks, _, ob, channels = (int(iv.dom.extent) for iv in gemm.iter_vars)
+    # (eps, nu, oc chunks, tiles, oc block, reduction...): one reduction iter of the input
+    # channels, or three on the bf16 dot product (chunk, pair, lane; tuner.winograd).
+    _, _, oc_chunks, _, ob, *reduction = (int(iv.dom.extent) for iv in gemm.iter_vars)
+    channels = math.prod(reduction)
     data = math.prod(int(d) for d in mod["main"].params[0].shape)
     return outputs, outputs * channels * 9, data, oc_chunks * ob * channels * 9
 
