@@ -894,10 +894,11 @@ def auto_layouts(target: tvm.target.Target, precision: str = "fp32") -> tuple[st
     if preferred == NCHW or precision == "int8":
         return (preferred,)
     if precision == "bf16":
+        from search_spaces.templates.intrin_amx import AMX_BF16, target_has_amx
         from search_spaces.templates.intrin_x86 import target_has_bf16_dot
         from tuner.winograd import DOT_TILE
 
-        if target_has_bf16_dot(target) and "bfloat16" not in wide_blocks(target):
+        if target_has_bf16_dot(target) and not target_has_amx(target, AMX_BF16):
             return (preferred, winograd(preferred, DOT_TILE))
         return (preferred,)
     return (preferred, winograd(preferred, 4), winograd(preferred, 2), NCHW)

@@ -50,6 +50,8 @@ import numpy as np
 from tvm import te, tirx, topi
 from tvm.topi.nn.winograd_util import _cook_toom_convolution, _interpolation_points
 
+from search_spaces.templates.intrin_x86 import bf16_bits, bf16_value
+
 # Output tile sizes a plan may ask for.
 TILES = (2, 4)
 KERNEL = 3
@@ -94,23 +96,6 @@ def transform_weight_dot(weight: np.ndarray, m: int) -> np.ndarray:
         raise ValueError(f"a bf16 Winograd GEMM needs an even number of input channels, got {channels}")
     packed = u.reshape(alpha, alpha, oc_chunks, channels // DOT_PAIR, DOT_PAIR, ob).transpose(0, 1, 2, 3, 5, 4)
     return np.ascontiguousarray(packed.astype(ml_dtypes.bfloat16))
-
-
-def bf16_bits(value: tirx.PrimExpr) -> tirx.PrimExpr:
-    """A float32 value rounded to bfloat16 (to nearest, ties to even), as its uint16 bits."""
-    bits = tirx.reinterpret("uint32", value)
-    rounding = ((bits >> tirx.const(16, "uint32")) & tirx.const(1, "uint32")) + tirx.const(0x7FFF, "uint32")
-    return ((bits + rounding) >> tirx.const(16, "uint32")).astype("uint16")
-
-
-def bf16_value(bits: tirx.PrimExpr) -> tirx.PrimExpr:
-    """The float32 value of bfloat16 ``bits`` (uint16): exact. The GEMM's tensor intrinsic
-    describes its A operand with this expression (:mod:`search_spaces.templates.intrin_x86`)."""
-    return tirx.reinterpret("float32", tirx.shift_left(bits.astype("uint32"), tirx.const(16, "uint32")))
-
-
-def _same(value: tirx.PrimExpr) -> tirx.PrimExpr:
-    return value
 
 
 def _rows(matrix: np.ndarray, index: tirx.PrimExpr, terms) -> tirx.PrimExpr:
@@ -174,9 +159,11 @@ def conv2d_nchwc_winograd(data: te.Tensor, kernel: te.Tensor, padding: Sequence[
         lambda p, c, eps, j, b: _rows(b_mat, eps, lambda r: read(p, c, r, j, b)),
         name="wino_rows",
     )
+    # data_pack holds bf16 bits for the dot product (see the module's docstring).
+    store = bf16_bits if dot else (lambda value: value)
     data_pack = te.compute(
         (alpha, alpha, tiles, ic_chunks, ib),
-        lambda eps, nu, p, c, b: (bf16_bits if dot else _same)(_rows(b_mat, nu, lambda r: rows[p, c, eps, r, b])),
+        lambda eps, nu, p, c, b: store(_rows(b_mat, nu, lambda r: rows[p, c, eps, r, b])),
         name="data_pack",
     )
     if dot:

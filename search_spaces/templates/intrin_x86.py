@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from functools import cache
 
 import tvm
+from tvm import tirx
 from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
@@ -68,6 +69,20 @@ define linkonce_odr <16 x float> @{_HELPER}(<16 x float> %acc, <16 x i32> %a, <1
 }}
 declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float>, <32 x bfloat>, <32 x bfloat>)
 """
+
+
+def bf16_bits(value: tirx.PrimExpr) -> tirx.PrimExpr:
+    """A float32 value rounded to bfloat16 (to nearest, ties to even), as its uint16 bits:
+    what a buffer that the bits intrinsic reads holds (Winograd's ``data_pack``)."""
+    bits = tirx.reinterpret("uint32", value)
+    rounding = ((bits >> tirx.const(16, "uint32")) & tirx.const(1, "uint32")) + tirx.const(0x7FFF, "uint32")
+    return ((bits + rounding) >> tirx.const(16, "uint32")).astype("uint16")
+
+
+def bf16_value(bits: tirx.PrimExpr) -> tirx.PrimExpr:
+    """The float32 value of bfloat16 ``bits`` (uint16), exact: how the bits intrinsic's
+    description widens its A operand, so a compute that reads A this way tensorizes."""
+    return tirx.reinterpret("float32", tirx.shift_left(bits.astype("uint32"), tirx.const(16, "uint32")))
 
 
 def _dot_16xn_desc(n: int, a_dtype: str, b_dtype: str, acc: str, scope: str, widen_a=None):
@@ -128,13 +143,9 @@ def _bf16_dot_16x2(scope: str):
 
 def _bf16_bits_dot_16x2(scope: str):
     """``vdpbf16ps`` with an A of bfloat16 bits in uint16 (a buffer a function allocates:
-    TVM would store a bfloat16 one as float32; Winograd's ``data_pack``, :mod:`tuner.winograd`).
-    The description widens A exactly as :func:`tuner.winograd.bf16_value` writes it."""
-
-    def widen(a):
-        return T.reinterpret("float32", T.shift_left(T.Cast("uint32", a), T.uint32(16)))
-
-    desc = _dot_16xn_desc(2, "uint16", "bfloat16", "float32", scope, widen)
+    TVM would store a bfloat16 one as float32; Winograd's ``data_pack``, :mod:`tuner.winograd`),
+    widened by :func:`bf16_value`."""
+    desc = _dot_16xn_desc(2, "uint16", "bfloat16", "float32", scope, bf16_value)
     return desc, _bf16_dot_impl(scope, "uint16")
 
 
