@@ -133,16 +133,19 @@ def heavy_ops(onnx_path: Path) -> dict[str, HeavyOp]:
 
 def match(size: tuple[int, int, int, int], ops: dict[str, HeavyOp]) -> list[HeavyOp]:
     """The ONNX ops of ``size``: the same outputs, multiply-adds, inputs and weights, or, where
-    none has all four (bf16 gives an RGB stem a fourth input channel), the same outputs and the
-    nearest count of multiply-adds within 1.5x."""
+    none has all four (bf16 gives an RGB stem a fourth input channel; a conv reading a padded
+    copy from its producer counts the border), the same outputs and the nearest count of
+    multiply-adds within 1.5x, then of those the nearest count of inputs (a 3x3/2 conv and
+    the 3x3/1 ones after it have the same outputs and multiply-adds; the stride-2 one reads
+    4x the inputs)."""
     same = [o for o in ops.values() if o.size == size]
     if same:
         return same
     near = [o for o in ops.values() if o.outputs == size[0] and 1 / 1.5 <= size[1] / o.macs <= 1.5]
     if not near:
         return []
-    best = min(near, key=lambda o: abs(math.log(size[1] / o.macs)))
-    return [o for o in near if o.macs == best.macs]
+    best = min(near, key=lambda o: (abs(math.log(size[1] / o.macs)), abs(math.log(size[2] / o.inputs))))
+    return [o for o in near if (o.macs, o.inputs) == (best.macs, best.inputs)]
 
 
 def owner(name: str, ops: dict[str, HeavyOp], producer: dict) -> str | None:
