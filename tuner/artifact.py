@@ -28,6 +28,7 @@ import tvm
 import tvm.runtime.vm  # not imported by `import tvm` under TVM_USE_RUNTIME_LIB=1
 
 from tuner.errors import UserInputError
+from tuner.threads import size_thread_pool
 
 logger = logging.getLogger(__name__)
 
@@ -259,7 +260,7 @@ def load_artifact(path: Path, *, threads: int | None = None) -> Artifact:
         cores = threads if threads is not None else int(device.get("threads") or 0)
         if cores > 0:
             # TVM's pool takes half the logical CPUs by default; the artifact was timed on ``cores``.
-            tvm.get_global_func("runtime.config_threadpool")(-3, cores, [])
+            size_thread_pool(cores)
     else:
         index = int(str(device.get("name", "cuda:0")).partition(":")[2] or 0)
         dev = tvm.device(kind, index)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import platform
 import re
 from collections.abc import Iterable
@@ -22,6 +21,7 @@ import psutil
 import tvm
 
 from tuner.errors import UnknownDeviceError
+from tuner.threads import size_thread_pool
 
 logger = logging.getLogger(__name__)
 
@@ -103,9 +103,7 @@ class Device:
         cores = int(self.target_config.get("num-cores", 0))
         if self.kind != "cpu" or cores <= 0:
             return
-        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
-        # Affinity mode kSpecifyThreadShareAllCore: every worker may run on any of ``cpus``.
-        tvm.get_global_func("runtime.config_threadpool")(-3, cores, [str(c) for c in cpus])
+        size_thread_pool(cores)
 
 
 def parse_device(spec: str, *, target_arch: str | None = None, num_cores: int | None = None) -> Device:

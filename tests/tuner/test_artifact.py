@@ -55,12 +55,15 @@ def test_loads_with_the_runtime_alone(job, tmp_path):
         "maps = Path('/proc/self/maps').read_text()\n"
         "print('runtime_only', tvm.base._RUNTIME_ONLY, 'compiler', 'libtvm_compiler' in maps, 'runtime',"
         " 'libtvm_runtime' in maps, 'shape', out[0].shape)\n"
+        "import tvm.runtime; print('threads', tvm.get_global_func('runtime.NumThreads')())\n"
     )
     env = os.environ | {"TVM_USE_RUNTIME_LIB": "1"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     shape = tuple(meta["outputs"][0]["shape"])
     assert f"runtime_only True compiler False runtime True shape {shape}" in proc.stdout
+    # On the threads it was tuned on: config_threadpool without a CPU list kept one thread.
+    assert f"threads {meta['device']['threads']}" in proc.stdout
     # So does the command line.
     proc = run("nightshift", "run", str(job / "tiny.so"), "--input", "x.npy", "--output", "y.npy", cwd=tmp_path,
                env={"TVM_USE_RUNTIME_LIB": "1"})  # fmt: skip
