@@ -19,11 +19,10 @@ A bf16 model's F(2, 3) (:func:`tuner.winograd.transform_weight_dot`) runs its GE
 
 With ``tile_block`` (tiles per block; 0: off) passes 1-3 run per block of tiles, parallel
 over the blocks: a block's transformed input and GEMM output stay in the core's cache,
-where the whole map's (4.8 MB at 56x56 with 64 channels, bf16) can go out to memory and
-back. A job's cold timing flushes a candidate's inputs and weights but not TVM's workspace.
-In a per-function profile of ResNet-50 on a Zen 5 (benchmarks/README.md) the unblocked
-64-channel 56x56 conv took 0.43 ms a call against the 0.21 its job timed, the blocked one
-0.18; whole inferences ran level (0.994x and 1.004x in two runs).
+where the whole map's (4.8 MB at 56x56 with 64 channels, bf16) go out to memory and back.
+A job's cold timing flushes a candidate's inputs and weights but not TVM's workspace, which
+inside a model is cold too: an unblocked 64-channel 56x56 conv took 0.19 ms warm and 0.43
+flushed on a Zen 5.
 """
 
 from __future__ import annotations
