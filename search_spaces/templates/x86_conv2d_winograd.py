@@ -16,13 +16,6 @@ A bf16 model's F(2, 3) (:func:`tuner.winograd.transform_weight_dot`) runs its GE
 ``vdpbf16ps``: the same register tile, each step a pair of input channels (one broadcast
 32-bit lane of ``data_pack``'s bf16 bits) times 16 output channels' pairs (one 512-bit load),
 ``tile_ci`` pairs unrolled.
-
-With ``tile_block`` (tiles per block; 0: off) passes 1-3 run per block of tiles, parallel
-over the blocks: a block's transformed input and GEMM output stay in the core's cache,
-where the whole map's (4.8 MB at 56x56 with 64 channels, bf16) go out to memory and back.
-A job's cold timing flushes a candidate's inputs and weights but not TVM's workspace, which
-inside a model is cold too: an unblocked 64-channel 56x56 conv took 0.19 ms warm and 0.43
-flushed on a Zen 5.
 """
 
 from __future__ import annotations
@@ -53,8 +46,6 @@ _OUTPUT = "conv2d_NCHWc_winograd"
 _STAGES = ("data_pad", "wino_rows", "data_pack", "bgemm", "wino_inv_rows", "inverse", _OUTPUT)
 _MIN_ACC_REGISTERS = 4
 _MAX_UNROLLED_FMAS = 512
-#: Fewest tiles in a block: each block reads all the GEMMs' weights again.
-_MIN_BLOCK_TILES = 4
 
 
 def _is_winograd(sch: Schedule) -> bool:
@@ -95,10 +86,6 @@ def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tupl
         Knob("pad_inline", "choice", (0, 1)),
         # Fixed by the task; a knob so the constraint can read it.
         Knob("oc_block", "choice", (oc_block,)),
-        # Tiles per block of the blocked passes (0: each pass over the whole map), a block
-        # or more per thread.
-        Knob("tile_block", "choice", (0, *(d for d in divisors(tiles)
-                                           if d >= _MIN_BLOCK_TILES and tiles // d >= limits.num_cores))),
     )
 
 
@@ -111,8 +98,6 @@ def _constraint(values: dict[str, Any], limits: Limits) -> str | None:
         return f"register tile of {regs} vector registers, fewer than {_MIN_ACC_REGISTERS}"
     if regs * values["tile_ci"] > _MAX_UNROLLED_FMAS:
         return f"unrolled reduction body of ~{regs * values['tile_ci']} vector FMAs, more than {_MAX_UNROLLED_FMAS}"
-    if values["tile_block"] % values["tile_p"]:
-        return f"a block of {values['tile_block']} tiles is not whole register tiles of {values['tile_p']}"
     return None
 
 
@@ -122,17 +107,14 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     tail = _tail(sch)
     if tail is None:
         raise ValueError("an epilogue block is not elementwise over the conv's output")
-    if values["tile_block"]:
-        _schedule_blocked(sch, values)
-    else:
-        _schedule_input(sch, values)
-        _schedule_gemm(sch, values)
-        _schedule_inverse(sch)
+    _schedule_input(sch, values)
+    _schedule_gemm(sch, values)
+    _schedule_inverse(sch)
     _schedule_output(sch, tail)
     logger.debug("scheduled a Winograd conv with %s", values)
 
 
-def _schedule_pad(sch: Schedule, values: dict[str, Any]) -> None:
+def _schedule_input(sch: Schedule, values: dict[str, Any]) -> None:
     pad = sch.get_sblock("data_pad")
     if values["pad_inline"]:
         sch.compute_inline(pad)
@@ -140,29 +122,23 @@ def _schedule_pad(sch: Schedule, values: dict[str, Any]) -> None:
         loops = sch.get_loops(pad)
         sch.parallel(sch.fuse(*loops[:3]))
         sch.vectorize(loops[-1])
-
-
-def _schedule_input(sch: Schedule, values: dict[str, Any]) -> None:
-    _schedule_pad(sch, values)
     _schedule_transform(sch, "data_pack", "wino_rows", tiles_first=False)
 
 
-def _schedule_transform(sch: Schedule, name: str, rows: str, *, tiles_first: bool, blocked: bool = False) -> None:
+def _schedule_transform(sch: Schedule, name: str, rows: str, *, tiles_first: bool) -> None:
     """One of the two transforms, block ``name`` after its row-wise half ``rows``: parallel
-    over tiles and channel blocks (``blocked``: under the parallel loop of tile blocks
-    instead), a tile's two positions unrolled, the channel lanes vectorized; ``rows``
-    computed per tile and channel block, the same way. ``tiles_first``: the block's loops
-    end in (tiles or blocks, blocks or tiles, i, j, lanes) already, else in (i, j, tiles,
-    blocks, lanes)."""
+    over tiles and channel blocks, a tile's two positions unrolled, the channel lanes
+    vectorized; ``rows`` computed per tile and channel block, the same way. ``tiles_first``:
+    the block's loops are (tiles or blocks, blocks or tiles, i, j, lanes) already, else
+    (i, j, tiles, blocks, lanes)."""
     block = sch.get_sblock(name)
     if tiles_first:
-        tile, chunk, i, j, lanes = sch.get_loops(block)[-5:]
+        tile, chunk, i, j, lanes = sch.get_loops(block)
     else:
-        i, j, tile, chunk, lanes = sch.get_loops(block)[-5:]
+        i, j, tile, chunk, lanes = sch.get_loops(block)
         sch.reorder(tile, chunk, i, j, lanes)
     outer = sch.fuse(tile, chunk)
-    if not blocked:
-        sch.parallel(outer)
+    sch.parallel(outer)
     sch.unroll(i)
     sch.unroll(j)
     sch.vectorize(lanes)
@@ -194,7 +170,15 @@ def _schedule_gemm(sch: Schedule, values: dict[str, Any]) -> None:
     # (eps * nu, oc tiles) alone: at least 36 chunks of work, and fusing the tile rows in too
     # made LLVM take minutes over some points (a 245 s build of a 28x28 map's).
     sch.parallel(sch.fuse(e, co_o))
-    _finish_register_tile(sch, gemm, dot, (chunk if dot else ci_o, ci_i, p_t, co_t, k))
+    if dot:
+        register_intrinsics()
+        init = sch.decompose_reduction(gemm, chunk)
+        sch.tensorize(k, BF16_BITS_DOT_16x2_LOCAL_INTRIN)
+    sch.unroll(ci_i)
+    sch.unroll(p_t)
+    sch.unroll(co_t)
+    if not dot:
+        sch.vectorize(k)
     # The store's own loops, under p_o: a register tile of one channel block (or one tile)
     # has no loop of extent 1 there, so counting from the innermost would reach p_o and
     # unroll the whole GEMM (a 56x56 map's 196 steps: 10-120 s builds, timeouts in the jobs).
@@ -204,65 +188,9 @@ def _schedule_gemm(sch: Schedule, values: dict[str, Any]) -> None:
     sch.vectorize(s_k)
     for loop in s_tile:
         sch.unroll(loop)
-
-
-def _finish_register_tile(sch: Schedule, gemm, dot: bool, loops: tuple) -> None:
-    """The GEMM's register tile, its loops ``(reduce_outer, ci_i, p_t, co_t, k)`` in place:
-    the accumulators zeroed before ``reduce_outer``, ``k`` on the dot product (or vectorized),
-    the rest unrolled."""
-    reduce_outer, ci_i, p_t, co_t, k = loops
-    if dot:
-        register_intrinsics()
-        init = sch.decompose_reduction(gemm, reduce_outer)
-        sch.tensorize(k, BF16_BITS_DOT_16x2_LOCAL_INTRIN)
-    sch.unroll(ci_i)
-    sch.unroll(p_t)
-    sch.unroll(co_t)
     if not dot:
-        sch.vectorize(k)
-        init = sch.decompose_reduction(gemm, reduce_outer)
+        init = sch.decompose_reduction(gemm, ci_o)
     sch.vectorize(sch.get_loops(init)[-1])
-
-
-def _schedule_blocked(sch: Schedule, values: dict[str, Any]) -> None:
-    """The three passes per block of ``tile_block`` tiles, parallel over the blocks. Built from
-    the inverse transform outward, each producer computed at its consumer's loops: the
-    transforms read the GEMMs' positions with constant indices, from which TVM cannot place
-    a consumer under its producer's loop."""
-    _schedule_pad(sch, values)
-    dot = _is_dot(sch)
-    gemm = sch.get_sblock("bgemm")
-    store = sch.cache_write(gemm, 0, "local")
-    co, p, *_ = sch.get_loops(sch.get_sblock("inverse"))
-    tile_block, p_in = sch.split(p, [None, values["tile_block"]])
-    sch.reorder(tile_block, co, p_in)
-    sch.parallel(tile_block)
-    _schedule_transform(sch, "inverse", "wino_inv_rows", tiles_first=True, blocked=True)
-    # The accumulators' write back per block, in register tiles; the GEMM under each tile.
-    sch.compute_at(store, tile_block)
-    eps, nu, s_co, s_p, s_k = sch.get_loops(store)[-5:]
-    e = sch.fuse(eps, nu)
-    co_o, co_t = sch.split(s_co, [None, values["tile_oc"]])
-    p_o, p_t = sch.split(s_p, [None, values["tile_p"]])
-    sch.reorder(e, co_o, p_o, p_t, co_t, s_k)
-    sch.compute_at(gemm, p_o)
-    # The block's input transform, before its GEMMs (and before they are tensorized: TVM
-    # refused this after the tensorize where the padding is a block of its own).
-    sch.compute_at(sch.get_sblock("data_pack"), tile_block)
-    _schedule_transform(sch, "data_pack", "wino_rows", tiles_first=False, blocked=True)
-    if dot:
-        g_co, g_p, k, chunk, ci, lane = sch.get_loops(gemm)[-6:]
-    else:
-        g_co, g_p, k, ci = sch.get_loops(gemm)[-4:]
-    ci_o, ci_i = sch.split(ci, [None, values["tile_ci"]])
-    if dot:
-        sch.reorder(chunk, ci_o, ci_i, g_p, g_co, k, lane)
-    else:
-        sch.reorder(ci_o, ci_i, g_p, g_co, k)
-    _finish_register_tile(sch, gemm, dot, (chunk if dot else ci_o, ci_i, g_p, g_co, k))
-    sch.unroll(p_t)
-    sch.unroll(co_t)
-    sch.vectorize(s_k)
 
 
 def _schedule_inverse(sch: Schedule) -> None:

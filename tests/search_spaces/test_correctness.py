@@ -68,26 +68,6 @@ def test_sampled_points_match_the_reference(kind, task_name):
         assert check.error is None, (check.point.to_json(), check.error, check.detail)
 
 
-@pytest.mark.parametrize("task_name", ["conv_winograd", "conv_winograd_m2_bare", "conv_winograd_bf16_dot"])
-def test_every_tile_block_of_the_winograd_template_matches_the_reference(task_name):
-    """The blocked passes (``tile_block``): each block size of the task, at a register tile
-    that divides it, computes the conv; the bf16 GEMMs tensorize under the blocks too."""
-    if task_name.endswith("_dot") and "avx512_bf16" not in host_cpu_info()["isa_flags"]:
-        pytest.skip("this CPU has no avx512_bf16")
-    sp = space("x86-conv2d-winograd", task_name, "llvm")
-    ref = reference(task(task_name), target("llvm"))
-    knobs = sp.knobs(0)
-    blocks = [b for b in dict((k.name, k.choices) for k in knobs)["tile_block"] if b]
-    assert blocks, "no tile block offered"
-    rng = np.random.default_rng(0)
-    for block in blocks:
-        point = next(pt for pt in (sp.sample(rng) for _ in range(2000)) if sp.values(pt)["tile_block"] == block)
-        check = check_point(sp, point, ref)
-        assert check.error is None, (check.point.to_json(), check.error, check.detail)
-        if task_name.endswith("_dot"):
-            assert "nightshift_dpbf16ps_512" in sp.apply(point).mod.script()
-
-
 def test_a_wrong_schedule_is_caught():
     """The comparison fails when the outputs differ (so passing it means something)."""
     sp = space("sketch", "matmul", "llvm")
