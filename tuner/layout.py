@@ -878,9 +878,9 @@ def auto_layouts(target: tvm.target.Target, precision: str = "fp32") -> tuple[st
     multiply does 4x ``vdpbf16ps``'s work a step, twenty-eighth session). On a Zen 4 its
     ResNet-50 job chose it for the 3x3 convs of the first three stages and ran 0.94-0.96x
     the time of a job without it (benchmarks/README.md, "bf16 Winograd F(2, 3) on the dot
-    product"); on a Zen 5 for all 13, 0.939-0.945x in three runs ("The four reduced-precision
-    rows on a Zen 5"). F(4, 3) is not weighed for bf16: rounded to bf16 it errs 7.6-8.9x the direct
-    conv (:mod:`tuner.winograd`).
+    product"); on a Zen 5 for all 13, 0.939-0.945x in three runs ("The four
+    reduced-precision rows on a Zen 5"). F(4, 3) is not weighed for bf16: rounded to bf16 it
+    errs 7.6-8.9x the direct conv (:mod:`tuner.winograd`).
 
     A bf16 model's 3x3 convs can also run by Winograd in float32 (``--layout NCHWc:w4``,
     :mod:`tuner.winograd`), but weighing it by default did not pay: on a Zen 4 (2026-11-26,

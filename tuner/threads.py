@@ -16,8 +16,9 @@ def size_thread_pool(cores: int) -> None:
     process may use.
 
     Without ``TVM_NUM_THREADS`` TVM's pool takes half the logical CPUs on x86 (it assumes
-    hyper-threading): one thread on a 2-core machine. ``runtime.config_threadpool`` with an
-    empty CPU list keeps it at one thread whatever ``cores`` says, so the list is given.
+    hyper-threading): one thread on a 2-core machine. ``runtime.config_threadpool`` caps the
+    pool at the length of its CPU list, and an empty list means that default again, whatever
+    ``cores`` says (TVM's ``threading::Configure``), so the list is given.
     """
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
     # Affinity mode kSpecifyThreadShareAllCore: every worker may run on any of ``cpus``.
