@@ -14,8 +14,8 @@ whole reduction, as oneDNN's brgemm kernels keep it. Three tensor intrinsics per
 - ``update``: one step of the reduction (a matmul's: 32 bfloat16 or 64 uint8 elements, a
   whole 64-byte A row; a conv's: one input channel block at one kernel tap): loads the A
   tiles (rows of the activations) and the B tiles (the packed weight, whose pairs
-  (quadruples) of reduction elements are adjacent, ``[K/e, N, e]``, exactly AMX's layout of
-  B) and accumulates ``tm * tn`` tile products into the tile registers.
+  (quadruples) of reduction elements are adjacent, ``[N/b, K/e, b, e]``: each row of a block
+  is a row of AMX's layout of B) and accumulates ``tm * tn`` tile products into the tile registers.
 - ``store``: a copy of the accumulators (a ``cache_read`` block) whose implementation
   stores the tile registers to memory.
 
@@ -51,6 +51,8 @@ TILE_BYTES = 64
 TILE_REGISTERS = 8
 #: Register tiles (tm, tn) whose accumulator, A and B tiles fit the 8 tile registers.
 SHAPES = tuple((tm, tn) for tm in (1, 2, 3) for tn in (1, 2, 3) if tm * tn + tm + tn <= TILE_REGISTERS)
+#: How many updates ahead a matmul's update may prefetch B (0: none).
+PREFETCH_STEPS = (0, 1, 2, 4)
 #: LLVM feature of the tile instructions.
 AMX_TILE_FEATURE = "amx-tile"
 
@@ -96,13 +98,16 @@ class TileShape:
     tn: int
     rows: int = TILE
     k: int = 0  # 0: a whole 64-byte A row
+    #: Updates ahead whose B tile rows an update prefetches (0: none; a matmul's only).
+    prefetch: int = 0
 
     def step(self, inst: AmxInstruction) -> int:
         """Reduction elements per update."""
         return self.k or inst.step
 
     def tag(self, inst: AmxInstruction) -> str:
-        return f"{self.tm}x{self.tn}" + (f"_r{self.rows}_k{self.k}" if (self.rows, self.k) != (TILE, 0) else "")
+        return (f"{self.tm}x{self.tn}" + (f"_r{self.rows}_k{self.k}" if (self.rows, self.k) != (TILE, 0) else "")
+                + (f"_p{self.prefetch}" if self.prefetch else ""))
 
 
 #: A conv tile: pixels of one output row (rows; ResNet's and MobileNet's rows are multiples
@@ -159,6 +164,13 @@ def _helpers(inst: AmxInstruction, shape: TileShape) -> tuple[str, str, str, str
     loads_b = "\n".join(
         f"  %bo{j} = mul i64 %sbj, {j}\n  %b{j} = getelementptr i8, ptr %b, i64 %bo{j}\n"
         f"  call void @llvm.x86.tileloadd64(i8 {b_reg + j}, ptr %b{j}, i64 %sb)" for j in range(tn))
+    # B's rows ``prefetch`` updates ahead: the tile loads of a weight streamed from memory
+    # stall on each miss, and a whole column block of the packed weight is one stream.
+    loads_b += "".join(
+        f"\n  %pf{j}_{r} = mul i64 %sb, {shape.prefetch * (shape.step(inst) // inst.elements) + r}"
+        f"\n  %pa{j}_{r} = getelementptr i8, ptr %b{j}, i64 %pf{j}_{r}"
+        f"\n  call void @llvm.prefetch.p0(ptr %pa{j}_{r}, i32 0, i32 3, i32 1)"
+        for j in range(tn) for r in range(shape.step(inst) // inst.elements) if shape.prefetch)
     body = []
     for i in range(tm):
         body.append(f"  %ao{i} = mul i64 %sa, {i * TILE}\n  %a{i} = getelementptr i8, ptr %a, i64 %ao{i}\n"
@@ -180,6 +192,7 @@ declare void @llvm.x86.tilezero(i8 immarg)
 declare void @llvm.x86.tileloadd64(i8 immarg, ptr, i64)
 declare void @llvm.x86.tilestored64(i8 immarg, ptr, i64)
 declare void @llvm.x86.{inst.llvm}(i8 immarg, i8 immarg, i8 immarg)
+declare void @llvm.prefetch.p0(ptr, i32 immarg, i32 immarg, i32 immarg)
 
 define linkonce_odr i32 @{init}() {{
 entry:
@@ -462,7 +475,8 @@ def register_amx_intrinsics() -> None:
     from search_spaces.preload import quick_tvmscript
 
     with quick_tvmscript():
-        intrinsics = [_dense_intrinsics(inst, TileShape(tm, tn)) for inst in (AMX_BF16, AMX_INT8) for tm, tn in SHAPES]
+        intrinsics = [_dense_intrinsics(inst, TileShape(tm, tn, prefetch=d)) for inst in (AMX_BF16, AMX_INT8)
+                      for tm, tn in SHAPES for d in PREFETCH_STEPS]
         intrinsics += [_conv_intrinsics(inst, shape) for inst in (AMX_BF16, AMX_INT8) for shape in _conv_shapes(inst)]
     for group in intrinsics:
         for name, (desc, impl) in group.items():

@@ -3,8 +3,10 @@ on Intel AMX tiles (``tdpbf16ps``, ``tdpbusd``).
 
 The task is the one of ``x86-dense-bf16`` / ``x86-dense-vnni`` (:mod:`.x86_dense_dot`): a
 block ``matmul_bf16`` (``matmul_u8s8``) reading A[..., m, e ko + ki] and the weight packed
-at compile time as W[ko, n, ki], whose rows of 16 columns x ``e`` reduction elements are
-64 bytes: one row of an AMX B tile, so the weight needs no other layout. The register tile
+at compile time as W[n // b, ko, n % b, ki], whose rows of 16 columns x ``e`` reduction
+elements are 64 bytes: one row of an AMX B tile, so the weight needs no other layout; a
+B tile's 16 rows lie ``b e`` elements apart, inside one block of ``b`` columns (64 where
+they divide the columns), so ``tile_n`` B tiles side by side must fit a block. The register tile
 is ``tile_m`` x ``tile_n`` accumulator tiles of 16 x 16 (up to 2 x 2: with their A and B
 tiles, the 8 tile registers), kept in the tile registers across the whole reduction
 (:mod:`.intrin_amx`); each reduction step loads ``tile_m`` A tiles (16 rows x 64 bytes)
@@ -32,6 +34,7 @@ from search_spaces.templates import Template, register_template
 from search_spaces.templates.intrin_amx import (
     AMX_BF16,
     AMX_INT8,
+    PREFETCH_STEPS,
     SHAPES,
     TILE,
     AmxInstruction,
@@ -41,7 +44,7 @@ from search_spaces.templates.intrin_amx import (
     target_has_amx,
 )
 from search_spaces.templates.intrin_x86 import BF16_DOT, VNNI_DOT
-from search_spaces.templates.x86_dense_dot import _Dot, _matmul_block, _tail, accumulate_matmul
+from search_spaces.templates.x86_dense_dot import _Dot, _matmul_block, _tail, accumulate_matmul, weight_block
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +62,9 @@ def _knobs(dot: _Dot, inst: AmxInstruction, mod: tvm.IRModule, target: tvm.targe
     *_, m, n, groups, _ = (int(sch.get(loop).extent) for loop in sch.get_loops(block))
     if m % TILE or n % TILE or groups % TILE:
         return None
-    shapes = [(tm, tn) for tm, tn in SHAPES if m % (tm * TILE) == 0 and n % (tn * TILE) == 0]
+    # A B tile's group (tn tiles side by side) is one strided region of one column block.
+    cols = weight_block(sch, block)
+    shapes = [(tm, tn) for tm, tn in SHAPES if m % (tm * TILE) == 0 and cols % (tn * TILE) == 0]
     return (
         Knob("tile_m", "choice", tuple(sorted({tm for tm, _ in shapes}))),
         Knob("tile_n", "choice", tuple(sorted({tn for _, tn in shapes}))),
@@ -70,6 +75,8 @@ def _knobs(dot: _Dot, inst: AmxInstruction, mod: tvm.IRModule, target: tvm.targe
         # 0: panels outermost; 1: row tiles outermost.
         Knob("order", "choice", (0, 1)),
         Knob("parallel_depth", "choice", (1, 2)),
+        # Reduction steps ahead whose B rows each step prefetches (0: none).
+        Knob("prefetch", "choice", PREFETCH_STEPS),
         # Fixed by the task; knobs so the constraint can read them.
         Knob("rows", "choice", (m,)),
     )
@@ -90,7 +97,7 @@ def _schedule(dot: _Dot, inst: AmxInstruction, sch: Schedule, values: dict[str, 
     register_amx_intrinsics()
     name, block, store = accumulate_matmul(sch, dot)
     tm, tn = values["tile_m"], values["tile_n"]
-    shape = TileShape(tm, tn)
+    shape = TileShape(tm, tn, prefetch=values.get("prefetch", 0))
     *batch, i, j, ko, ki = sch.get_loops(block)
     i_o, i_i = sch.split(i, [None, tm * TILE])
     j_oo, j_o, j_i = sch.split(j, [None, values["panel"] // tn, tn * TILE])

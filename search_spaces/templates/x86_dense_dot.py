@@ -3,11 +3,12 @@ dot-product instruction.
 
 The task is what :mod:`tuner.precision` makes of a dense layer: a block ``matmul_bf16``
 (``matmul_u8s8``) with spatial iters (batch..., m, n) and two reduce iters (ko, ki), ki of
-extent 2 (4), reading A[..., m, e ko + ki] (bfloat16; uint8) and W[ko, n, ki] (bfloat16;
-int8, packed at compile time), accumulating in float32 (int32); then elementwise epilogue
-blocks (bias, GELU, residual; for int8 the zero-point correction and requantize). A bf16
-attention matmul is the same block with W[batch..., ko, n, ki], its second activation
-packed where it is made; the batch loops join the parallel loop.
+extent 2 (4), reading A[..., m, e ko + ki] (bfloat16; uint8) and W[n // b, ko, n % b, ki]
+(bfloat16; int8, packed at compile time in blocks of ``b`` columns,
+:func:`tuner.precision.bf16.pack_weight`), accumulating in float32 (int32); then
+elementwise epilogue blocks (bias, GELU, residual; for int8 the zero-point correction and
+requantize). A bf16 attention matmul is the same block with W[batch..., n // b, ko, n % b,
+ki], its second activation packed where it is made; the batch loops join the parallel loop.
 
 The micro-kernel is the one of ``x86-dense`` with the FMA replaced by the dot-product
 instruction: for each group of reduction elements, the group of A is broadcast (one 32-bit
@@ -82,6 +83,11 @@ def _matmul_block(sch: Schedule, dot: _Dot) -> Any | None:
     if tuple(str(r.source.dtype) for r in stmt.reads) != dot.instruction.dtypes:
         return None
     return found[0]
+
+
+def weight_block(sch: Schedule, block: Any) -> int:
+    """Columns per block of the packed weight the matmul ``block`` reads (``W[..., N/b, K/e, b, e]``)."""
+    return int(sch.get(block).reads[1].source.shape[-2])
 
 
 def _tail(sch: Schedule, block: Any) -> list[str] | None:

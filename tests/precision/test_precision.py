@@ -100,9 +100,13 @@ def test_bf16_pass_casts_convs_and_matmuls_and_packs_weights():
         assert str(call.ty.dtype) == "float32"
         assert isinstance(call.args[1], Constant)  # converted once, at compile time
     w = np.arange(12, dtype=np.float32).reshape(4, 3)
-    p = pack_weight(w)
-    assert p.shape == (2, 3, 2) and p.dtype == ml_dtypes.bfloat16
-    assert all(float(p[k // 2, n, k % 2]) == w[k, n] for k in range(4) for n in range(3))
+    p = pack_weight(w)  # 3 columns: one block
+    assert p.shape == (1, 2, 3, 2) and p.dtype == ml_dtypes.bfloat16
+    assert all(float(p[0, k // 2, n, k % 2]) == w[k, n] for k in range(4) for n in range(3))
+    w = (np.arange(4 * 192) % 97).astype(np.float32).reshape(4, 192)  # exact in bf16
+    p = pack_weight(w)  # blocks of 64 columns, each a contiguous stream along K
+    assert p.shape == (3, 2, 64, 2)
+    assert all(float(p[n // 64, k // 2, n % 64, k % 2]) == w[k, n] for k in range(4) for n in range(192))
 
 
 def test_accuracy_compare():
@@ -441,7 +445,8 @@ def test_bf16_packs_the_second_activation_of_an_attention_matmul():
     assert "2 packed activation matmul" in bf16_summary(mod)
     converted = to_bf16(mod)
     packed = [f for f in converted.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
-    assert sorted(tuple(int(d) for d in f.params[1].shape) for f in packed) == [(1, 2, 8, 32, 2), (1, 2, 16, 16, 2)]
+    shapes = sorted(tuple(int(d) for d in f.params[1].shape) for f in packed)
+    assert shapes == [(1, 2, 1, 8, 32, 2), (1, 2, 1, 16, 16, 2)]  # one block of 32 (16) columns
     data = [rng.standard_normal((1, 2, 16, 32)).astype("float32") for _ in range(2)]
     target = tvm.target.Target("llvm")
     with target:

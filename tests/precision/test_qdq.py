@@ -89,7 +89,7 @@ def test_int8_matches_onnx_runtime_int8(tmp_path, classes):
     device = parse_device("cpu")
     tasks = extract_tasks(spec.bound(), device.target, precision="int8")
     packed = [a.shape for t in tasks if "matmul_u8s8" in t.mod.script() for a in arg_specs(t.mod) if a.dtype == "int8"]
-    assert packed == [(4, 32, 4)], packed
+    assert packed == [(1, 4, 32, 4)], packed
     int8 = compile_model(spec, device, None, precision="int8")
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     # The output is quantized (uint8) then dequantized: one step of it is its scale.

@@ -209,11 +209,11 @@ def depthwise_nchwc(stride: int = 1, block: int = 8, channels: int = 32) -> tvm.
 
 def dense_bf16(m: int = 32, k: int = 64, n: int = 48) -> tvm.IRModule:
     """A bf16 dense layer as ``tuner.precision.bf16`` writes it (block ``matmul_bf16``,
-    weight packed [k/2, n, 2], float32 accumulation) + bias + relu."""
-    from tuner.precision.bf16 import packed_matmul
+    weight packed [n/b, k/2, b, 2], float32 accumulation) + bias + relu."""
+    from tuner.precision.bf16 import packed_matmul, packed_shape
 
     a = te.placeholder((1, m, k), name="A", dtype="bfloat16")
-    w = te.placeholder((k // 2, n, 2), name="W", dtype="bfloat16")
+    w = te.placeholder(packed_shape(k, n), name="W", dtype="bfloat16")
     bias = te.placeholder((n,), name="bias")
     out = topi.nn.relu(topi.add(packed_matmul(a, w), bias))
     return tvm.IRModule({"main": te.create_prim_func([a, w, bias, out])})
@@ -221,23 +221,23 @@ def dense_bf16(m: int = 32, k: int = 64, n: int = 48) -> tvm.IRModule:
 
 def attention_bf16(heads: int = 2, m: int = 32, k: int = 64, n: int = 48) -> tvm.IRModule:
     """An attention matmul as ``tuner.precision.bf16`` writes it: two activations, the second
-    packed [heads, k/2, n, 2] like a weight (block ``matmul_bf16``), x a scale."""
-    from tuner.precision.bf16 import packed_matmul
+    packed [heads, n/b, k/2, b, 2] like a weight (block ``matmul_bf16``), x a scale."""
+    from tuner.precision.bf16 import packed_matmul, packed_shape
 
     a = te.placeholder((1, heads, m, k), name="A", dtype="bfloat16")
-    w = te.placeholder((1, heads, k // 2, n, 2), name="W", dtype="bfloat16")
+    w = te.placeholder((1, heads, *packed_shape(k, n)), name="W", dtype="bfloat16")
     out = topi.multiply(packed_matmul(a, w), 0.125)
     return tvm.IRModule({"main": te.create_prim_func([a, w, out])})
 
 
 def dense_u8s8(m: int = 32, k: int = 64, n: int = 48) -> tvm.IRModule:
     """An int8 dense layer as ``tuner.precision.qdq`` writes it (block ``matmul_u8s8``, uint8
-    x int8 weight packed [k/4, n, 4], int32 sums), - zero point x column sums, requantized."""
-    from tuner.precision.bf16 import packed_matmul
+    x int8 weight packed [n/b, k/4, b, 4], int32 sums), - zero point x column sums, requantized."""
+    from tuner.precision.bf16 import packed_matmul, packed_shape
     from tuner.precision.qdq import INT8_MATMUL
 
     a = te.placeholder((1, m, k), name="A", dtype="uint8")
-    w = te.placeholder((k // 4, n, 4), name="W", dtype="int8")
+    w = te.placeholder(packed_shape(k, n, 4), name="W", dtype="int8")
     correction = te.placeholder((n,), name="correction", dtype="int32")
     acc = topi.subtract(packed_matmul(a, w, "int32", INT8_MATMUL), correction)
     out = topi.cast(topi.clip(topi.round(topi.multiply(topi.cast(acc, "float32"), 0.01)), 0, 255), "uint8")

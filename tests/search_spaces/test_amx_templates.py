@@ -46,9 +46,17 @@ def test_templates_need_amx_and_whole_tiles():
         assert {"x86-conv2d-amx", "x86-conv2d-nchwc-dot"} <= set(search_spaces.applicable_kinds(task(name), amx))
 
 
-def test_register_tiles_fit_the_tile_registers():
-    sp = space("x86-dense-amx-bf16", "dense_bf16", "llvm-amx")
+def test_register_tiles_fit_the_tile_registers_and_the_weight_blocks():
+    """tile_m x tile_n accumulators with their A and B tiles fit the 8 tile registers, and
+    the tile_n B tiles of a step lie side by side in one column block of the packed weight
+    (64 columns for 128; 16 for 48, so one tile)."""
+    from conftest import dense_bf16
+
+    assert [k.choices for k in space("x86-dense-amx-bf16", "dense_bf16", "llvm-amx").knobs(0)
+            if k.name == "tile_n"] == [(1,)]
+    sp = search_spaces.create(dense_bf16(m=96, n=128), target("llvm-amx"), kind="x86-dense-amx-bf16")
     names = [k.name for k in sp.knobs(0)]
+    assert dict(zip(names, (k.choices for k in sp.knobs(0)), strict=True))["tile_n"] == (1, 2)
 
     def why(**values) -> str | None:
         named = {**AMX_DEFAULTS, **values}
@@ -56,9 +64,9 @@ def test_register_tiles_fit_the_tile_registers():
             named.get(n, k.choices[0]) for n, k in zip(names, sp.knobs(0), strict=True))))
 
     assert why() is None
-    assert why(tile_m=2, tile_n=1) is None
-    assert "whole number of column tiles" in why(tile_n=3, panel=1)
-    assert why(tile_n=3, panel=3) is None
+    assert why(tile_m=2, tile_n=2, panel=2) is None
+    assert "whole number of column tiles" in why(tile_n=2, panel=1)
+    assert "more than 8 tile registers" in why(tile_m=3, tile_n=2, panel=2)
 
 
 def _points(kind: str, task_name: str, count: int, seed: int):
@@ -120,6 +128,8 @@ def test_a_compiled_kernel_asks_linux_for_the_tiles_itself(tmp_path):
     """Linux faults the first AMX instruction of a process that did not ask for the tile state
     (arch_prctl): a library exported here runs in a fresh process that loads nothing but TVM's
     runtime, as a deployment would."""
+    from tuner.precision.bf16 import packed_shape
+
     sp, points = _points("x86-dense-amx-bf16", "dense_bf16", 1, 7)
     lib_path = tmp_path / "amx.so"
     tvm.compile(sp.apply(points[0]).mod, target=target("llvm")).export_library(str(lib_path))
@@ -127,7 +137,7 @@ def test_a_compiled_kernel_asks_linux_for_the_tiles_itself(tmp_path):
         import ml_dtypes, numpy as np, tvm
         lib = tvm.runtime.load_module({str(lib_path)!r})
         a = np.ones((1, 32, 64), ml_dtypes.bfloat16)
-        w = np.ones((32, 48, 2), ml_dtypes.bfloat16)
+        w = np.ones({packed_shape(64, 48)}, ml_dtypes.bfloat16)
         out = tvm.runtime.tensor(np.zeros((1, 32, 48), np.float32))
         lib["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(w), tvm.runtime.tensor(np.zeros(48, np.float32)), out)
         print(float(out.numpy().min()), float(out.numpy().max()))
@@ -156,3 +166,22 @@ def test_kernels_of_different_tile_configurations_alternate_on_one_thread():
     conv, conv_want = run_case("x86-conv2d-amx", "conv_nchwc_bf16", {"rows": 7, "tile_oc": 2, "parallel_depth": 1})
     for run, want in ((dense, dense_want), (conv, conv_want), (dense, dense_want), (conv, conv_want)):
         np.testing.assert_allclose(run(), want, rtol=1e-4, atol=1e-4)
+
+
+@needs_amx_bf16
+@pytest.mark.parametrize("prefetch", [1, 4])
+def test_prefetching_steps_ahead_computes_the_same(prefetch):
+    """An update that prefetches B's rows ``prefetch`` steps ahead (past the weight's end on
+    the last steps: a prefetch never faults) computes what the task does, with 2 B tiles of
+    one 64-column block side by side."""
+    from conftest import dense_bf16
+
+    from search_spaces.base import Point
+
+    mod = dense_bf16(m=32, k=256, n=128)
+    sp = search_spaces.create(mod, target("llvm"), kind="x86-dense-amx-bf16")
+    values = {**AMX_DEFAULTS, "tile_n": 2, "panel": 2, "prefetch": prefetch}
+    point = Point(0, tuple(values.get(k.name, k.choices[0]) for k in sp.knobs(0)))
+    check = check_point(sp, point, reference(mod, target("llvm")))
+    assert check.error is None and check.elementwise_ok, (check.error, check.detail)
+    assert "prefetcht0" in _asm(sp.apply(point).mod)

@@ -183,11 +183,11 @@ def test_a_block_that_feeds_the_operator_is_not_inlined_into_it():
     epilogue is inlined there (conv_nchwc_u8_residual)."""
     from tvm import te, topi
 
-    from tuner.precision.bf16 import packed_matmul
+    from tuner.precision.bf16 import packed_matmul, packed_shape
     from tuner.precision.qdq import INT8_MATMUL
 
     a32 = te.placeholder((1, 32, 64), name="A", dtype="int32")
-    w = te.placeholder((16, 48, 4), name="W", dtype="int8")
+    w = te.placeholder(packed_shape(64, 48, 4), name="W", dtype="int8")
     out = packed_matmul(topi.cast(a32, "uint8"), w, "int32", INT8_MATMUL)
     mod = tvm.IRModule({"main": te.create_prim_func([a32, w, out])})
     vnni = tvm.target.Target({"kind": "llvm", "mcpu": "cascadelake"})

@@ -23,9 +23,9 @@ def dense_bf16_task(m: int = 32, k: int = 64, n: int = 64) -> Task:
     task of the ``x86-dense-bf16`` template, named ``dense_bf16``."""
     from tvm import topi
 
-    from tuner.precision.bf16 import packed_matmul
+    from tuner.precision.bf16 import packed_matmul, packed_shape
 
     a = te.placeholder((1, m, k), name="A", dtype="bfloat16")
-    w = te.placeholder((k // 2, n, 2), name="W", dtype="bfloat16")
+    w = te.placeholder(packed_shape(k, n), name="W", dtype="bfloat16")
     mod = tvm.IRModule({"main": te.create_prim_func([a, w, topi.nn.relu(packed_matmul(a, w))])})
     return Task("dense_bf16", mod, 1, 2.0 * m * k * n, workload_key(mod, "bf16"))

@@ -4,11 +4,12 @@ Every other operator stays float32, and so do the outputs of the converted ones 
 ``out_dtype``), so a bias, a residual add or a softmax after them sees float32. Constant
 weights are converted once, here, at compile time. A matmul by a constant 2-D weight
 ``[K, N]`` (every dense layer) becomes ``matmul_bf16``, whose weight is pre-packed as
-``[K/2, N, 2]``: the pairs of reduction elements that one ``vdpbf16ps`` lane multiplies
-and adds are adjacent, and the 16 output columns of one register are one contiguous load
-(:mod:`tuner.precision.intrin`, template ``x86-dense-bf16``). A matmul of two activations
+``[N/b, K/2, b, 2]`` (:func:`pack_weight`): the pairs of reduction elements that one
+``vdpbf16ps`` lane multiplies and adds are adjacent, the 16 output columns of one register
+are one contiguous load (template ``x86-dense-bf16``), and so is a 16-row AMX B tile's row
+(``x86-dense-amx-bf16``), whose rows lie ``4b`` bytes apart. A matmul of two activations
 (attention's) packs the second the same way where it is made, as part of the transpose
-that makes it, and takes the same template.
+that makes it, and takes the same templates.
 
 An activation that a conv reads in bf16 and another operator in fp32 (ResNet's block
 output: the next conv and the residual add), or that several convs read (a stage's first
@@ -38,30 +39,49 @@ PACKED_MATMUL = "matmul_bf16"
 PAIR = 2
 
 
+def column_block(n: int) -> int:
+    """Columns per block of a packed weight (:func:`pack_weight`) of ``n`` columns: 64, or
+    the widest of 32 and 16 that divides ``n``; ``n`` itself (one block) where 16 does not."""
+    return next((b for b in (64, 32, 16) if n % b == 0), n)
+
+
+def packed_shape(k: int, n: int, elements: int = PAIR) -> tuple[int, int, int, int]:
+    """The shape of a ``[K, N]`` weight packed by :func:`pack_weight`."""
+    b = column_block(n)
+    return n // b, k // elements, b, elements
+
+
 def pack_weight(weight: np.ndarray, elements: int = PAIR, dtype=ml_dtypes.bfloat16) -> np.ndarray:
-    """A ``[K, N]`` weight as ``dtype`` ``[K/e, N, e]`` (``out[k // e, n, k % e]``): the ``e``
-    reduction elements one lane of a dot-product instruction adds are adjacent."""
+    """A ``[K, N]`` weight as ``dtype`` ``[N/b, K/e, b, e]`` (``out[n // b, k // e, n % b,
+    k % e]``, ``b`` = :func:`column_block`): the ``e`` reduction elements one lane of a
+    dot-product instruction adds are adjacent, and each block of ``b`` columns is one
+    contiguous stream along the reduction. Rows ``N e`` elements apart (``[K/e, N, e]``, up
+    to the thirtieth session) put every row of an AMX B tile on its own 4 KB page
+    (12 KB apart for BERT's 3072 columns), which the hardware prefetchers do not follow."""
     k, n = weight.shape
-    return np.ascontiguousarray(weight.astype(dtype).reshape(k // elements, elements, n).transpose(0, 2, 1))
+    blocks, groups, b, _ = packed_shape(k, n, elements)
+    pairs = weight.astype(dtype).reshape(groups, elements, blocks, b)
+    return np.ascontiguousarray(pairs.transpose(2, 0, 3, 1))
 
 
 def packed_matmul(a: te.Tensor, w: te.Tensor, out_dtype: str = "float32", name: str = PACKED_MATMUL) -> te.Tensor:
-    """``a @ W`` summed in ``out_dtype`` for ``a[..., K]`` and a packed ``w[..., K/e, N, e]``
-    (bfloat16 pairs here; uint8 x int8 quadruples for int8, :mod:`tuner.precision.qdq`).
-    A weight is ``[K/e, N, e]``; a batched ``w`` (an attention matmul's second activation,
+    """``a @ W`` summed in ``out_dtype`` for ``a[..., K]`` and a packed ``w[..., N/b, K/e, b,
+    e]`` (:func:`pack_weight`; bfloat16 pairs here, uint8 x int8 quadruples for int8,
+    :mod:`tuner.precision.qdq`). A batched ``w`` (an attention matmul's second activation,
     :meth:`_ToBF16._pack_activation`) has ``a``'s batch dimensions before those."""
-    *batch, groups, n, elements = (int(d) for d in w.shape)
+    *batch, blocks, groups, block, elements = (int(d) for d in w.shape)
     ko = te.reduce_axis((0, groups), "ko")
     ki = te.reduce_axis((0, elements), "ki")
 
     def body(*idx):
+        j = idx[-1]
         return te.sum(
             a[(*idx[:-1], ko * elements + ki)].astype(out_dtype)
-            * w[(*idx[:len(batch)], ko, idx[-1], ki)].astype(out_dtype),
+            * w[(*idx[:len(batch)], j // block, ko, j % block, ki)].astype(out_dtype),
             axis=[ko, ki],
         )
 
-    return te.compute((*a.shape[:-1], n), body, name=name)
+    return te.compute((*a.shape[:-1], blocks * block), body, name=name)
 
 
 def _const_value(expr: relax.Expr) -> np.ndarray | None:
@@ -141,11 +161,13 @@ class _ToBF16(relax.PyExprMutator):
         return lhs
 
     def _pack_activation(self, b: relax.Expr) -> relax.Var:
-        """``b[..., K, N]`` in bf16 as ``[..., K/2, N, 2]`` (:func:`pack_weight`'s layout)."""
+        """``b[..., K, N]`` in bf16 as ``[..., N/b, K/2, b, 2]`` (:func:`pack_weight`'s layout)."""
         *batch, k, n = (int(d) for d in b.ty.shape)
-        pairs = self.builder_.emit(relax.op.reshape(self.builder_.emit(self._bf16(b)), (*batch, k // PAIR, PAIR, n)))
-        rank = len(batch)
-        return self.builder_.emit(relax.op.permute_dims(pairs, [*range(rank), rank, rank + 2, rank + 1]))
+        block = column_block(n)
+        pairs = self.builder_.emit(relax.op.reshape(self.builder_.emit(self._bf16(b)),
+                                                    (*batch, k // PAIR, PAIR, n // block, block)))
+        r = len(batch)
+        return self.builder_.emit(relax.op.permute_dims(pairs, [*range(r), r + 2, r, r + 3, r + 1]))
 
 
 def packable_activation(a: relax.Expr, b: relax.Expr) -> bool:

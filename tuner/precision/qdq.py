@@ -20,7 +20,7 @@ int8, which the blocked layout hands to ``vpdpbusd`` (``tuner.layout.dot_element
 template ``x86-conv2d-nchwc-dot``): with zero point 0 (every conv after a ReLU) directly,
 with another (ResNet's stem) as ``conv2d(pad(q, zero_point), w_q) - zero_point * sum(w_q)``
 (:meth:`_ToInt8._uint8_conv`). A matmul by a constant weight does too, whatever the zero
-point, ``q @ w_q - zero_point * colsum(w_q)`` with ``w_q`` packed ``[K/4, N, 4]`` (template
+point, ``q @ w_q - zero_point * colsum(w_q)`` with ``w_q`` packed ``[N/b, K/4, b, 4]`` (template
 ``x86-dense-vnni``). Grouped convs with a zero point other than 0 stay int16.
 
 Last, the remaining per-tensor ``quantize``/``dequantize`` calls are written out as the
@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 _OPS = ("relax.nn.conv2d", "relax.matmul")
 # Operand dtype of the integer operators: holds uint8 - zero point and int8 exactly.
 _OPERAND = "int16"
-# A matmul by a constant weight: uint8 x int8 with the weight packed [K/4, N, 4] (vpdpbusd).
+# A matmul by a constant weight: uint8 x int8 with the weight packed [N/b, K/4, b, 4] (vpdpbusd).
 INT8_MATMUL = "matmul_u8s8"
 # Largest relative difference between a weight and its int8 reconstruction that still
 # counts as "this weight was quantized" (float32 rounding of w_q * scale).
@@ -223,7 +223,8 @@ class _ToInt8(relax.PyExprMutator):
 
     def _packed_matmul(self, q: relax.Expr, wq: np.ndarray, zx: int) -> relax.Expr:
         """``(q - zx) @ wq`` in int32 as ``q @ wq - zx * colsum(wq)``: uint8 x int8 with the
-        weight packed ``[K/4, N, 4]`` (what vpdpbusd reads, template ``x86-dense-vnni``); the
+        weight packed ``[N/b, K/4, b, 4]`` (:func:`~tuner.precision.bf16.pack_weight`: what vpdpbusd
+        and tdpbusd read, templates ``x86-dense-vnni`` and ``x86-dense-amx-int8``); the
         correction is a constant per output column, exact in int32."""
         from search_spaces.templates.intrin_x86 import DOT_LANES, VNNI_DOT
         from tuner.precision.bf16 import pack_weight, packed_matmul
