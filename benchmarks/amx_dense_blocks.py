@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 import tvm
-from dense_packing import SEQ, SHAPES, _gelu
+from dense_packing import SEQ, SHAPES, with_epilogue
 from op_ceiling import cpu_threads, time_call
 from result_file import machine, write_result
-from tvm import te, topi
+from tvm import te
 
 from search_spaces.template_space import TemplateSpace
 from search_spaces.verify import compare, reference
@@ -57,15 +57,7 @@ def build(k: int, n: int, epilogue: str, layout: str) -> tvm.IRModule:
     else:
         w = te.placeholder(packed_shape(k, n), name="W", dtype="bfloat16")
         c = packed_matmul(a, w)
-    out = topi.add(c, bias)
-    args = [a, w, bias]
-    if epilogue == "gelu":
-        out = _gelu(out)
-    elif epilogue == "residual":
-        skip = te.placeholder((1, SEQ, n), name="skip")
-        out = topi.add(out, skip)
-        args.append(skip)
-    return tvm.IRModule({"main": te.create_prim_func([*args, out])})
+    return with_epilogue(c, [a, w, bias], epilogue)
 
 
 def _time(mod: tvm.IRModule, target: tvm.target.Target, ref, rounds: int) -> dict:

@@ -69,14 +69,18 @@ def build(k: int, n: int, epilogue: str, block: int | None) -> tvm.IRModule:
         w = te.placeholder((k, n), name="W")
         r = te.reduce_axis((0, k), name="k")
         c = te.compute((1, SEQ, n), lambda z, i, j: te.sum(a[z, i, r] * w[r, j], axis=r), name="matmul")
-    out = topi.add(c, bias)
-    args = [a, w, bias]
+    return with_epilogue(c, [a, w, bias], epilogue)
+
+
+def with_epilogue(c: te.Tensor, args: list[te.Tensor], epilogue: str) -> tvm.IRModule:
+    """The task of ``c`` + bias (``args[-1]``) and BERT's ``epilogue`` (gelu, residual, bias)."""
+    out = topi.add(c, args[-1])
     if epilogue == "gelu":
         out = _gelu(out)
     elif epilogue == "residual":
-        skip = te.placeholder((1, SEQ, n), name="skip")
+        skip = te.placeholder(c.shape, name="skip")
         out = topi.add(out, skip)
-        args.append(skip)
+        args = [*args, skip]
     return tvm.IRModule({"main": te.create_prim_func([*args, out])})
 
 
