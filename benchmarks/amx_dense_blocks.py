@@ -13,6 +13,9 @@ the other so that the machine's noise hits both alike; PyTorch's bf16 ``linear``
 epilogue (oneDNN) runs on the same threads, warm, for reference.
 
     .venv/bin/python benchmarks/amx_dense_blocks.py --points 24 --out benchmarks/results/amx_dense_blocks.json
+
+``--kind x86-dense-bf16`` draws the AVX512_BF16 template's points instead (``vdpbf16ps``,
+16 columns a register), whose loads the layout changes too.
 """
 
 from __future__ import annotations
@@ -95,6 +98,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20, help="timed runs of each point, cold and warm")
     parser.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kind", default=KIND, choices=[KIND, "x86-dense-bf16"],
+                        help="the template whose points are drawn (x86-dense-bf16: the AVX512_BF16 one)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/amx_dense_blocks.json"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -105,7 +110,7 @@ def main() -> None:
     for name in args.shapes:
         k, n, epilogue, calls = SHAPES[name]
         mods = {lay: build(k, n, epilogue, lay) for lay in LAYOUTS}
-        spaces = {lay: TemplateSpace(m, target, KIND) for lay, m in mods.items()}
+        spaces = {lay: TemplateSpace(m, target, args.kind) for lay, m in mods.items()}
         refs = {lay: reference(m, target) for lay, m in mods.items()}
         rng = np.random.default_rng(args.seed)
         drawn = {lay: [spaces[lay].sample(rng) for _ in range(args.points)] for lay in LAYOUTS}
@@ -133,7 +138,7 @@ def main() -> None:
         entry["blocks_over_rows_best_cold"] = lays["blocks"]["best_cold_ms"] / lays["rows"]["best_cold_ms"]
         entry["blocks_over_rows_best_warm"] = lays["blocks"]["best_warm_ms"] / lays["rows"]["best_warm_ms"]
         rows.append(entry)
-        write_result(args.out, "amx_dense_blocks", {**machine(device, load_before, threads=threads),
+        write_result(args.out, "amx_dense_blocks", {**machine(device, load_before, threads=threads), "kind": args.kind,
                                                     "points": args.points, "rounds": args.rounds, "shapes": rows})
     print(f"{'shape':18s} {'rows cold':>10s} {'blocks cold':>12s} {'ratio':>6s} {'rows warm':>10s} "
           f"{'blocks warm':>12s} {'ratio':>6s} {'torch warm':>11s}")
