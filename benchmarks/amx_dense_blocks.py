@@ -28,12 +28,12 @@ from pathlib import Path
 import numpy as np
 import tvm
 from dense_packing import SEQ, SHAPES, with_epilogue
-from op_ceiling import cpu_threads, time_call
+from op_ceiling import build_checked, cpu_threads, time_call
 from result_file import machine, write_result
 from tvm import te
 
 from search_spaces.template_space import TemplateSpace
-from search_spaces.verify import compare, reference
+from search_spaces.verify import reference
 from tuner.precision.bf16 import packed_matmul, packed_shape
 
 logger = logging.getLogger("amx_dense_blocks")
@@ -65,16 +65,15 @@ def build(k: int, n: int, epilogue: str, layout: str) -> tvm.IRModule:
 
 def _time(mod: tvm.IRModule, target: tvm.target.Target, ref, rounds: int) -> dict:
     try:
-        lib = tvm.compile(mod, target=target)
+        checked = build_checked(mod, target, ref, tvm.cpu(0))
     except Exception as err:  # a failed build is a result
         return {"error": str(err).splitlines()[-1][:200]}
-    dev = tvm.cpu(0)
-    arrays = [tvm.runtime.tensor(a, dev) for a in ref.inputs]
-    lib["main"](*arrays)
-    if compare([a.numpy() for a in arrays], ref.outputs).wrong:
+    if checked is None:
         return {"error": "wrong result"}
-    cold = lib.mod.time_evaluator("main", dev, number=1, repeat=rounds, f_preproc="cache_flush_cpu_non_first_arg")
-    warm = lib.mod.time_evaluator("main", dev, number=1, repeat=rounds)
+    lib, arrays = checked
+    cold = lib.mod.time_evaluator("main", tvm.cpu(0), number=1, repeat=rounds,
+                                  f_preproc="cache_flush_cpu_non_first_arg")
+    warm = lib.mod.time_evaluator("main", tvm.cpu(0), number=1, repeat=rounds)
     return {"cold_ms": float(np.median(cold(*arrays).results)) * 1e3,
             "warm_ms": float(np.median(warm(*arrays).results)) * 1e3}
 

@@ -164,8 +164,9 @@ def _helpers(inst: AmxInstruction, shape: TileShape) -> tuple[str, str, str, str
     loads_b = "\n".join(
         f"  %bo{j} = mul i64 %sbj, {j}\n  %b{j} = getelementptr i8, ptr %b, i64 %bo{j}\n"
         f"  call void @llvm.x86.tileloadd64(i8 {b_reg + j}, ptr %b{j}, i64 %sb)" for j in range(tn))
-    # B's rows ``prefetch`` updates ahead: the tile loads of a weight streamed from memory
-    # stall on each miss, and a whole column block of the packed weight is one stream.
+    # B's rows ``prefetch`` updates ahead, so that a weight streamed from memory arrives
+    # while the tiles multiply (a column block of the packed weight is one stream); the
+    # BERT-base bf16 job on an AMX Xeon took 2 for every dense layer.
     loads_b += "".join(
         f"\n  %pf{j}_{r} = mul i64 %sb, {shape.prefetch * (shape.step(inst) // inst.elements) + r}"
         f"\n  %pa{j}_{r} = getelementptr i8, ptr %b{j}, i64 %pf{j}_{r}"

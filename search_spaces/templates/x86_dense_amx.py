@@ -97,7 +97,7 @@ def _schedule(dot: _Dot, inst: AmxInstruction, sch: Schedule, values: dict[str, 
     register_amx_intrinsics()
     name, block, store = accumulate_matmul(sch, dot)
     tm, tn = values["tile_m"], values["tile_n"]
-    shape = TileShape(tm, tn, prefetch=values.get("prefetch", 0))
+    shape = TileShape(tm, tn, prefetch=values["prefetch"])
     *batch, i, j, ko, ki = sch.get_loops(block)
     i_o, i_i = sch.split(i, [None, tm * TILE])
     j_oo, j_o, j_i = sch.split(j, [None, values["panel"] // tn, tn * TILE])

@@ -164,9 +164,9 @@ class _ToBF16(relax.PyExprMutator):
     def _pack_activation(self, b: relax.Expr) -> relax.Var:
         """``b[..., K, N]`` in bf16 as ``[..., N/b, K/2, b, 2]`` (:func:`pack_weight`'s layout)."""
         *batch, k, n = (int(d) for d in b.ty.shape)
-        block = column_block(n)
+        blocks, groups, block, _ = packed_shape(k, n)
         pairs = self.builder_.emit(relax.op.reshape(self.builder_.emit(self._bf16(b)),
-                                                    (*batch, k // PAIR, PAIR, n // block, block)))
+                                                    (*batch, groups, PAIR, blocks, block)))
         r = len(batch)
         return self.builder_.emit(relax.op.permute_dims(pairs, [*range(r), r + 2, r, r + 3, r + 1]))
 
