@@ -126,7 +126,8 @@ def profile(model: str, db_path: str, precision: str, plan_name: str | None, rou
     preload_tensor_intrinsics()
     lowering.install()
     phases["intrinsics"] = time.perf_counter() - start
-    mod, phases["prepare"] = _timed(lambda: prepare(apply_precision(spec.bound(), precision), device.target, plan))
+    mod, phases["prepare"] = _timed(
+        lambda: prepare(apply_precision(spec.bound(), precision, device.target), device.target, plan))
     target = target_with_limits(device.target)
     adapter = MetaScheduleDatabase(db, db.device_id(device), policy="same-arch", read_only=True, precision=precision,
                                    fallback=lambda w: fallback_record(w, target), untuned=DEFAULT_LOWERING)  # fmt: skip

@@ -39,7 +39,6 @@ from tuner.db import TuningDatabase
 from tuner.device import parse_device
 from tuner.frontends import load_model
 from tuner.layout import LayoutPlan
-from tuner.precision import apply_precision
 from tuner.tasks import extract_tasks
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -95,7 +94,8 @@ def main() -> None:
         raise SystemExit(f"{args.db} has no records of this device")
     chosen = measured_plan(spec, device, db, args.precision)
     plan = chosen.plan if chosen else LayoutPlan.for_target(device.target)
-    tasks = extract_tasks(apply_precision(spec.bound(), args.precision), device.target, plan, precision=args.precision)
+    # extract_tasks applies the precision itself (twice would find no QDQ chain left for int8).
+    tasks = extract_tasks(spec.bound(), device.target, plan, precision=args.precision)
     heavy = []
     for t in tasks:
         best = db.best(t.workload_key, device_id, k=args.candidates)

@@ -70,7 +70,7 @@ def fused_functions(spec, device, plan, precision: str = "fp32") -> dict[str, tu
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.analysis import estimate_tir_flops
 
-    fused = fuse(prepare(apply_precision(spec.bound(), precision), device.target, plan), device.target)
+    fused = fuse(prepare(apply_precision(spec.bound(), precision, device.target), device.target, plan), device.target)
     out = {}
     for ext in ms.relax_integration.extract_tasks(fused, device.target):
         mod = ext.dispatched[0]

@@ -195,7 +195,7 @@ def choose_layout(spec, device, db, layouts: Sequence[str], precision: str = "fp
             cache[key] = found[0].row.mean_sec if found else None
         return cache[key]
 
-    return choose_from_database(apply_precision(spec.bound(), precision), device.target, best, layouts,
+    return choose_from_database(apply_precision(spec.bound(), precision, device.target), device.target, best, layouts,
                                 precision=precision)  # fmt: skip
 
 
@@ -242,17 +242,17 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     for i, t in enumerate(tasks):
         table.add_row(str(i), t.name, t.layout, str(t.weight), f"{t.flops / 1e6:,.1f}", t.workload_key)
     out.print(table)
-    _print_precision(spec, args.precision)
+    _print_precision(spec, args.precision, device.target)
     total = sum(t.weight * t.flops for t in tasks)
     out.print(f"total {total / 1e9:,.2f} GFLOP per inference")
     return 0
 
 
-def _print_precision(spec, precision: str) -> None:
+def _print_precision(spec, precision: str, target) -> None:
     """Say which operators the precision converted and which stay fp32 (and why)."""
     from tuner.precision import describe
 
-    line = describe(spec.bound(), precision)
+    line = describe(spec.bound(), precision, target)
     if line is not None:
         out.print(line)
 
@@ -301,7 +301,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         tasks = _extract(args, device, spec)
     from tuner.db import redact
 
-    _print_precision(spec, args.precision)
+    _print_precision(spec, args.precision, device.target)
     console.print(f"[bold]{spec.name}[/] ({args.precision}): {len(tasks)} tasks on {device.name} ({device.arch}, "
                   f"fingerprint {device.fingerprint}); database {redact(db.url)}")
     with console.status("starting Ray"):

@@ -115,7 +115,7 @@ def compile_model(
         register_amx_intrinsics()
     lowering.install()  # the records' partial tiles are peeled as they were when timed
     plan = LayoutPlan.for_target(device.target) if plan is None else plan
-    mod = prepare(apply_precision(spec.bound(), precision), device.target, plan)
+    mod = prepare(apply_precision(spec.bound(), precision, device.target), device.target, plan)
     # A cross-build CUDA target (--target-arch, no GPU here) lacks the per-block limits that
     # MetaSchedule's GPU rules and verification need.
     target = target_with_limits(device.target)

@@ -135,7 +135,7 @@ def extract_tasks(
     from tuner.precision import apply_precision
 
     plan = LayoutPlan.for_target(target) if plan is None else plan
-    fused = fuse(prepare(apply_precision(mod, precision), target, plan), target)
+    fused = fuse(prepare(apply_precision(mod, precision, target), target, plan), target)
     return _fused_tasks(fused, target, precision)
 
 
@@ -197,7 +197,7 @@ def extract_layout_tasks(
 
     if not layouts:
         raise ValueError("no candidate layouts")
-    base = apply_precision(mod, precision)
+    base = apply_precision(mod, precision, target)
     layouts = useful_layouts(base, layouts)
     calls = conv_calls(base)
     itemsize = [tvm.DataType(str(c.args[0].ty.dtype)).bits // 8 for c in calls]

@@ -280,7 +280,7 @@ def test_quantize_ops_narrows_what_is_quantized_and_keys_the_cached_file(tmp_pat
     recipe's (Conv, Gemm, MatMul) and ``all``'s."""
     pytest.importorskip("onnxruntime.quantization")
     pytest.importorskip("torch")
-    from tuner.precision.qdq import to_int8
+    from tuner.precision.qdq import ACTIVATION_MATMUL, to_int8
     from tuner.precision.quantize import DEFAULT_OPS, parse_ops, quantized_model
 
     assert parse_ops(None) == parse_ops("") == DEFAULT_OPS == ("Conv", "Gemm", "MatMul")
@@ -297,8 +297,8 @@ def test_quantize_ops_narrows_what_is_quantized_and_keys_the_cached_file(tmp_pat
     assert [p.name for p in (default, every, matmul)] == ["tiny-int8.onnx", "tiny-int8-all.onnx",
                                                           "tiny-int8-gemm-matmul.onnx"]  # fmt: skip
     for path in (default, every):
-        assert to_int8(load_model(str(path)).bound()).rewritten == {"conv2d": 2, "matmul": 1}
-    assert to_int8(load_model(str(matmul)).bound()).rewritten == {"conv2d": 0, "matmul": 1}
+        assert to_int8(load_model(str(path)).bound()).rewritten == {"conv2d": 2, "matmul": 1, ACTIVATION_MATMUL: 0}
+    assert to_int8(load_model(str(matmul)).bound()).rewritten == {"conv2d": 0, "matmul": 1, ACTIVATION_MATMUL: 0}
 
 
 def test_compiling_registers_the_intrinsics_that_records_replay():

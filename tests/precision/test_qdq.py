@@ -11,11 +11,11 @@ import pytest
 from search_spaces.verify import arg_specs
 from tuner.compile import compile_model
 from tuner.db import TuningDatabase
-from tuner.device import parse_device
+from tuner.device import host_cpu_info, parse_device
 from tuner.frontends import load_model
 from tuner.layout import LayoutPlan
 from tuner.precision.accuracy import run_outputs
-from tuner.precision.qdq import qdq_as_elementwise, quantize_weight, to_int8
+from tuner.precision.qdq import ACTIVATION_MATMUL, qdq_as_elementwise, quantize_weight, to_int8
 from tuner.tasks import extract_tasks
 
 onnx = pytest.importorskip("onnx")
@@ -85,7 +85,7 @@ def test_int8_matches_onnx_runtime_int8(tmp_path, classes):
     path = _quantize(tmp_path, [], classes)
     spec = load_model(str(path))
     report = to_int8(spec.bound())
-    assert report.rewritten == {"conv2d": 2, "matmul": 1} and not report.unhandled
+    assert report.rewritten == {"conv2d": 2, "matmul": 1, ACTIVATION_MATMUL: 0} and not report.unhandled
     device = parse_device("cpu")
     tasks = extract_tasks(spec.bound(), device.target, precision="int8")
     packed = [a.shape for t in tasks if "matmul_u8s8" in t.mod.script() for a in arg_specs(t.mod) if a.dtype == "int8"]
@@ -107,10 +107,73 @@ def test_int8_matches_onnx_runtime_int8(tmp_path, classes):
 def test_a_chain_the_pass_does_not_handle_stays_fp32_and_is_reported(tmp_path):
     spec = load_model(str(_quantize(tmp_path, ["fc"])))
     report = to_int8(spec.bound())
-    assert report.rewritten == {"conv2d": 2, "matmul": 0}
+    assert report.rewritten == {"conv2d": 2, "matmul": 0, ACTIVATION_MATMUL: 0}
     # ONNX Runtime still quantizes fc's input (Flatten's output) but leaves its weight fp32.
     assert report.unhandled == ["matmul: weight not int8 x per-channel scale"]
     assert "1 left in fp32" in report.describe()
+
+
+def _attention_model(path: Path) -> None:
+    """Attention's two matmuls of activations: softmax(x @ x^T) @ x over 2 heads."""
+    from onnx import TensorProto, helper
+
+    node = helper.make_node
+    nodes = [
+        node("Transpose", ["x"], ["xt"], perm=[0, 1, 3, 2]), node("MatMul", ["x", "xt"], ["s"], name="scores"),
+        node("Softmax", ["s"], ["p"], axis=-1), node("MatMul", ["p", "x"], ["y"], name="context"),
+    ]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "attention", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 32, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 32, 64])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+
+
+class _AttentionCalibration(quantization.CalibrationDataReader):
+    def __init__(self) -> None:
+        rng = np.random.default_rng(3)
+        self._it = iter([{"x": rng.normal(0, 0.5, (1, 2, 32, 64)).astype(np.float32)} for _ in range(8)])
+
+    def get_next(self):
+        return next(self._it, None)
+
+
+def test_matmuls_of_two_activations_run_exactly_on_bf16_dots(tmp_path):
+    """Attention's matmuls, both operands quantized activations, as ``(qa - za) @ (qb - zb)``
+    on bf16 dot products: the integer sums ONNX Runtime's int8 kernels make, exactly."""
+    src, path = tmp_path / "attention.onnx", tmp_path / "attention_qdq.onnx"
+    _attention_model(src)
+    quantization.quantize_static(
+        str(src), str(path), _AttentionCalibration(), quant_format=quantization.QuantFormat.QDQ,
+        activation_type=quantization.QuantType.QUInt8, weight_type=quantization.QuantType.QInt8,
+    )  # fmt: skip
+    spec = load_model(str(path))
+    without = to_int8(spec.bound())
+    assert without.rewritten[ACTIVATION_MATMUL] == 0
+    assert without.unhandled == ["matmul: two activations, and no bf16 dot product on the target"] * 2
+    report = to_int8(spec.bound(), bf16_dots=True)
+    assert report.rewritten[ACTIVATION_MATMUL] == 2 and not report.unhandled, report.describe()
+    flags = host_cpu_info()["isa_flags"]
+    if "avx512_bf16" not in flags and "amx_bf16" not in flags:
+        pytest.skip("this CPU has no AVX512_BF16 (or AMX-BF16): the matmuls stay fp32 here")
+    device = parse_device("cpu")
+    tasks = extract_tasks(spec.bound(), device.target, precision="int8")
+    # The second operand packed [batch..., N/b, K/2, b, 2], as a bf16 weight is.
+    packed = sorted(a.shape for t in tasks if "matmul_bf16" in t.mod.script() for a in arg_specs(t.mod)
+                    if a.dtype == "bfloat16" and len(a.shape) == 6)  # fmt: skip
+    assert packed == [(1, 2, 1, 16, 64, 2), (1, 2, 1, 32, 32, 2)], packed
+    int8 = compile_model(spec, device, None, precision="int8")
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for seed in range(3):
+        x = spec.random_inputs(seed=seed)
+        want = session.run(None, {"x": x[0]})[0]
+        got = run_outputs(int8.executable, device, x)[0]
+        # Exact integer sums; the float scaling and softmax between them may round the other way.
+        err = np.abs(got - want)
+        assert np.max(err) <= 0.02 * np.max(np.abs(want)), (seed, np.max(err), np.max(np.abs(want)))
+        assert np.median(err) <= 1e-5 * np.max(np.abs(want)), (seed, np.median(err))
 
 
 def test_quantize_weight_recovers_int8_values_exactly():

@@ -91,9 +91,18 @@ def check_device(precision: str, device) -> None:
             f"{device.arch} lacks")
 
 
-def apply_precision(mod: tvm.IRModule, precision: str) -> tvm.IRModule:
+def _bf16_dots(target: tvm.target.Target | None) -> bool:
+    """Whether int8's matmuls of two activations run on bf16 dot products for ``target``."""
+    return target is not None and str(target.kind.name) == "llvm" and missing_feature("bf16", target) is None
+
+
+def apply_precision(mod: tvm.IRModule, precision: str, target: tvm.target.Target | None = None) -> tvm.IRModule:
     """The bound module (weights as constants) in ``precision``: what tasks are extracted
-    from and what is compiled. ``fp32`` returns ``mod`` unchanged."""
+    from and what is compiled. ``fp32`` returns ``mod`` unchanged.
+
+    ``target``: the device's; int8 then puts matmuls of two activations on bf16 dot products
+    where it has them. Tasks and the compiled model must be made with the same target.
+    """
     check_precision(precision)
     if precision == "bf16":
         from tuner.precision.bf16 import to_bf16
@@ -102,7 +111,7 @@ def apply_precision(mod: tvm.IRModule, precision: str) -> tvm.IRModule:
     if precision == "int8":
         from tuner.precision.qdq import to_int8
 
-        rewrite = to_int8(mod)
+        rewrite = to_int8(mod, bf16_dots=_bf16_dots(target))
         if not any(rewrite.rewritten.values()):
             raise UserInputError(
                 "--precision int8 needs a quantized (QDQ) ONNX model, as onnxruntime.quantization.quantize_static "
@@ -111,13 +120,13 @@ def apply_precision(mod: tvm.IRModule, precision: str) -> tvm.IRModule:
     return mod
 
 
-def describe(mod: tvm.IRModule, precision: str) -> str | None:
-    """One line on what ``precision`` does to the bound module (which operators it converts,
-    which it leaves in fp32 and why); None for fp32."""
+def describe(mod: tvm.IRModule, precision: str, target: tvm.target.Target | None = None) -> str | None:
+    """One line on what ``precision`` does to the bound module for ``target`` (which
+    operators it converts, which it leaves in fp32 and why); None for fp32."""
     if precision == "int8":
         from tuner.precision.qdq import to_int8
 
-        return to_int8(mod).describe()
+        return to_int8(mod, bf16_dots=_bf16_dots(target)).describe()
     if precision == "bf16":
         from tuner.precision.bf16 import bf16_summary
 

@@ -69,7 +69,7 @@ def packed_matmul(a: te.Tensor, w: te.Tensor, out_dtype: str = "float32", name: 
     """``a @ W`` summed in ``out_dtype`` for ``a[..., K]`` and a packed ``w[..., N/b, K/e, b,
     e]`` (:func:`pack_weight`; bfloat16 pairs here, uint8 x int8 quadruples for int8,
     :mod:`tuner.precision.qdq`). A batched ``w`` (an attention matmul's second activation,
-    :meth:`_ToBF16._pack_activation`) has ``a``'s batch dimensions before those."""
+    :func:`pack_activation`) has ``a``'s batch dimensions before those."""
     *batch, blocks, groups, block, elements = (int(d) for d in w.shape)
     ko = te.reduce_axis((0, groups), "ko")
     ki = te.reduce_axis((0, elements), "ki")
@@ -147,8 +147,8 @@ class _ToBF16(relax.PyExprMutator):
             # is, where it is made (the packing fuses into the transpose that makes it), so
             # they run on vdpbf16ps (x86-dense-bf16) instead of widened to float32 FMAs.
             self.converted["packed activation matmul"] += 1
-            return self.builder_.call_te(packed_matmul, self._bf16_lhs(a), self._pack_activation(b),
-                                         primfunc_name_hint=PACKED_MATMUL)  # fmt: skip
+            packed = pack_activation(self.builder_, self.builder_.emit(self._bf16(b)))
+            return self.builder_.call_te(packed_matmul, self._bf16_lhs(a), packed, primfunc_name_hint=PACKED_MATMUL)
         self.converted["matmul"] += 1
         return relax.op.matmul(self._bf16(a), self._bf16(b), out_dtype="float32")
 
@@ -161,14 +161,15 @@ class _ToBF16(relax.PyExprMutator):
                 self._lhs[a] = lhs
         return lhs
 
-    def _pack_activation(self, b: relax.Expr) -> relax.Var:
-        """``b[..., K, N]`` in bf16 as ``[..., N/b, K/2, b, 2]`` (:func:`pack_weight`'s layout)."""
-        *batch, k, n = (int(d) for d in b.ty.shape)
-        blocks, groups, block, _ = packed_shape(k, n)
-        pairs = self.builder_.emit(relax.op.reshape(self.builder_.emit(self._bf16(b)),
-                                                    (*batch, groups, PAIR, blocks, block)))
-        r = len(batch)
-        return self.builder_.emit(relax.op.permute_dims(pairs, [*range(r), r + 2, r, r + 3, r + 1]))
+def pack_activation(builder: relax.BlockBuilder, b: relax.Var) -> relax.Var:
+    """A bf16 activation ``b[..., K, N]`` as ``[..., N/b, K/2, b, 2]`` (:func:`pack_weight`'s
+    layout), emitted into ``builder``: a reshape and a transpose, which fuse into the operator
+    that makes ``b``."""
+    *batch, k, n = (int(d) for d in b.ty.shape)
+    blocks, groups, block, _ = packed_shape(k, n)
+    pairs = builder.emit(relax.op.reshape(b, (*batch, groups, PAIR, blocks, block)))
+    r = len(batch)
+    return builder.emit(relax.op.permute_dims(pairs, [*range(r), r + 2, r, r + 3, r + 1]))
 
 
 def packable_activation(a: relax.Expr, b: relax.Expr) -> bool:

@@ -21,7 +21,9 @@ template ``x86-conv2d-nchwc-dot``): with zero point 0 (every conv after a ReLU) 
 with another (ResNet's stem) as ``conv2d(pad(q, zero_point), w_q) - zero_point * sum(w_q)``
 (:meth:`_ToInt8._uint8_conv`). A matmul by a constant weight does too, whatever the zero
 point, ``q @ w_q - zero_point * colsum(w_q)`` with ``w_q`` packed ``[N/b, K/4, b, 4]`` (template
-``x86-dense-vnni``). Grouped convs with a zero point other than 0 stay int16.
+``x86-dense-vnni``). Grouped convs with a zero point other than 0 stay int16. A matmul of
+two quantized activations (attention's) runs on bf16 dot products where the target has
+them, exactly (:meth:`_ToInt8._activation_matmul`).
 
 Last, the remaining per-tensor ``quantize``/``dequantize`` calls are written out as the
 elementwise operators TVM would lower them to (:func:`qdq_as_elementwise`): Relax infers no
@@ -48,6 +50,10 @@ _OPS = ("relax.nn.conv2d", "relax.matmul")
 _OPERAND = "int16"
 # A matmul by a constant weight: uint8 x int8 with the weight packed [N/b, K/4, b, 4] (vpdpbusd).
 INT8_MATMUL = "matmul_u8s8"
+# A matmul of two quantized activations, on bf16 dot products (_ToInt8._activation_matmul).
+ACTIVATION_MATMUL = "matmul of two activations on bf16 dots"
+# float32 holds every integer below this.
+_EXACT_FLOAT32 = 2**24
 # Largest relative difference between a weight and its int8 reconstruction that still
 # counts as "this weight was quantized" (float32 rounding of w_q * scale).
 _EXACT = 1e-5
@@ -116,9 +122,10 @@ def _scalar(expr: relax.Expr) -> float | None:
 
 @relax.expr_functor.mutator
 class _ToInt8(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule) -> None:
+    def __init__(self, mod: tvm.IRModule, bf16_dots: bool) -> None:
         super().__init__(mod)
-        self.report = Int8Rewrite(mod, {"conv2d": 0, "matmul": 0})
+        self.bf16_dots = bf16_dots
+        self.report = Int8Rewrite(mod, {"conv2d": 0, "matmul": 0, ACTIVATION_MATMUL: 0})
 
     def _dequantized(self, expr: relax.Expr) -> relax.Call | None:
         if isinstance(expr, relax.Var):
@@ -141,6 +148,9 @@ class _ToInt8(relax.PyExprMutator):
         if sx is None or zx is None:
             self.report.unhandled.append(f"{name}: per-channel activation scale")
             return call
+        deq_w = self._dequantized(weight) if name == "matmul" else None
+        if deq_w is not None:
+            return self._activation_matmul(call, deq, deq_w)
         if not isinstance(weight, Constant) or str(weight.ty.dtype) != "float32":
             self.report.unhandled.append(f"{name}: weight not a constant")
             return call
@@ -190,6 +200,49 @@ class _ToInt8(relax.PyExprMutator):
         acc = self.builder_.emit(acc)
         self.report.rewritten[name] += 1
         return relax.op.multiply(relax.op.astype(acc, "float32"), scale)
+
+    def _activation_matmul(self, call: relax.Call, deq_a: relax.Call, deq_b: relax.Call) -> relax.Expr:
+        """``dequantize(qa) @ dequantize(qb)`` (attention's two matmuls) as ``((qa - za) @ (qb
+        - zb)) * sa sb`` on bf16 dot products, ``qb - zb`` packed where it is made
+        (:func:`~tuner.precision.bf16.pack_activation`): templates ``x86-dense-bf16`` and
+        ``x86-dense-amx-bf16``.
+
+        Exact, the integer matmul ONNX Runtime computes: ``q - z`` is an integer of at most
+        255 in magnitude, which bfloat16 holds; each product and every partial sum is an
+        integer below 2**24 (checked: reduction length x the operands' largest magnitudes),
+        which float32 holds, in whatever order the instruction adds them. Left in float32
+        where the target has no bf16 dot product (no AVX512_BF16 or AMX-BF16).
+        """
+        from tuner.precision.bf16 import BF16, PACKED_MATMUL, pack_activation, packable_activation, packed_matmul
+
+        a, b = call.args[0], call.args[1]
+        if not self.bf16_dots:
+            self.report.unhandled.append("matmul: two activations, and no bf16 dot product on the target")
+            return call
+        params = [(_scalar(d.args[1]), _scalar(d.args[2])) for d in (deq_a, deq_b)]
+        if any(s is None or z is None for s, z in params):
+            self.report.unhandled.append("matmul: per-channel activation scale")
+            return call
+        if not packable_activation(a, b):
+            self.report.unhandled.append("matmul: two activations of shapes the packed matmul does not take")
+            return call
+        reach = 1
+        for d, (_, z) in zip((deq_a, deq_b), params, strict=True):
+            info = np.iinfo(str(d.args[0].ty.dtype))
+            reach *= max(z - info.min, info.max - z)
+        if int(b.ty.shape[-2]) * reach >= _EXACT_FLOAT32:
+            self.report.unhandled.append("matmul: two activations whose sums pass float32's exact integers")
+            return call
+        centered = []
+        for d, (_, z) in zip((deq_a, deq_b), params, strict=True):
+            x = relax.op.astype(d.args[0], "float32")
+            if z != 0:
+                x = relax.op.subtract(x, _filled(z, d.args[0]))
+            centered.append(self.builder_.emit(relax.op.astype(x, BF16)))
+        packed = pack_activation(self.builder_, centered[1])
+        acc = self.builder_.call_te(packed_matmul, centered[0], packed, primfunc_name_hint=PACKED_MATMUL)
+        self.report.rewritten[ACTIVATION_MATMUL] += 1
+        return relax.op.multiply(acc, _filled(params[0][0] * params[1][0], acc))
 
     def _uint8_conv(self, q: relax.Expr, wq: np.ndarray, zx: int, attrs) -> relax.Expr:
         """``conv2d(q - zx, wq)`` in int32 as uint8 x int8, what ``vpdpbusd`` takes
@@ -453,9 +506,11 @@ def _read_once(func: relax.Function, op_name: str) -> list[relax.Call]:
             and b.value.op.name == op_name and counts.get(b.var) == 1]  # fmt: skip
 
 
-def to_int8(mod: tvm.IRModule) -> Int8Rewrite:
-    """Rewrite a bound QDQ module's dequantize -> conv2d/matmul chains into integer operators."""
-    mutator = _ToInt8(mod)
+def to_int8(mod: tvm.IRModule, bf16_dots: bool = False) -> Int8Rewrite:
+    """Rewrite a bound QDQ module's dequantize -> conv2d/matmul chains into integer operators;
+    with ``bf16_dots`` (the target has a bf16 dot product), a matmul of two quantized
+    activations too, exactly, on bf16 dot products (:meth:`_ToInt8._activation_matmul`)."""
+    mutator = _ToInt8(mod, bf16_dots)
     for gv, func in mod.functions_items():
         if isinstance(func, relax.Function):
             mutator.builder_.update_func(gv, mutator.visit_expr(func))
