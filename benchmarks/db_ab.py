@@ -20,7 +20,9 @@ scale a multiply of its own and every clip kept, as before the twenty-seventh se
 (``tuner.precision.qdq.fold_scales``). ``--b-narrow-blocks`` builds B (bf16, int8; an AMX
 CPU) as before the twenty-eighth session: every conv reading 16-channel blocks, uint8
 padded inside the conv's function and every padding a function of its own
-(``tuner.layout.wide_blocks``, ``PAD_APART``, ``tuner.pad_fusion``). Writes
+(``tuner.layout.wide_blocks``, ``PAD_APART``, ``tuner.pad_fusion``). ``--b-fp32-attention``
+builds B (int8) with the matmuls of two quantized activations (attention's) dequantized to
+float32, as before the thirty-second session, not on bf16 dot products. Writes
 benchmarks/results/db_ab.json (``--out``).
 
     .venv/bin/python benchmarks/db_ab.py --db warm.db --db-b cold.db --label-b "cold-tuned" --model resnet50
@@ -149,6 +151,14 @@ def narrow_blocks():
         yield
 
 
+def fp32_attention():
+    """int8 as before the thirty-second session: matmuls of two quantized activations stay
+    float32 (``tuner.precision`` asks ``_bf16_dots`` whether the target takes them in bf16)."""
+    import tuner.precision
+
+    return _swapped(tuner.precision, "_bf16_dots", lambda target: False)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--db", required=True, help="database A: the 'TVM, database' row")
@@ -169,6 +179,8 @@ def main() -> None:
                    help="int8: build B with each requantize scale a multiply of its own and every clip kept")
     p.add_argument("--b-narrow-blocks", action="store_true",
                    help="AMX: build B as before the twenty-eighth session (16-channel blocks, paddings apart)")
+    p.add_argument("--b-fp32-attention", action="store_true",
+                   help="build B (int8) with attention's matmuls in float32, as before 2026-11-28")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     device = parse_device("cpu")
@@ -176,7 +188,8 @@ def main() -> None:
     spec = load_model(args.model)
     chosen_variants = [(args.b_opaque_transforms, opaque_layout_transforms), (args.b_widened_attention,
                        unpacked_activations), (args.b_separate_pads, separate_pads),
-                       (args.b_unfolded_scales, unfolded_scales), (args.b_narrow_blocks, narrow_blocks)]  # fmt: skip
+                       (args.b_unfolded_scales, unfolded_scales), (args.b_narrow_blocks, narrow_blocks),
+                       (args.b_fp32_attention, fp32_attention)]  # fmt: skip
     other = OtherDatabase(spec, device, TuningDatabase(args.db_b), args.label_b, args.precision,
                           tuple(make for wanted, make in chosen_variants if wanted))
     peers = [TorchBf16Peer() if name == "torch-bf16" else name for name in args.peers]
@@ -192,7 +205,7 @@ def main() -> None:
         "db_a": args.db, "db_b": args.db_b, "label_b": args.label_b, "precision": args.precision,
         "b_opaque_transforms": args.b_opaque_transforms, "b_widened_attention": args.b_widened_attention,
         "b_separate_pads": args.b_separate_pads, "b_unfolded_scales": args.b_unfolded_scales,
-        "b_narrow_blocks": args.b_narrow_blocks,
+        "b_narrow_blocks": args.b_narrow_blocks, "b_fp32_attention": args.b_fp32_attention,
         "load_before": load_before, "load_after": os.getloadavg(), "result": result.to_json(),
     })  # fmt: skip
     console.print(f"wrote {args.out}")
