@@ -300,6 +300,13 @@ def conv_winograd(c: int = 32, hw: int = 14, o: int = 32, m: int = 4, block: int
     return tvm.IRModule({"main": te.create_prim_func([data, kernel, bias, out])})
 
 
+def softmax(axis: int = -1) -> tvm.IRModule:
+    """A softmax over ``axis`` times a per-column scale, as ``tune`` extracts it
+    (``fast_softmax``, the multiply fused after it): 4 x 32 rows of 64."""
+    op = tvm.relax.op
+    return _extracted((1, 4, 32, 64), lambda x: op.multiply(op.nn.softmax(x, axis=axis), _const(64)), "softmax")
+
+
 def relu() -> tvm.IRModule:
     """An elementwise op small enough that its whole space can be enumerated."""
     x = te.placeholder((4, 8), name="x")
@@ -308,7 +315,8 @@ def relu() -> tvm.IRModule:
 
 
 TASKS: dict[str, Callable[[], tvm.IRModule]] = {
-    "matmul": matmul, "conv": conv_bias_relu, "relu": relu, "conv_nchwc": conv_nchwc,
+    "matmul": matmul, "conv": conv_bias_relu, "relu": relu, "conv_nchwc": conv_nchwc, "softmax": softmax,
+    "softmax_axis1": lambda: softmax(axis=1),
     "conv_nchwc_first": conv_nchwc_first, "conv_nchwc_bare": conv_nchwc_bare, "dense": dense,
     "conv_nchwc_relax": conv_nchwc_relax, "dense_relax": dense_relax,
     "conv_nchwc_bf16_relax": lambda: conv_nchwc_relax("bf16"), "dense_bf16_relax": lambda: dense_relax("bf16"),
@@ -352,7 +360,7 @@ TASK_TARGETS = [("matmul", "llvm"), ("conv", "llvm"), ("relu", "llvm"), ("conv_n
                 ("dense", "llvm"), ("dense_packed", "llvm"), ("depthwise", "llvm"), ("depthwise_nchwc", "llvm"),
                 ("dense_bf16", "llvm"),
                 ("conv_nchwc_bf16", "llvm"), ("conv_nchwc_u8", "llvm"), ("dense_u8s8", "llvm"),
-                ("conv_winograd", "llvm"),
+                ("conv_winograd", "llvm"), ("softmax", "llvm"),
                 ("matmul", "cuda-sm90"), ("conv", "cuda-sm90")]  # fmt: skip
 
 

@@ -90,6 +90,9 @@ def test_templates_take_only_their_pattern():
         assert ("x86-dense" in search_spaces.applicable_kinds(mod, llvm)) is applies
     # N not a multiple of the vector lanes: no vector tile of C's columns exists.
     assert "x86-dense" not in search_spaces.applicable_kinds(dense(n=20), llvm)
+    # A softmax over another axis than the last is not computed a row at a time.
+    assert "x86-softmax" in search_spaces.applicable_kinds(task("softmax"), llvm)
+    assert "x86-softmax" not in search_spaces.applicable_kinds(task("softmax_axis1"), llvm)
 
 
 def test_the_bf16_winograd_gemm_takes_the_dot_product_only_where_the_cpu_has_it():
