@@ -51,9 +51,9 @@ def _small_model(path: Path, classes: int = 32) -> None:
 
 
 class _Calibration(quantization.CalibrationDataReader):
-    def __init__(self) -> None:
-        rng = np.random.default_rng(1)
-        self._it = iter([{"x": rng.uniform(-1, 1, (1, 3, 16, 16)).astype(np.float32)} for _ in range(8)])
+    def __init__(self, shape: tuple[int, ...] = (1, 3, 16, 16), seed: int = 1) -> None:
+        rng = np.random.default_rng(seed)
+        self._it = iter([{"x": rng.uniform(-1, 1, shape).astype(np.float32)} for _ in range(8)])
 
     def get_next(self):
         return next(self._it, None)
@@ -131,22 +131,13 @@ def _attention_model(path: Path) -> None:
     onnx.save(model, str(path))
 
 
-class _AttentionCalibration(quantization.CalibrationDataReader):
-    def __init__(self) -> None:
-        rng = np.random.default_rng(3)
-        self._it = iter([{"x": rng.normal(0, 0.5, (1, 2, 32, 64)).astype(np.float32)} for _ in range(8)])
-
-    def get_next(self):
-        return next(self._it, None)
-
-
 def test_matmuls_of_two_activations_run_exactly_on_bf16_dots(tmp_path):
     """Attention's matmuls, both operands quantized activations, as ``(qa - za) @ (qb - zb)``
     on bf16 dot products: the integer sums ONNX Runtime's int8 kernels make, exactly."""
     src, path = tmp_path / "attention.onnx", tmp_path / "attention_qdq.onnx"
     _attention_model(src)
     quantization.quantize_static(
-        str(src), str(path), _AttentionCalibration(), quant_format=quantization.QuantFormat.QDQ,
+        str(src), str(path), _Calibration((1, 2, 32, 64), seed=3), quant_format=quantization.QuantFormat.QDQ,
         activation_type=quantization.QuantType.QUInt8, weight_type=quantization.QuantType.QInt8,
     )  # fmt: skip
     spec = load_model(str(path))
