@@ -307,6 +307,14 @@ def softmax(axis: int = -1) -> tvm.IRModule:
     return _extracted((1, 4, 32, 64), lambda x: op.multiply(op.nn.softmax(x, axis=axis), _const(64)), "softmax")
 
 
+def layer_norm(axis: int = -1) -> tvm.IRModule:
+    """A layer norm over ``axis`` times a per-column scale, as ``tune`` extracts it: 8 rows of 64."""
+    op = tvm.relax.op
+    return _extracted((1, 8, 64), lambda x: op.multiply(op.nn.layer_norm(x, _const(64) if axis == -1 else _const(8),
+                                                                         _const(64) if axis == -1 else _const(8),
+                                                                         axes=[axis]), _const(64)), "layer_norm")
+
+
 def relu() -> tvm.IRModule:
     """An elementwise op small enough that its whole space can be enumerated."""
     x = te.placeholder((4, 8), name="x")
@@ -316,7 +324,7 @@ def relu() -> tvm.IRModule:
 
 TASKS: dict[str, Callable[[], tvm.IRModule]] = {
     "matmul": matmul, "conv": conv_bias_relu, "relu": relu, "conv_nchwc": conv_nchwc, "softmax": softmax,
-    "softmax_axis1": lambda: softmax(axis=1),
+    "softmax_axis1": lambda: softmax(axis=1), "layer_norm": layer_norm, "layer_norm_axis1": lambda: layer_norm(1),
     "conv_nchwc_first": conv_nchwc_first, "conv_nchwc_bare": conv_nchwc_bare, "dense": dense,
     "conv_nchwc_relax": conv_nchwc_relax, "dense_relax": dense_relax,
     "conv_nchwc_bf16_relax": lambda: conv_nchwc_relax("bf16"), "dense_bf16_relax": lambda: dense_relax("bf16"),
@@ -360,7 +368,7 @@ TASK_TARGETS = [("matmul", "llvm"), ("conv", "llvm"), ("relu", "llvm"), ("conv_n
                 ("dense", "llvm"), ("dense_packed", "llvm"), ("depthwise", "llvm"), ("depthwise_nchwc", "llvm"),
                 ("dense_bf16", "llvm"),
                 ("conv_nchwc_bf16", "llvm"), ("conv_nchwc_u8", "llvm"), ("dense_u8s8", "llvm"),
-                ("conv_winograd", "llvm"), ("softmax", "llvm"),
+                ("conv_winograd", "llvm"), ("softmax", "llvm"), ("layer_norm", "llvm"),
                 ("matmul", "cuda-sm90"), ("conv", "cuda-sm90")]  # fmt: skip
 
 

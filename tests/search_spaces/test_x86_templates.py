@@ -93,6 +93,9 @@ def test_templates_take_only_their_pattern():
     # A softmax over another axis than the last is not computed a row at a time.
     assert "x86-softmax" in search_spaces.applicable_kinds(task("softmax"), llvm)
     assert "x86-softmax" not in search_spaces.applicable_kinds(task("softmax_axis1"), llvm)
+    assert "x86-layer-norm" in search_spaces.applicable_kinds(task("layer_norm"), llvm)
+    assert "x86-layer-norm" not in search_spaces.applicable_kinds(task("layer_norm_axis1"), llvm)
+    assert "x86-softmax" not in search_spaces.applicable_kinds(task("layer_norm"), llvm)
 
 
 def test_the_bf16_winograd_gemm_takes_the_dot_product_only_where_the_cpu_has_it():

@@ -1,14 +1,14 @@
-"""The ``x86-softmax`` template's points against the best schedule a tuning job found for the
-same softmax task in the sketch space, timed interleaved in one process.
+"""The row templates' points (``x86-softmax``, ``x86-layer-norm``) against the best schedule a
+tuning job found for the same task in the sketch space, timed interleaved in one process.
 
 Takes the task (``--task``, a workload name such as BERT-base int8's
 ``fused_softmax_multiply3_tir_round3_maximum5_minimum5_multiply3``) and its best sketch
-record from ``--db``, builds every point of the template, checks each against that record's
-output on the same inputs (they must agree exactly: the same arithmetic, in another loop
-order), and times them all in ``--rounds`` interleaved rounds with TVM's ``time_evaluator``.
-Writes benchmarks/results/softmax_rows.json (``--out``).
+record from ``--db``, builds every point of the row template that applies to it, checks
+each against that record's output on the same inputs (they must agree exactly: the same
+arithmetic, in another loop order), and times them all in ``--rounds`` interleaved rounds
+with TVM's ``time_evaluator``. Writes benchmarks/results/row_templates.json (``--out``).
 
-    .venv/bin/python benchmarks/softmax_rows.py --db tuned.db \
+    .venv/bin/python benchmarks/row_templates.py --db tuned.db \
         --task fused_softmax_multiply3_tir_round3_maximum5_minimum5_multiply3
 """
 
@@ -31,7 +31,8 @@ from tvm.s_tir.meta_schedule.database import Workload
 
 import search_spaces
 from search_spaces.base import Point
-from search_spaces.templates.x86_softmax import NAME
+from search_spaces.templates.x86_layer_norm import NAME as LAYER_NORM
+from search_spaces.templates.x86_softmax import NAME as SOFTMAX
 from search_spaces.verify import arg_specs
 from tuner.db import TuningDatabase
 from tuner.db.schema import RecordRow, WorkloadRow
@@ -40,7 +41,7 @@ from tuner.device import parse_device
 sys.path.insert(0, str(Path(__file__).parent))
 from result_file import write_result
 
-RESULTS = Path(__file__).parent / "results" / "softmax_rows.json"
+RESULTS = Path(__file__).parent / "results" / "row_templates.json"
 console = Console()
 
 
@@ -61,7 +62,7 @@ def _task_and_best(db: TuningDatabase, name: str) -> tuple[tvm.IRModule, Point, 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--db", required=True)
-    p.add_argument("--task", required=True, help="workload name of a softmax task")
+    p.add_argument("--task", required=True, help="workload name of a softmax or layer norm task")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
@@ -69,9 +70,10 @@ def main() -> None:
     device.use_threads()
     target = device.target
     mod, best, recorded = _task_and_best(TuningDatabase(args.db), args.task)
-    if NAME not in search_spaces.applicable_kinds(mod, target):
-        raise SystemExit(f"{args.task}: the {NAME} template does not apply")
-    template = search_spaces.create(mod, target, kind=NAME)
+    kinds = [k for k in (SOFTMAX, LAYER_NORM) if k in search_spaces.applicable_kinds(mod, target)]
+    if not kinds:
+        raise SystemExit(f"{args.task}: neither {SOFTMAX} nor {LAYER_NORM} applies")
+    template = search_spaces.create(mod, target, kind=kinds[0])
     schedules = {"sketch space, the job's best": search_spaces.create(mod, target).apply(best).mod}
     for point in template.enumerate():
         schedules[json.dumps(template.values(point))] = template.apply(point).mod
@@ -96,7 +98,7 @@ def main() -> None:
         for label, f in funcs.items():
             times[label].append(min(f.time_evaluator("main", dev, number=50, repeat=3)(*arrays).results))
     base = statistics.median(times["sketch space, the job's best"])
-    table = Table(title=f"{args.task}: {NAME} against the sketch space's best ({args.rounds} rounds)")
+    table = Table(title=f"{args.task}: {kinds[0]} against the sketch space's best ({args.rounds} rounds)")
     for col in ("schedule", "median ms", "x sketch best", "same output"):
         table.add_column(col)
     rows = []
@@ -106,9 +108,9 @@ def main() -> None:
                      "ratio": statistics.median(t) / base, "same_output": same})  # fmt: skip
         table.add_row(label, f"{statistics.median(t) * 1e3:.4f}", f"{statistics.median(t) / base:.2f}x", str(same))
     console.print(table)
-    write_result(args.out, "softmax_rows", {
-        "db": args.db, "task": args.task, "recorded_best_ms": recorded * 1e3, "rounds": args.rounds,
-        "load_before_after": os.getloadavg(), "rows": rows,
+    write_result(args.out, "row_templates", {
+        "db": args.db, "task": args.task, "template": kinds[0], "recorded_best_ms": recorded * 1e3,
+        "rounds": args.rounds, "load_before_after": os.getloadavg(), "rows": rows,
     })  # fmt: skip
     console.print(f"wrote {args.out}")
 
