@@ -19,7 +19,9 @@ TVM's default pipeline, with ``partition_const_loop`` on only when it wrapped so
 Only functions in a build that holds a hinted loop see the setting, and it changes only
 loops with a ``likely`` condition, which the Python sources of topi, Relax's legalization
 and MetaSchedule never write; partitioning keeps a loop's meaning either way. A module
-without a hint lowers exactly as with TVM's pipeline (tested).
+without a hint lowers exactly as with TVM's pipeline (tested). A function whose kernels
+use AMX tiles also puts the calling thread's tile configuration back before it returns
+(:func:`search_spaces.templates.intrin_amx.keep_caller_tile_config`).
 
 :func:`install` registers it as TVM's default (``tvm.compile`` and ``relax.build`` look the
 default up by the name ``s_tir``); importing :mod:`search_spaces` installs it.
@@ -80,6 +82,9 @@ def _factory(**kwargs: Any) -> tuple[tvm.transform.Pass, Any, Any]:
 
     @tvm.transform.module_pass(opt_level=0, name="NightshiftTIRPipeline")
     def _pipeline(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        from search_spaces.templates.intrin_amx import keep_caller_tile_config
+
+        mod = keep_caller_tile_config(mod)
         marked = mark_partitions(mod)
         if marked.same_as(mod):
             return base(mod)

@@ -39,6 +39,7 @@ from functools import cache
 from typing import Any
 
 import tvm
+import tvm_ffi
 from tvm.s_tir import Schedule, TensorIntrin
 from tvm.script import tirx as T
 
@@ -83,6 +84,10 @@ AMX_BF16 = AmxInstruction("bf16", "tdpbf16ps", ("bfloat16", "bfloat16"), 2, "flo
 AMX_INT8 = AmxInstruction("u8s8", "tdpbusd", ("uint8", "int8"), 4, "int32", "amx-int8")
 #: By the (A, B) dtypes an operator reads.
 AMX_DOTS = {d.dtypes: d for d in (AMX_BF16, AMX_INT8)}
+
+#: Helpers around a function whose kernels use the tiles (:func:`keep_caller_tile_config`).
+SAVE, RESTORE = "nightshift_amx_save_caller_config", "nightshift_amx_restore_caller_config"
+_INIT_PREFIX = "nightshift_amx_init_"
 
 _SYS_ARCH_PRCTL = 158
 _ARCH_REQ_XCOMP_PERM = 0x1023
@@ -188,6 +193,7 @@ def _helpers(inst: AmxInstruction, shape: TileShape) -> tuple[str, str, str, str
 declare i64 @syscall(i64, ...)
 declare void @llvm.x86.ldtilecfg(ptr)
 declare void @llvm.x86.sttilecfg(ptr)
+declare void @llvm.x86.tilerelease()
 declare i1 @llvm.vector.reduce.or.v8i1(<8 x i1>)
 declare void @llvm.x86.tilezero(i8 immarg)
 declare void @llvm.x86.tileloadd64(i8 immarg, ptr, i64)
@@ -217,6 +223,44 @@ load:
   br label %zero
 zero:
 {zero}
+  ret i32 0
+}}
+
+define linkonce_odr i32 @{SAVE}(ptr %caller) {{
+entry:
+  %ready = load atomic i32, ptr @nightshift_amx_ready monotonic, align 4
+  %has = icmp ne i32 %ready, 0
+  br i1 %has, label %save, label %ask
+ask:
+  %perm = call i64 (i64, ...) @syscall(i64 {_SYS_ARCH_PRCTL}, i64 {_ARCH_REQ_XCOMP_PERM}, i64 {_XFEATURE_XTILEDATA})
+  store atomic i32 1, ptr @nightshift_amx_ready monotonic, align 4
+  br label %save
+save:
+  call void @llvm.x86.sttilecfg(ptr %caller)
+  ret i32 0
+}}
+
+define linkonce_odr i32 @{RESTORE}(ptr %caller) {{
+entry:
+  %current = alloca <8 x i64>, align 64
+  call void @llvm.x86.sttilecfg(ptr %current)
+  %have = load <8 x i64>, ptr %current, align 64
+  %want = load <8 x i64>, ptr %caller, align 8
+  %differs = icmp ne <8 x i64> %have, %want
+  %stale = call i1 @llvm.vector.reduce.or.v8i1(<8 x i1> %differs)
+  br i1 %stale, label %put, label %done
+put:
+  %first = extractelement <8 x i64> %want, i64 0
+  %palette = trunc i64 %first to i8
+  %unset = icmp eq i8 %palette, 0
+  br i1 %unset, label %release, label %load
+release:
+  call void @llvm.x86.tilerelease()
+  br label %done
+load:
+  call void @llvm.x86.ldtilecfg(ptr %caller)
+  br label %done
+done:
   ret i32 0
 }}
 
@@ -467,6 +511,40 @@ def copy_accumulators(sch: Schedule, block: Any, store: Any) -> Any:
 def inst_bytes(dtype: str) -> int:
     """Bytes of one element of ``dtype`` (bfloat16, uint8, int8)."""
     return 2 if dtype == "bfloat16" else 1
+
+
+def _uses_tiles(func: tvm.tirx.PrimFunc) -> bool:
+    found = []
+
+    def visit(call: tvm.ir.Call) -> tvm.ir.Call:
+        if call.op.same_as(tvm.ir.Op.get("tirx.call_extern")) and str(call.args[0].value).startswith(_INIT_PREFIX):
+            found.append(call)
+        return call
+
+    tvm_ffi.structural_map(func.body, (tvm.ir.Call, visit))
+    return bool(found)
+
+
+def keep_caller_tile_config(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with every function whose kernels configure the AMX tiles saving the calling
+    thread's tile configuration on entry and putting it back on exit (``tilerelease`` where
+    it had none).
+
+    Another runtime in the process may configure the tiles of a thread once and keep using
+    them: ONNX Runtime's int8 kernels on an Emerald Rapids faulted (SIGILL) when a
+    Nightshift model had run on the same thread in between, with its own configuration
+    loaded. The calling thread is the only one both share (TVM's other workers are its own);
+    the save and restore cost two configuration reads and a load per call.
+    """
+    out = {}
+    for gv, func in mod.functions_items():
+        if isinstance(func, tvm.tirx.PrimFunc) and _uses_tiles(func):
+            saved = tvm.tirx.decl_buffer((8,), "int64", name="amx_caller_config", scope="local")
+            ptr = saved.access_ptr("rw")
+            around = [tvm.tirx.Evaluate(tvm.tirx.call_extern("int32", name, ptr)) for name in (SAVE, RESTORE)]
+            func = func.with_body(tvm.tirx.SeqStmt([tvm.tirx.AllocBuffer(saved), around[0], func.body, around[1]]))
+        out[gv] = func
+    return tvm.IRModule(out, attrs=mod.attrs)
 
 
 @cache
