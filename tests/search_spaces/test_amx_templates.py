@@ -69,8 +69,8 @@ def test_register_tiles_fit_the_tile_registers_and_the_weight_blocks():
     assert "more than 8 tile registers" in why(tile_m=3, tile_n=2, panel=2)
 
 
-def _points(kind: str, task_name: str, count: int, seed: int):
-    sp = space(kind, task_name, "llvm")
+def _points(kind: str, task_name: str, count: int, seed: int, target_name: str = "llvm"):
+    sp = space(kind, task_name, target_name)
     rng = np.random.default_rng(seed)
     return sp, [sp.sample(rng) for _ in range(count)]
 
@@ -166,6 +166,53 @@ def test_kernels_of_different_tile_configurations_alternate_on_one_thread():
     conv, conv_want = run_case("x86-conv2d-amx", "conv_nchwc_bf16", {"rows": 7, "tile_oc": 2, "parallel_depth": 1})
     for run, want in ((dense, dense_want), (conv, conv_want), (dense, dense_want), (conv, conv_want)):
         np.testing.assert_allclose(run(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_only_functions_that_configure_tiles_save_and_restore_the_callers_configuration():
+    """keep_caller_tile_config wraps a function whose kernels call the tiles' init helper in
+    one save and one restore of the calling thread's configuration; others stay as they are."""
+    from search_spaces.templates.intrin_amx import RESTORE, SAVE, keep_caller_tile_config
+
+    sp, points = _points("x86-dense-amx-bf16", "dense_bf16", 1, 7, "llvm-amx")
+    kept = keep_caller_tile_config(sp.apply(points[0]).mod).script()
+    assert kept.count(SAVE) == kept.count(RESTORE) == 1
+    assert kept.index(SAVE) < kept.index("nightshift_amx_init_") < kept.index("nightshift_amx_store_") \
+        < kept.index(RESTORE)
+    plain = task("relu")
+    tvm.ir.assert_structural_equal(keep_caller_tile_config(plain), plain)
+
+
+@needs_amx_bf16
+def test_a_kernel_leaves_the_calling_threads_tile_configuration_as_it_found_it():
+    """Another runtime may configure a thread's tiles once and keep using them (ONNX
+    Runtime's int8 kernels faulted with SIGILL after a Nightshift model ran on the same
+    thread): the thread's configuration, read before and after an AMX kernel, is the same."""
+    from tvm.script import tirx as T
+
+    from search_spaces.templates.intrin_amx import AMX_BF16, SAVE, TileShape, _helpers
+
+    ir = _helpers(AMX_BF16, TileShape(1, 1))[3]
+
+    @T.prim_func(s_tir=True)
+    def read_config(out: T.Buffer((8,), "int64")) -> None:
+        with T.attr(0, "pragma_import_llvm", ir):
+            T.evaluate(T.call_extern("int32", SAVE, out.access_ptr("w")))
+
+    probe = tvm.compile(tvm.IRModule({"main": read_config}), target=target("llvm"))
+    sp, points = _points("x86-dense-amx-bf16", "dense_bf16", 1, 7)
+    kernel = tvm.compile(sp.apply(points[0]).mod, target=target("llvm"))
+    ref = reference(task("dense_bf16"), target("llvm"))
+    arrays = [tvm.runtime.tensor(x) for x in ref.inputs]
+
+    def config() -> np.ndarray:
+        out = tvm.runtime.tensor(np.full(8, -1, np.int64))
+        probe["main"](out)
+        return out.numpy()
+
+    before = config()
+    kernel["main"](*arrays)
+    np.testing.assert_array_equal(config(), before)
+    np.testing.assert_allclose(arrays[-1].numpy(), ref.outputs[-1], rtol=1e-2, atol=1e-2)
 
 
 @needs_amx_bf16
