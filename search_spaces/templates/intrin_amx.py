@@ -201,16 +201,22 @@ declare void @llvm.x86.tilestored64(i8 immarg, ptr, i64)
 declare void @llvm.x86.{inst.llvm}(i8 immarg, i8 immarg, i8 immarg)
 declare void @llvm.prefetch.p0(ptr, i32 immarg, i32 immarg, i32 immarg)
 
-define linkonce_odr i32 @{init}() {{
+define linkonce_odr void @nightshift_amx_ask() {{
 entry:
   %ready = load atomic i32, ptr @nightshift_amx_ready monotonic, align 4
   %has = icmp ne i32 %ready, 0
-  br i1 %has, label %config, label %ask
+  br i1 %has, label %done, label %ask
 ask:
   %perm = call i64 (i64, ...) @syscall(i64 {_SYS_ARCH_PRCTL}, i64 {_ARCH_REQ_XCOMP_PERM}, i64 {_XFEATURE_XTILEDATA})
   store atomic i32 1, ptr @nightshift_amx_ready monotonic, align 4
-  br label %config
-config:
+  br label %done
+done:
+  ret void
+}}
+
+define linkonce_odr i32 @{init}() {{
+entry:
+  call void @nightshift_amx_ask()
   %current = alloca <8 x i64>, align 64
   call void @llvm.x86.sttilecfg(ptr %current)
   %have = load <8 x i64>, ptr %current, align 64
@@ -228,14 +234,7 @@ zero:
 
 define linkonce_odr i32 @{SAVE}(ptr %caller) {{
 entry:
-  %ready = load atomic i32, ptr @nightshift_amx_ready monotonic, align 4
-  %has = icmp ne i32 %ready, 0
-  br i1 %has, label %save, label %ask
-ask:
-  %perm = call i64 (i64, ...) @syscall(i64 {_SYS_ARCH_PRCTL}, i64 {_ARCH_REQ_XCOMP_PERM}, i64 {_XFEATURE_XTILEDATA})
-  store atomic i32 1, ptr @nightshift_amx_ready monotonic, align 4
-  br label %save
-save:
+  call void @nightshift_amx_ask()
   call void @llvm.x86.sttilecfg(ptr %caller)
   ret i32 0
 }}

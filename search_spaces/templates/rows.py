@@ -11,11 +11,15 @@ output's row loop is vectorized ``lanes`` wide, as is every full-row block kept.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import tvm
 from tvm.s_tir import Schedule
 
+from search_spaces.constraints import Limits
 from search_spaces.knobs import Knob
+from search_spaces.templates import Template, register_template
 from search_spaces.templates.blocks import iter_kinds, loop_extents, root_blocks
 
 LANES = (16, 8)
@@ -96,3 +100,20 @@ def schedule_rows(sch: Schedule, values: dict[str, Any], *, inline: list[str], r
         sch.vectorize(lane)
     if values["unroll_rows"]:
         sch.unroll(row_i)
+
+
+def register_row_template(name: str, matches: Callable[[Schedule], Any], anchor: str,
+                          schedule: Callable[[Schedule, dict[str, Any], Limits], None], description: str) -> Template:
+    """Register a row-wise template: it applies to LLVM targets where ``matches(sch)`` is not
+    None, with the knobs of :func:`row_knobs` over the block ``anchor``'s rows."""
+
+    def knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tuple[Knob, ...] | None:
+        if str(target.kind.name) != "llvm":
+            return None
+        sch = Schedule(mod)
+        if matches(sch) is None:
+            return None
+        return row_knobs(sch, sch.get_sblock(anchor))
+
+    return register_template(Template(name=name, knobs=knobs, schedule=schedule, constraint=row_constraint,
+                                      description=description))  # fmt: skip

@@ -14,14 +14,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import tvm
 from tvm.s_tir import Schedule
 
 from search_spaces.constraints import Limits
-from search_spaces.knobs import Knob
-from search_spaces.templates import Template, register_template
 from search_spaces.templates.blocks import elementwise_tail, loop_extents, root_blocks
-from search_spaces.templates.rows import per_row, reduces_last_axis, row_constraint, row_knobs, schedule_rows
+from search_spaces.templates.rows import per_row, reduces_last_axis, register_row_template, schedule_rows
 
 logger = logging.getLogger(__name__)
 
@@ -45,15 +42,6 @@ def _blocks(sch: Schedule) -> tuple[tuple[str, str, str], list[str]] | None:
     return None if tail is None else ((total, mean, var), tail)
 
 
-def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tuple[Knob, ...] | None:
-    if str(target.kind.name) != "llvm":
-        return None
-    sch = Schedule(mod)
-    if _blocks(sch) is None:
-        return None
-    return row_knobs(sch, sch.get_sblock(_NORM))
-
-
 def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     found = _blocks(sch)
     if found is None:
@@ -64,10 +52,7 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     logger.debug("scheduled layer norm with %s", values)
 
 
-X86_LAYER_NORM = register_template(Template(
-    name=NAME,
-    knobs=_knobs,
-    schedule=_schedule,
-    constraint=row_constraint,
-    description="layer norm over the last axis + elementwise epilogue, a row at a time (x86)",
-))  # fmt: skip
+X86_LAYER_NORM = register_row_template(
+    NAME, _blocks, _NORM, _schedule,
+    "layer norm over the last axis + elementwise epilogue, a row at a time (x86)",
+)

@@ -17,14 +17,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import tvm
 from tvm.s_tir import Schedule
 
 from search_spaces.constraints import Limits
-from search_spaces.knobs import Knob
-from search_spaces.templates import Template, register_template
 from search_spaces.templates.blocks import elementwise_tail, loop_extents, root_blocks
-from search_spaces.templates.rows import reduces_last_axis, row_constraint, row_knobs, schedule_rows
+from search_spaces.templates.rows import reduces_last_axis, register_row_template, schedule_rows
 
 logger = logging.getLogger(__name__)
 
@@ -51,15 +48,6 @@ def _blocks(sch: Schedule) -> tuple[str, list[str]] | None:
     return None if tail is None else (exps[0], tail)
 
 
-def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tuple[Knob, ...] | None:
-    if str(target.kind.name) != "llvm":
-        return None
-    sch = Schedule(mod)
-    if _blocks(sch) is None:
-        return None
-    return row_knobs(sch, sch.get_sblock(_NORM))
-
-
 def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     found = _blocks(sch)
     if found is None:
@@ -72,10 +60,7 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     logger.debug("scheduled softmax with %s", values)
 
 
-X86_SOFTMAX = register_template(Template(
-    name=NAME,
-    knobs=_knobs,
-    schedule=_schedule,
-    constraint=row_constraint,
-    description="softmax over the last axis + elementwise epilogue, a row at a time in vector registers (x86)",
-))  # fmt: skip
+X86_SOFTMAX = register_row_template(
+    NAME, _blocks, _NORM, _schedule,
+    "softmax over the last axis + elementwise epilogue, a row at a time in vector registers (x86)",
+)
