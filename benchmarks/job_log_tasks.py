@@ -42,7 +42,8 @@ def main() -> None:
     p.add_argument("--log", action="append", required=True, help="LABEL=FILE, a tune --log-json file (repeatable)")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
-    jobs = {label: tasks_of(Path(file)) for label, file in (item.split("=", 1) for item in args.log)}
+    logs = dict(item.split("=", 1) for item in args.log)
+    jobs = {label: tasks_of(Path(file)) for label, file in logs.items()}
     table = Table(title="best time per task (ms), space, trials")
     table.add_column("task")
     for label in jobs:
@@ -56,7 +57,7 @@ def main() -> None:
             cells.append(f"{t['best_ms']:.3f} {t['space']} ({t['trials']})" if found else "-")
         table.add_row(name[:70], *cells)
     Console().print(table)
-    write_result(args.out, "job_log_tasks", {"logs": dict(item.split("=", 1) for item in args.log), "jobs": jobs})
+    write_result(args.out, "job_log_tasks", {"logs": logs, "jobs": jobs})
 
 
 if __name__ == "__main__":

@@ -513,15 +513,16 @@ def inst_bytes(dtype: str) -> int:
 
 
 def _uses_tiles(func: tvm.tirx.PrimFunc) -> bool:
-    found = []
+    found = False
+    extern = tvm.ir.Op.get("tirx.call_extern")
 
     def visit(call: tvm.ir.Call) -> tvm.ir.Call:
-        if call.op.same_as(tvm.ir.Op.get("tirx.call_extern")) and str(call.args[0].value).startswith(_INIT_PREFIX):
-            found.append(call)
+        nonlocal found
+        found = found or (call.op.same_as(extern) and str(call.args[0].value).startswith(_INIT_PREFIX))
         return call
 
     tvm_ffi.structural_map(func.body, (tvm.ir.Call, visit))
-    return bool(found)
+    return found
 
 
 def keep_caller_tile_config(mod: tvm.IRModule) -> tvm.IRModule:
@@ -535,15 +536,18 @@ def keep_caller_tile_config(mod: tvm.IRModule) -> tvm.IRModule:
     loaded. The calling thread is the only one both share (TVM's other workers are its own);
     the save and restore cost two configuration reads and a load per call.
     """
-    out = {}
+    wrapped = {}
     for gv, func in mod.functions_items():
         if isinstance(func, tvm.tirx.PrimFunc) and _uses_tiles(func):
             saved = tvm.tirx.decl_buffer((8,), "int64", name="amx_caller_config", scope="local")
             ptr = saved.access_ptr("rw")
             around = [tvm.tirx.Evaluate(tvm.tirx.call_extern("int32", name, ptr)) for name in (SAVE, RESTORE)]
-            func = func.with_body(tvm.tirx.SeqStmt([tvm.tirx.AllocBuffer(saved), around[0], func.body, around[1]]))
-        out[gv] = func
-    return tvm.IRModule(out, attrs=mod.attrs)
+            wrapped[gv] = func.with_body(tvm.tirx.SeqStmt([tvm.tirx.AllocBuffer(saved), around[0], func.body,
+                                                           around[1]]))  # fmt: skip
+    if not wrapped:
+        return mod  # the same object: the pipeline then lowers it exactly as before
+    funcs = {gv: wrapped.get(gv, func) for gv, func in mod.functions_items()}
+    return tvm.IRModule(funcs, attrs=mod.attrs, global_infos=mod.global_infos)
 
 
 @cache
