@@ -22,7 +22,9 @@ CPU) as before the twenty-eighth session: every conv reading 16-channel blocks, 
 padded inside the conv's function and every padding a function of its own
 (``tuner.layout.wide_blocks``, ``PAD_APART``, ``tuner.pad_fusion``). ``--b-fp32-attention``
 builds B (int8) with the matmuls of two quantized activations (attention's) dequantized to
-float32, as before the thirty-second session, not on bf16 dot products. Writes
+float32, as before the thirty-second session, not on bf16 dot products.
+``--b-unpadded-columns`` builds B (bf16) with a weight whose columns are not whole vectors
+(ResNet-50's classifier) packed as one block, as before the thirty-third session. Writes
 benchmarks/results/db_ab.json (``--out``).
 
     .venv/bin/python benchmarks/db_ab.py --db warm.db --db-b cold.db --label-b "cold-tuned" --model resnet50
@@ -159,6 +161,21 @@ def fp32_attention():
     return _swapped(tuner.precision, "_bf16_dots", lambda target: False)
 
 
+def unpadded_columns():
+    """bf16 as before the thirty-third session: a weight whose columns are not whole 16-lane
+    vectors (ResNet-50's 1000 classes) packed as one block of all its columns, no padding and
+    no slice (``tuner.precision.bf16`` calls ``emit_weight_matmul`` for every dense layer)."""
+    from tvm import relax
+
+    import tuner.precision.bf16 as bf16
+
+    def unpadded(builder, a, weight, elements, dtype, out_dtype, name):
+        packed = relax.const(bf16.pack_weight(weight, elements, dtype), str(bf16.np.dtype(dtype)))
+        return builder.call_te(bf16.packed_matmul, a, packed, out_dtype, name, primfunc_name_hint=name)
+
+    return _swapped(bf16, "emit_weight_matmul", unpadded)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--db", required=True, help="database A: the 'TVM, database' row")
@@ -181,6 +198,8 @@ def main() -> None:
                    help="AMX: build B as before the twenty-eighth session (16-channel blocks, paddings apart)")
     p.add_argument("--b-fp32-attention", action="store_true",
                    help="build B (int8) with attention's matmuls in float32, as before 2026-11-28")
+    p.add_argument("--b-unpadded-columns", action="store_true",
+                   help="bf16: build B with a weight of partial vectors' columns (1000 classes) unpadded, as before")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     device = parse_device("cpu")
@@ -189,7 +208,8 @@ def main() -> None:
     chosen_variants = [(args.b_opaque_transforms, opaque_layout_transforms), (args.b_widened_attention,
                        unpacked_activations), (args.b_separate_pads, separate_pads),
                        (args.b_unfolded_scales, unfolded_scales), (args.b_narrow_blocks, narrow_blocks),
-                       (args.b_fp32_attention, fp32_attention)]  # fmt: skip
+                       (args.b_fp32_attention, fp32_attention),
+                       (args.b_unpadded_columns, unpadded_columns)]  # fmt: skip
     other = OtherDatabase(spec, device, TuningDatabase(args.db_b), args.label_b, args.precision,
                           tuple(make for wanted, make in chosen_variants if wanted))
     peers = [TorchBf16Peer() if name == "torch-bf16" else name for name in args.peers]
@@ -206,6 +226,7 @@ def main() -> None:
         "b_opaque_transforms": args.b_opaque_transforms, "b_widened_attention": args.b_widened_attention,
         "b_separate_pads": args.b_separate_pads, "b_unfolded_scales": args.b_unfolded_scales,
         "b_narrow_blocks": args.b_narrow_blocks, "b_fp32_attention": args.b_fp32_attention,
+        "b_unpadded_columns": args.b_unpadded_columns,
         "load_before": load_before, "load_after": os.getloadavg(), "result": result.to_json(),
     })  # fmt: skip
     console.print(f"wrote {args.out}")

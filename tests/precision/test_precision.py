@@ -456,6 +456,31 @@ def test_bf16_packs_the_second_activation_of_an_attention_matmul():
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 3e-2
 
 
+def test_bf16_pads_a_weights_columns_to_whole_vectors_and_slices_them_off():
+    """A classifier's 1000 columns (here 40): the packed weight gets zero columns up to
+    whole 16-lane vectors (48, in blocks of 16), the output is sliced back to 40 columns,
+    and it computes what the float32 model does within bf16's rounding."""
+    rng = np.random.default_rng(12)
+    w = rng.standard_normal((64, 40)).astype("float32")
+    bias = rng.standard_normal(40).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 64), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.add(relax.op.matmul(x, relax.const(w)), relax.const(bias)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    converted = to_bf16(mod)
+    packed = [f for f in converted.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert [tuple(int(d) for d in f.params[1].shape) for f in packed] == [(3, 32, 16, 2)]
+    assert "strided_slice" in converted.script()
+    data = rng.standard_normal((1, 64)).astype("float32")
+    target = tvm.target.Target("llvm")
+    want, got = _run(mod, target, data), _run(converted, target, data)
+    assert got.shape == (1, 40)
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 3e-2
+
+
 def test_bf16_leaves_a_matmul_it_cannot_pack_unpacked():
     """Broadcast batch dimensions or columns that are not whole 16-lane vectors: a plain bf16
     matmul summed in float32, as before."""

@@ -85,6 +85,26 @@ def packed_matmul(a: te.Tensor, w: te.Tensor, out_dtype: str = "float32", name: 
     return te.compute((*a.shape[:-1], blocks * block), body, name=name)
 
 
+def emit_weight_matmul(
+    builder: relax.BlockBuilder, a: relax.Var, weight: np.ndarray, elements: int, dtype, out_dtype: str, name: str,
+) -> relax.Expr:
+    """``a @ weight`` by :func:`packed_matmul`, emitted into ``builder``, for a constant ``[K,
+    N]`` ``weight`` packed as ``dtype`` in groups of ``elements``. Columns are padded with zero
+    weights up to whole 16-lane vectors and sliced off after (ResNet-50's 1000 classes: 1008),
+    so a classifier gets the packed layout the dot-product templates read instead of one
+    1000-column block that no vector divides."""
+    from search_spaces.templates.intrin_x86 import DOT_LANES
+
+    n = weight.shape[1]
+    padded = np.pad(weight, ((0, 0), (0, -n % DOT_LANES)))
+    packed = relax.const(pack_weight(padded, elements, dtype), str(np.dtype(dtype)))
+    acc = builder.call_te(packed_matmul, a, packed, out_dtype, name, primfunc_name_hint=name)
+    if padded.shape[1] == n:
+        return acc
+    last = len(a.ty.shape.values) - 1
+    return builder.emit(relax.op.strided_slice(acc, axes=[last], begin=[0], end=[n]))
+
+
 def _const_value(expr: relax.Expr) -> np.ndarray | None:
     return expr.value.numpy() if isinstance(expr, Constant) else None
 
@@ -140,8 +160,8 @@ class _ToBF16(relax.PyExprMutator):
         weight = _const_value(b)
         if weight is not None and weight.ndim == 2 and weight.shape[0] % PAIR == 0:
             self.converted["packed matmul"] += 1
-            packed = relax.const(pack_weight(weight), BF16)
-            return self.builder_.call_te(packed_matmul, self._bf16_lhs(a), packed, primfunc_name_hint=PACKED_MATMUL)
+            return emit_weight_matmul(self.builder_, self._bf16_lhs(a), weight, PAIR, ml_dtypes.bfloat16, "float32",
+                                      PACKED_MATMUL)
         if weight is None and packable_activation(a, b):
             # Attention's two matmuls: the second activation is packed in pairs as a weight
             # is, where it is made (the packing fuses into the transpose that makes it), so

@@ -279,18 +279,10 @@ class _ToInt8(relax.PyExprMutator):
         weight packed ``[N/b, K/4, b, 4]`` (:func:`~tuner.precision.bf16.pack_weight`: what vpdpbusd
         and tdpbusd read, templates ``x86-dense-vnni`` and ``x86-dense-amx-int8``); the
         correction is a constant per output column, exact in int32."""
-        from search_spaces.templates.intrin_x86 import DOT_LANES, VNNI_DOT
-        from tuner.precision.bf16 import pack_weight, packed_matmul
+        from search_spaces.templates.intrin_x86 import VNNI_DOT
+        from tuner.precision.bf16 import emit_weight_matmul
 
-        n = wq.shape[1]
-        # Columns up to whole vectors, zero weights, sliced off after (ResNet-50's 1000
-        # classes: 1008), rather than the int16 matmul a partial vector would leave.
-        padded = np.pad(wq, ((0, 0), (0, -n % DOT_LANES)))
-        packed = relax.const(pack_weight(padded, VNNI_DOT.elements, np.int8), "int8")
-        acc = self.builder_.call_te(packed_matmul, q, packed, "int32", INT8_MATMUL, primfunc_name_hint=INT8_MATMUL)
-        if padded.shape[1] != n:
-            last = len(q.ty.shape.values) - 1
-            acc = self.builder_.emit(relax.op.strided_slice(acc, axes=[last], begin=[0], end=[n]))
+        acc = emit_weight_matmul(self.builder_, q, wq, VNNI_DOT.elements, np.int8, "int32", INT8_MATMUL)
         if zx:
             acc = relax.op.subtract(acc, relax.const(zx * wq.astype(np.int32).sum(axis=0), "int32"))
         return acc
