@@ -26,6 +26,7 @@ import logging
 import ml_dtypes
 import numpy as np
 import tvm
+from numpy.typing import DTypeLike
 from tvm import relax, te
 from tvm.ir.expr import Constant
 
@@ -86,7 +87,8 @@ def packed_matmul(a: te.Tensor, w: te.Tensor, out_dtype: str = "float32", name: 
 
 
 def emit_weight_matmul(
-    builder: relax.BlockBuilder, a: relax.Var, weight: np.ndarray, elements: int, dtype, out_dtype: str, name: str,
+    builder: relax.BlockBuilder, a: relax.Var, weight: np.ndarray, elements: int, dtype: DTypeLike, out_dtype: str,
+    name: str,
 ) -> relax.Expr:
     """``a @ weight`` by :func:`packed_matmul`, emitted into ``builder``, for a constant ``[K,
     N]`` ``weight`` packed as ``dtype`` in groups of ``elements``. Columns are padded with zero
