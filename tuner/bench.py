@@ -491,9 +491,12 @@ def render(result: BenchResult) -> Any:
     """The result as a rich Table: median, spread, ratio to the fastest f32 peer, max error."""
     from rich.table import Table
 
-    fastest = result.entry(result.fastest_peer).label if result.fastest_peer else "none ran"
+    if result.fastest_peer:
+        ratio = f"ratio to {result.entry(result.fastest_peer).label}"
+    else:  # ratios are to the fastest f32 peer; a bf16 run may ask for bf16 peers only
+        ratio = "no ratios: no f32 peer ran"
     table = Table(title=f"{result.model} on {result.device.name} ({result.device.arch}), {result.threads} threads, "
-                        f"{result.config.rounds} interleaved rounds; ratio to {fastest}")  # fmt: skip
+                        f"{result.config.rounds} interleaved rounds; {ratio}")  # fmt: skip
     for col, justify in (("runtime", "left"), ("precision", "left"), ("median ms", "right"), ("spread (IQR)", "right"),
                          ("x fastest peer", "right"), ("max error", "right"), ("note", "left")):  # fmt: skip
         table.add_column(col, justify=justify)  # type: ignore[arg-type]

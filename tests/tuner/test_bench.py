@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import time
@@ -109,6 +110,9 @@ def test_json_fields(result, tmp_path):
     assert by_key["not-installed"]["status"] == "skipped" and by_key["not-installed"]["median_ms"] is None
     table = render(result)
     assert table.row_count == len(result.entries)
+    assert str(table.title).endswith(f"ratio to {result.entry(result.fastest_peer).label}")
+    # A run whose peers all ran at another precision (bf16 peers only) has no f32 peer to divide by.
+    assert str(render(dataclasses.replace(result, fastest_peer=None)).title).endswith("no ratios: no f32 peer ran")
 
 
 class Recorder:
