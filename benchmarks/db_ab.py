@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import sys
 from collections.abc import Callable
@@ -165,15 +166,9 @@ def unpadded_columns():
     """bf16 as before the thirty-third session: a weight whose columns are not whole 16-lane
     vectors (ResNet-50's 1000 classes) packed as one block of all its columns, no padding and
     no slice (``tuner.precision.bf16`` calls ``emit_weight_matmul`` for every dense layer)."""
-    from tvm import relax
-
     import tuner.precision.bf16 as bf16
 
-    def unpadded(builder, a, weight, elements, dtype, out_dtype, name):
-        packed = relax.const(bf16.pack_weight(weight, elements, dtype), str(bf16.np.dtype(dtype)))
-        return builder.call_te(bf16.packed_matmul, a, packed, out_dtype, name, primfunc_name_hint=name)
-
-    return _swapped(bf16, "emit_weight_matmul", unpadded)
+    return _swapped(bf16, "emit_weight_matmul", functools.partial(bf16.emit_weight_matmul, columns=1))
 
 
 def main() -> None:

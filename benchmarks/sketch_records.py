@@ -53,7 +53,7 @@ def main() -> None:
     stmt = (select(WorkloadRow.id, WorkloadRow.name, WorkloadRow.workload_json, RecordRow.point,
                    RecordRow.error_class, RecordRow.error_msg)
             .join(RecordRow, RecordRow.workload_id == WorkloadRow.id))  # fmt: skip
-    with db.session() as session:
+    with db.session(write=False) as session:
         rows = [r for r in session.execute(stmt) if json.loads(r.point).get("kind") == "sketch"]
     for wid, name, workload_json, point_json, error_class, error_msg in rows:
         if wid not in spaces:

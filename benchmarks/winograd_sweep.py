@@ -56,7 +56,7 @@ def main() -> None:
         arrays = [tvm.runtime.tensor(a, dev) for a in random_args(arg_specs(mod), seed=0)]
         points = []
         for point in space.enumerate():
-            values = {k: v for k, v in space.values(point).items()}
+            values = dict(space.values(point))
             try:
                 lib = tvm.compile(space.apply(point).mod, target=target)
                 runs = lib.mod.time_evaluator("main", dev, number=20, repeat=5)(*arrays).results

@@ -88,17 +88,17 @@ def packed_matmul(a: te.Tensor, w: te.Tensor, out_dtype: str = "float32", name: 
 
 def emit_weight_matmul(
     builder: relax.BlockBuilder, a: relax.Var, weight: np.ndarray, elements: int, dtype: DTypeLike, out_dtype: str,
-    name: str,
+    name: str, *, columns: int | None = None,
 ) -> relax.Expr:
     """``a @ weight`` by :func:`packed_matmul`, emitted into ``builder``, for a constant ``[K,
     N]`` ``weight`` packed as ``dtype`` in groups of ``elements``. Columns are padded with zero
-    weights up to whole 16-lane vectors and sliced off after (ResNet-50's 1000 classes: 1008),
-    so a classifier gets the packed layout the dot-product templates read instead of one
-    1000-column block that no vector divides."""
+    weights up to a multiple of ``columns`` (default: whole 16-lane vectors) and sliced off
+    after (ResNet-50's 1000 classes: 1008), so a classifier gets the packed layout the
+    dot-product templates read instead of one 1000-column block that no vector divides."""
     from search_spaces.templates.intrin_x86 import DOT_LANES
 
     n = weight.shape[1]
-    padded = np.pad(weight, ((0, 0), (0, -n % DOT_LANES)))
+    padded = np.pad(weight, ((0, 0), (0, -n % (columns or DOT_LANES))))
     packed = relax.const(pack_weight(padded, elements, dtype), str(np.dtype(dtype)))
     acc = builder.call_te(packed_matmul, a, packed, out_dtype, name, primfunc_name_hint=name)
     if padded.shape[1] == n:
