@@ -36,7 +36,7 @@ from tvm.relax import pipeline as relax_pipeline
 
 from search_spaces.constraints import is_x86
 from tuner.fold import fold_constants
-from tuner.pad_fusion import emit_padded, emit_subsampled
+from tuner.pad_fusion import emit_padded, emit_subsampled, var_reads
 
 logger = logging.getLogger(__name__)
 
@@ -396,14 +396,16 @@ def conv2d_nchwc_dot(data: te.Tensor, kernel: te.Tensor, strides: Sequence[int],
 def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call,
                      winograd_calls: Sequence[tuple[relax.Call, int]] = (),
                      pad_apart: Sequence[str] = ("bfloat16",),
-                     wide: Mapping[str, int] | None = None) -> relax.Expr:  # fmt: skip
+                     wide: Mapping[str, int] | None = None,
+                     sole_reader: Collection[relax.Var] = ()) -> relax.Expr:  # fmt: skip
     """TOPI's ``conv2d_NCHWc`` for a blocked conv (the generic legalization leaves it as is),
     :func:`tuner.winograd.conv2d_nchwc_winograd` with transformed weights for one of
     ``winograd_calls`` (with its tile), :func:`conv2d_nchwc_dot` with packed weights for one
     that fits a dot-product instruction (bf16, uint8 x int8; :func:`dot_elements`), its data
     padded outside its function where the data's dtype is in ``pad_apart``
     (:data:`PAD_APART`) and then in the block ``wide`` gives for its dtype where the
-    input channels fill it (:func:`wide_blocks`), :func:`depthwise_conv2d_nchwc` for a
+    input channels fill it (:func:`wide_blocks`; a stride-1 1x1 conv too where its data is
+    in ``sole_reader``, variables the conv alone reads), :func:`depthwise_conv2d_nchwc` for a
     blocked depthwise one; TVM's own legalization otherwise."""
     attrs = call.attrs
     if block_of(str(attrs.data_layout)) is None:
@@ -458,6 +460,15 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call,
             # wide blocks on AMX (wide_blocks).
             data, padding = emit_padded(bb, data, padding, block if widens else None), [0, 0, 0, 0]
             w = widen_weight(w, block) if widens else w
+        elif (widens and w.shape[2:4] == (1, 1) and max(strides) == 1 and not any(padding)
+              and str(data.ty.dtype) in pad_apart and data in sole_reader):
+            # A stride-1 1x1 conv on AMX whose data nothing else reads (ResNet's expansion
+            # conv after the 3x3): the producer writes it in wide blocks, as it writes a
+            # padded input (tuner.pad_fusion), so each tile multiply fills the A row. Where
+            # the data has other readers (the block's input, read by the residual too) a
+            # copy would cost a pass over it: those keep their 16-channel block.
+            logger.debug("1x1 conv over %s: its producer writes %d-channel blocks", data.ty, block)
+            data, w = emit_padded(bb, data, padding, block), widen_weight(w, block)
         elif widens and w.shape[2:4] == (1, 1) and max(strides) > 1 and not any(padding):
             # A strided 1x1 conv (ResNet's downsampling) on AMX: a copy of the pixels it reads,
             # in wide blocks, then stride 1.
@@ -657,8 +668,9 @@ def prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> t
         folded = fold_constants(convert(mod) if converted else mod)
     # ConvertLayout and the folding keep the convs in binding order: the plan's indices.
     winograd_calls = [(call, tiles[i]) for i, call in enumerate(conv_calls(folded)) if i in tiles]
+    sole_reader = frozenset(var for var, n in var_reads(folded["main"]).items() if n == 1)
     custom = {_CONV2D: functools.partial(_legalize_conv2d, winograd_calls=winograd_calls,
-                                         pad_apart=PAD_APART, wide=wide_blocks(target)),
+                                         pad_apart=PAD_APART, wide=wide_blocks(target), sole_reader=sole_reader),
               _LAYOUT_TRANSFORM: _legalize_layout_transform}  # fmt: skip
     if cpu:
         custom[_GELU] = _legalize_gelu

@@ -113,13 +113,16 @@ def emit_padded(bb: relax.BlockBuilder, data: relax.Expr, padding: Sequence[int]
                 ) -> relax.Expr:  # fmt: skip
     """Emit the zero padding of static ``NCHW{b}c`` ``data`` by ``padding`` (top, left,
     bottom, right): :func:`pad_interior` (into ``NCHW{block}c`` with ``block``), then
-    :func:`zero_border` in place."""
+    :func:`zero_border` in place. With no padding and a ``block``, the copy into wide blocks
+    alone, which :func:`fold_pad_into_producer` moves into the producer just the same."""
     top, left, bottom, right = padding
     shape = [int(d) for d in data.ty.shape.values]
     dtype = str(data.ty.dtype)
     wide = shape if block is None else [shape[0], shape[1] * shape[4] // block, shape[2], shape[3], block]
     ty = relax.TensorType([*wide[:2], wide[2] + top + bottom, wide[3] + left + right, wide[4]], dtype)
     interior = bb.add_func(pad_interior(shape, padding, dtype, block), "pad_NCHWc")
+    if not any(padding):  # a copy into wide blocks alone: no border to zero
+        return bb.emit(relax.call_tir(interior, [data], ty))
     border = bb.add_func(zero_border(wide, padding, dtype), "pad_border_NCHWc")
     return bb.emit(relax.call_tir_inplace(border, [bb.emit(relax.call_tir(interior, [data], ty))], 0, ty))
 

@@ -44,6 +44,29 @@ def _model(readers: int) -> ModelSpec:
     return ModelSpec(f"pad_fusion_{readers}", bb.get())
 
 
+def _expansion(readers: int) -> ModelSpec:
+    """conv 3x3 32->32 (pad 1) + relu on a 14x14 map, read by ``readers`` convs 1x1 (stride
+    1, no padding), whose outputs are summed: ResNet's expansion conv after the 3x3."""
+    rng = np.random.default_rng(12)
+
+    def const(*shape: int) -> relax.Constant:
+        return relax.const(rng.normal(0, 0.3, shape).astype("float32"))
+
+    op = relax.op
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 32, 14, 14), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(op.nn.relu(op.nn.conv2d(x, const(32, 32, 3, 3), padding=1)))
+            outs = [bb.emit(op.nn.conv2d(y, const(32, 32, 1, 1))) for _ in range(readers)]
+            total = outs[0]
+            for other in outs[1:]:
+                total = bb.emit(op.add(total, other))
+            out = bb.emit_output(total)
+        bb.emit_func_output(out)
+    return ModelSpec(f"expansion_{readers}", bb.get())
+
+
 def _tasks(spec: ModelSpec):
     """The bf16 tasks for a Zen 4 (AVX512_BF16, no AMX): extraction builds nothing, so the
     graph checks run on any host."""
@@ -70,11 +93,13 @@ def test_an_output_that_two_convs_read_is_padded_on_its_own():
 
 
 @needs_bf16
+@pytest.mark.parametrize("model", [_model, _expansion])
 @pytest.mark.parametrize("readers", [1, 2])
-def test_the_model_computes_what_fp32_does(readers, tmp_path):
+def test_the_model_computes_what_fp32_does(model, readers, tmp_path):
     """Compiled with the database (the folded functions on their fallback schedules, the
-    border zeroed in place): within bf16's tolerance of the fp32 build (3e-2 of the scale)."""
-    spec, device = _model(readers), parse_device("cpu")
+    border zeroed in place; on an AMX host the wide blocks too): within bf16's tolerance of
+    the fp32 build (3e-2 of the scale)."""
+    spec, device = model(readers), parse_device("cpu")
     x = np.random.default_rng(2).uniform(-1, 1, (1, 32, 14, 14)).astype("float32")
     want, _ = run_model(compile_model(spec, device, None), device, [x], budget_s=0.05)
     compiled = compile_model(spec, device, TuningDatabase(str(tmp_path / "empty.db")), precision="bf16")
@@ -107,8 +132,25 @@ def test_amx_convs_read_wide_blocks_that_their_producer_writes():
     assert wide_blocks(zen4) == {} and wide_blocks(amx) == {"bfloat16": 32, "uint8": 64}
     tasks = extract_tasks(_model(1).bound(), amx, precision="bf16")
     assert not [t.name for t in tasks if t.name.startswith("pad_")], [t.name for t in tasks]
-    [producer] = [t for t in tasks if "_pad_NCHWc" in t.name]
+    [producer] = [t for t in tasks if "_pad_NCHWc" in t.name and "conv2d" in t.name]
     assert arg_specs(producer.mod)[-1].shape == (1, 1, 16, 16, 32)
+
+
+@pytest.mark.parametrize("readers", [1, 2])
+def test_an_amx_1x1_conv_reads_wide_blocks_where_nothing_else_reads_its_data(readers):
+    """On AMX a stride-1 1x1 conv over 32 bf16 channels that alone reads them takes them in
+    one block of 32, stored so by the 3x3 conv before it (no copy of its own); where two convs
+    read them they stay in blocks of 16 (a copy would be a pass over the data)."""
+    amx = parse_device("cpu", target_arch="sapphirerapids").target
+    tasks = extract_tasks(_expansion(readers).bound(), amx, precision="bf16")
+    names = [t.name for t in tasks]
+    assert not [n for n in names if n.startswith("pad_")], names
+    [conv3] = [t for t in tasks if "conv2d" in t.name and arg_specs(t.mod)[1].shape[2:4] == (3, 3)]
+    [*_, last] = arg_specs(conv3.mod)
+    conv1 = [t for t in tasks if "conv2d" in t.name and arg_specs(t.mod)[1].shape[2:4] == (1, 1)]
+    block = (1, 1, 14, 14, 32) if readers == 1 else (1, 2, 14, 14, 16)
+    assert ("_pad_NCHWc" in conv3.name) == (readers == 1) and last.shape == block
+    assert conv1 and all(arg_specs(t.mod)[0].shape == block for t in conv1), names
 
 
 def test_a_wide_padded_copy_puts_neighbouring_chunks_side_by_side():
