@@ -24,7 +24,9 @@ padded inside the conv's function and every padding a function of its own
 builds B (int8) with the matmuls of two quantized activations (attention's) dequantized to
 float32, as before the thirty-second session, not on bf16 dot products.
 ``--b-unpadded-columns`` builds B (bf16) with a weight whose columns are not whole vectors
-(ResNet-50's classifier) packed as one block, as before the thirty-third session. Writes
+(ResNet-50's classifier) packed as one block, as before the thirty-third session.
+``--b-narrow-1x1`` builds B (bf16, int8; an AMX CPU) with every stride-1 1x1 conv reading
+16-channel blocks, as before the thirty-fourth session (``tuner.layout.sole_readers``). Writes
 benchmarks/results/db_ab.json (``--out``).
 
     .venv/bin/python benchmarks/db_ab.py --db warm.db --db-b cold.db --label-b "cold-tuned" --model resnet50
@@ -171,6 +173,15 @@ def unpadded_columns():
     return _swapped(bf16, "emit_weight_matmul", functools.partial(bf16.emit_weight_matmul, columns=1))
 
 
+def narrow_1x1():
+    """AMX as before the thirty-fourth session: a stride-1 1x1 conv reads its data in
+    16-channel blocks even where nothing else reads it (``tuner.layout`` asks
+    ``sole_readers`` which data is a conv's alone)."""
+    import tuner.layout
+
+    return _swapped(tuner.layout, "sole_readers", lambda func: frozenset())
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--db", required=True, help="database A: the 'TVM, database' row")
@@ -195,6 +206,8 @@ def main() -> None:
                    help="build B (int8) with attention's matmuls in float32, as before 2026-11-28")
     p.add_argument("--b-unpadded-columns", action="store_true",
                    help="bf16: build B with a weight of partial vectors' columns (1000 classes) unpadded, as before")
+    p.add_argument("--b-narrow-1x1", action="store_true",
+                   help="AMX: build B with stride-1 1x1 convs on 16-channel blocks, as before 2026-11-28")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     device = parse_device("cpu")
@@ -204,7 +217,7 @@ def main() -> None:
                        unpacked_activations), (args.b_separate_pads, separate_pads),
                        (args.b_unfolded_scales, unfolded_scales), (args.b_narrow_blocks, narrow_blocks),
                        (args.b_fp32_attention, fp32_attention),
-                       (args.b_unpadded_columns, unpadded_columns)]  # fmt: skip
+                       (args.b_unpadded_columns, unpadded_columns), (args.b_narrow_1x1, narrow_1x1)]  # fmt: skip
     other = OtherDatabase(spec, device, TuningDatabase(args.db_b), args.label_b, args.precision,
                           tuple(make for wanted, make in chosen_variants if wanted))
     peers = [TorchBf16Peer() if name == "torch-bf16" else name for name in args.peers]
@@ -221,7 +234,7 @@ def main() -> None:
         "b_opaque_transforms": args.b_opaque_transforms, "b_widened_attention": args.b_widened_attention,
         "b_separate_pads": args.b_separate_pads, "b_unfolded_scales": args.b_unfolded_scales,
         "b_narrow_blocks": args.b_narrow_blocks, "b_fp32_attention": args.b_fp32_attention,
-        "b_unpadded_columns": args.b_unpadded_columns,
+        "b_unpadded_columns": args.b_unpadded_columns, "b_narrow_1x1": args.b_narrow_1x1,
         "load_before": load_before, "load_after": os.getloadavg(), "result": result.to_json(),
     })  # fmt: skip
     console.print(f"wrote {args.out}")

@@ -622,6 +622,12 @@ def clip_as_min_max(mod: tvm.IRModule) -> tvm.IRModule:
 PAD_APART = ("bfloat16", "uint8")
 
 
+def sole_readers(func: relax.Function) -> frozenset[relax.Var]:
+    """The variables of ``func`` that one expression alone reads: a conv's data among them
+    is nothing else's, so its producer may write it in the conv's own layout."""
+    return frozenset(var for var, n in var_reads(func).items() if n == 1)
+
+
 def prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> tvm.IRModule:
     """Put every conv of a bound module (weights as constants) in its planned layout.
 
@@ -668,9 +674,8 @@ def prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> t
         folded = fold_constants(convert(mod) if converted else mod)
     # ConvertLayout and the folding keep the convs in binding order: the plan's indices.
     winograd_calls = [(call, tiles[i]) for i, call in enumerate(conv_calls(folded)) if i in tiles]
-    sole_reader = frozenset(var for var, n in var_reads(folded["main"]).items() if n == 1)
-    custom = {_CONV2D: functools.partial(_legalize_conv2d, winograd_calls=winograd_calls,
-                                         pad_apart=PAD_APART, wide=wide_blocks(target), sole_reader=sole_reader),
+    custom = {_CONV2D: functools.partial(_legalize_conv2d, winograd_calls=winograd_calls, pad_apart=PAD_APART,
+                                         wide=wide_blocks(target), sole_reader=sole_readers(folded["main"])),
               _LAYOUT_TRANSFORM: _legalize_layout_transform}  # fmt: skip
     if cpu:
         custom[_GELU] = _legalize_gelu
