@@ -21,50 +21,41 @@ needs_bf16 = pytest.mark.skipif("avx512_bf16" not in host_cpu_info()["isa_flags"
                                 reason="this CPU has no AVX512_BF16")  # fmt: skip
 
 
-def _model(readers: int) -> ModelSpec:
-    """conv 1x1 32->32 + bias + relu on a 14x14 map, read by ``readers`` convs 3x3 (pad 1),
-    whose outputs are summed."""
-    rng = np.random.default_rng(11)
+def _chain(name: str, first: int, then: int, readers: int, seed: int) -> ModelSpec:
+    """conv ``first`` x ``first`` 32->32 + bias + relu on a 14x14 map, read by ``readers``
+    convs ``then`` x ``then`` + relu (3x3 ones padded by 1), whose outputs are summed."""
+    rng = np.random.default_rng(seed)
 
     def const(*shape: int) -> relax.Constant:
         return relax.const(rng.normal(0, 0.3, shape).astype("float32"))
+
+    def conv(data: relax.Expr, k: int) -> relax.Expr:
+        return op.nn.conv2d(data, const(32, 32, k, k), padding=k // 2)
 
     op = relax.op
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((1, 32, 14, 14), "float32"))
     with bb.function("main", [x]):
         with bb.dataflow():
-            y = bb.emit(op.nn.relu(op.add(op.nn.conv2d(x, const(32, 32, 1, 1)), const(1, 32, 1, 1))))
-            outs = [bb.emit(op.nn.relu(op.nn.conv2d(y, const(32, 32, 3, 3), padding=1))) for _ in range(readers)]
+            y = bb.emit(op.nn.relu(op.add(conv(x, first), const(1, 32, 1, 1))))
+            outs = [bb.emit(op.nn.relu(conv(y, then))) for _ in range(readers)]
             total = outs[0]
             for other in outs[1:]:
                 total = bb.emit(op.add(total, other))
             out = bb.emit_output(total)
         bb.emit_func_output(out)
-    return ModelSpec(f"pad_fusion_{readers}", bb.get())
+    return ModelSpec(f"{name}_{readers}", bb.get())
+
+
+def _model(readers: int) -> ModelSpec:
+    """A 1x1 conv read by ``readers`` 3x3 convs (:func:`_chain`)."""
+    return _chain("pad_fusion", 1, 3, readers, 11)
 
 
 def _expansion(readers: int) -> ModelSpec:
-    """conv 3x3 32->32 (pad 1) + relu on a 14x14 map, read by ``readers`` convs 1x1 (stride
-    1, no padding), whose outputs are summed: ResNet's expansion conv after the 3x3."""
-    rng = np.random.default_rng(12)
-
-    def const(*shape: int) -> relax.Constant:
-        return relax.const(rng.normal(0, 0.3, shape).astype("float32"))
-
-    op = relax.op
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, 32, 14, 14), "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            y = bb.emit(op.nn.relu(op.nn.conv2d(x, const(32, 32, 3, 3), padding=1)))
-            outs = [bb.emit(op.nn.conv2d(y, const(32, 32, 1, 1))) for _ in range(readers)]
-            total = outs[0]
-            for other in outs[1:]:
-                total = bb.emit(op.add(total, other))
-            out = bb.emit_output(total)
-        bb.emit_func_output(out)
-    return ModelSpec(f"expansion_{readers}", bb.get())
+    """A 3x3 conv read by ``readers`` stride-1 1x1 convs: ResNet's expansion conv after the
+    3x3 (:func:`_chain`)."""
+    return _chain("expansion", 3, 1, readers, 12)
 
 
 def _tasks(spec: ModelSpec):
