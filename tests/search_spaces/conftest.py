@@ -59,9 +59,11 @@ def conv_nchwc(c: int = 32, hw: int = 14, o: int = 32, k: int = 3, stride: int =
     return tvm.IRModule({"main": te.create_prim_func([data, kernel, bias, out])})
 
 
-def _extracted(x_shape: tuple[int, ...], layer: Callable, name: str, precision: str = "fp32") -> tvm.IRModule:
-    """The task ``name`` of a one-layer Relax model ``layer(x)``, as ``tune`` extracts it
-    (the host's layouts, int64 indices, the epilogue fused) at ``precision``."""
+def _extracted(x_shape: tuple[int, ...], layer: Callable, name: str | tuple[str, ...], precision: str = "fp32",
+               ) -> tvm.IRModule:  # fmt: skip
+    """The task whose name holds ``name`` (each of several) of a one-layer Relax model
+    ``layer(x)``, as ``tune`` extracts it (the host's layouts, int64 indices, the epilogue
+    fused) at ``precision``."""
     from tvm import relax
 
     from tuner.tasks import extract_tasks
@@ -72,7 +74,9 @@ def _extracted(x_shape: tuple[int, ...], layer: Callable, name: str, precision: 
         with bb.dataflow():
             out = bb.emit_output(bb.emit(layer(x)))
         bb.emit_func_output(out)
-    [found] = [t for t in extract_tasks(bb.get(), target("llvm"), precision=precision) if name in t.name]
+    parts = (name,) if isinstance(name, str) else name
+    [found] = [t for t in extract_tasks(bb.get(), target("llvm"), precision=precision)
+               if all(part in t.name for part in parts)]  # fmt: skip
     return found.mod
 
 
@@ -97,7 +101,7 @@ def conv_padded_output_bf16() -> tvm.IRModule:
     op = tvm.relax.op
     return _extracted((1, 32, 14, 14), lambda x: op.nn.conv2d(
         op.nn.relu(op.add(op.nn.conv2d(x, _const(32, 32, 1, 1)), _const(1, 32, 1, 1))), _const(32, 32, 3, 3),
-        padding=1), "pad_NCHWc", "bf16")  # fmt: skip
+        padding=1), ("conv2d", "pad_NCHWc"), "bf16")  # fmt: skip
 
 
 def conv_padded_output_u8() -> tvm.IRModule:
@@ -124,7 +128,7 @@ def conv_padded_output_u8() -> tvm.IRModule:
         y = op.nn.relu(op.add(op.nn.conv2d(qdq(x, 1 / 255), weight(32, 32, 1, 1)), _const(1, 32, 1, 1)))
         return op.nn.conv2d(qdq(y, 0.02), weight(32, 32, 3, 3), padding=1)
 
-    return _extracted((1, 32, 14, 14), layer, "pad_NCHWc", "int8")
+    return _extracted((1, 32, 14, 14), layer, ("conv2d", "pad_NCHWc"), "int8")
 
 
 def dense_relax(precision: str = "fp32") -> tvm.IRModule:
