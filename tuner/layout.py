@@ -454,21 +454,18 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call,
         w = weight.value.numpy()
         padding, strides = [int(p) for p in attrs.padding], [int(s) for s in attrs.strides]
         widens = _widens(w.shape, block)
-        if str(data.ty.dtype) in pad_apart and any(padding):
+        # A stride-1 1x1 conv on AMX whose data nothing else reads (ResNet's expansion conv
+        # after the 3x3) takes it in wide blocks, written so by the producer as a padded input
+        # is. Where the data has other readers (a block's input, which the residual reads
+        # too) a copy would cost a pass over it: those keep their 16-channel block.
+        sole_1x1 = (widens and w.shape[2:4] == (1, 1) and max(strides) == 1 and not any(padding)
+                    and data in sole_reader)  # fmt: skip
+        if str(data.ty.dtype) in pad_apart and (any(padding) or sole_1x1):
             # The conv reads data padded outside its function: a copy into the padded shape,
             # which tuner.pad_fusion moves into the data's producer (PAD_APART says why), in
             # wide blocks on AMX (wide_blocks).
             data, padding = emit_padded(bb, data, padding, block if widens else None), [0, 0, 0, 0]
             w = widen_weight(w, block) if widens else w
-        elif (widens and w.shape[2:4] == (1, 1) and max(strides) == 1 and not any(padding)
-              and str(data.ty.dtype) in pad_apart and data in sole_reader):
-            # A stride-1 1x1 conv on AMX whose data nothing else reads (ResNet's expansion
-            # conv after the 3x3): the producer writes it in wide blocks, as it writes a
-            # padded input (tuner.pad_fusion), so each tile multiply fills the A row. Where
-            # the data has other readers (the block's input, read by the residual too) a
-            # copy would cost a pass over it: those keep their 16-channel block.
-            logger.debug("1x1 conv over %s: its producer writes %d-channel blocks", data.ty, block)
-            data, w = emit_padded(bb, data, padding, block), widen_weight(w, block)
         elif widens and w.shape[2:4] == (1, 1) and max(strides) > 1 and not any(padding):
             # A strided 1x1 conv (ResNet's downsampling) on AMX: a copy of the pixels it reads,
             # in wide blocks, then stride 1.
@@ -623,9 +620,11 @@ PAD_APART = ("bfloat16", "uint8")
 
 
 def sole_readers(func: relax.Function) -> frozenset[relax.Var]:
-    """The variables of ``func`` that one expression alone reads: a conv's data among them
-    is nothing else's, so its producer may write it in the conv's own layout."""
-    return frozenset(var for var, n in var_reads(func).items() if n == 1)
+    """The variables bound in ``func`` that one expression alone reads: a conv's data among
+    them is nothing else's, so its producer may write it in the conv's own layout
+    (parameters are left out: no function of the graph produces them)."""
+    reads = var_reads(func)
+    return frozenset(b.var for block in func.body.blocks for b in block.bindings if reads.get(b.var) == 1)
 
 
 def prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> tvm.IRModule:
