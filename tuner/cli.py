@@ -122,24 +122,29 @@ def _load(args: argparse.Namespace):
     spec = load_model(args.model, batch_size=args.batch_size, dtype=args.dtype)
     args.fp32_spec = None
     if args.precision == "int8":
-        spec = _quantized(args, spec)
+        spec = _quantized(args, spec, device)
     return device, spec
 
 
-def _quantized(args: argparse.Namespace, spec):
+def _quantized(args: argparse.Namespace, spec, device):
     """``spec`` when it is a quantized (QDQ) model; a float one quantized first, said so."""
     from tuner.frontends import load_model
+    from tuner.precision import int8_weight_bits
     from tuner.precision.quantize import DEFAULT_CALIBRATION, has_qdq, parse_ops, quantized_model
 
     if has_qdq(spec.bound()):
         return spec
     n = args.calibration or DEFAULT_CALIBRATION
     ops = parse_ops(getattr(args, "quantize_ops", None))
+    bits = int8_weight_bits(device.target)
     with console.status(f"quantizing {spec.name} with onnxruntime on {n} random inputs"):
-        path = quantized_model(spec, args.model, n, op_types=ops)
+        path = quantized_model(spec, args.model, n, op_types=ops, weight_bits=bits)
     which = f"{', '.join(ops)} only" if ops is not None else "every operator it quantizes"
+    weights = ("per-channel int8 weights" if bits == 8 else
+               "per-channel 7-bit weights (reduce_range: this CPU's int8 dot product, vpmaddubsw, adds pairs "
+               "of products in int16, which 8-bit weights can saturate)")  # fmt: skip
     console.print(f"int8: {spec.name} is a float model; quantized with onnxruntime's quantize_static (QDQ, "
-                  f"per-channel int8 weights, uint8 activations; {which}), calibrated on {n} random inputs: {path}")
+                  f"{weights}, uint8 activations; {which}), calibrated on {n} random inputs: {path}")
     args.fp32_spec, args.model = spec, str(path)
     return load_model(str(path))
 

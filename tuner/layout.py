@@ -282,16 +282,20 @@ def _constant(bb: relax.BlockBuilder, expr: relax.Expr) -> Constant | None:
 
 def dot_elements(call: relax.Call, weight: Constant | None) -> int | None:
     """Reduction elements per lane when a blocked conv can feed a dot-product instruction:
-    its (data, weight) dtypes are one of ``intrin_x86.DOTS`` (vdpbf16ps adds bfloat16 pairs,
-    vpdpbusd uint8 x int8 quadruples), its ``weight`` is a constant (it is re-packed now)
-    and its blocks fit the instruction; else None."""
-    from search_spaces.templates.intrin_x86 import DOT_LANES, DOTS
+    its (data, weight) dtypes and output channel block are one of ``intrin_x86.DOTS``
+    (vdpbf16ps adds bfloat16 pairs, vpdpbusd uint8 x int8 quadruples on AVX-512's 16 lanes,
+    vpmaddubsw + vpmaddwd on AVX2's 8), its ``weight`` is a constant (it is re-packed now)
+    whose sums the instruction computes exactly (``intrin_x86.exact_for``) and its blocks fit
+    the instruction; else None."""
+    from search_spaces.templates.intrin_x86 import dot_for, exact_for
 
-    dot = DOTS.get((str(call.args[0].ty.dtype), str(call.args[1].ty.dtype)))
-    if dot is None or weight is None or int(call.attrs.groups) != 1:
+    if weight is None or int(call.attrs.groups) != 1:
         return None
     shape = [int(d) for d in weight.ty.shape.values]
-    if len(shape) != 6 or shape[-2] % dot.elements or shape[-1] != DOT_LANES:
+    if len(shape) != 6:
+        return None
+    dot = dot_for((str(call.args[0].ty.dtype), str(call.args[1].ty.dtype)), shape[-1])
+    if dot is None or shape[-2] % dot.elements or not exact_for(dot, weight.value.numpy(), 4):
         return None
     return dot.elements
 

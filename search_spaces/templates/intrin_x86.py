@@ -1,5 +1,6 @@
 """x86 dot-product tensor intrinsics that TVM 0.27 does not ship: ``vdpbf16ps`` (AVX512_BF16),
-and ``vpdpbusd`` (AVX512_VNNI) accumulating into a register tile.
+``vpdpbusd`` (AVX512_VNNI) accumulating into a register tile, and AVX2's uint8 x int8 dot
+product (``vpmaddubsw`` + ``vpmaddwd``) on 8 lanes.
 
 Registered the way ``tvm.s_tir.tensor_intrin.x86`` registers ``dot_16x4_vnni``: a
 description (16 float32 lanes, each adding the products of 2 adjacent bfloat16 pairs) and
@@ -22,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
+import numpy as np
 import tvm
 from tvm import tirx
 from tvm.s_tir import TensorIntrin
@@ -37,27 +39,64 @@ BF16_FEATURE = "avx512bf16"
 # TVM's dot_16x4_vnni (uint8 x int8 quadruples into 16 int32 lanes) with a ``local`` accumulator.
 VNNI_DOT_16x4_LOCAL_INTRIN = "dot_16x4_vnni_local"
 VNNI_FEATURE = "avx512vnni"
-# float32 / int32 lanes of the instructions' accumulator (one zmm register).
+# float32 / int32 lanes of the AVX-512 instructions' accumulator (one zmm register).
 DOT_LANES = 16
+# AVX2's uint8 x int8 quadruples into 8 int32 lanes (one ymm register): vpmaddubsw adds the
+# products of adjacent pairs into int16, which saturates, then vpmaddwd by ones adds pairs.
+AVX2_DOT_8x4_LOCAL_INTRIN = "dot_8x4_avx2_local"
+AVX2_FEATURE = "avx2"
+# vpmaddubsw's int16 sum of a pair of uint8 x int8 products is exact while it stays within
+# [-32768, 32767]: weights whose positive (and negative) parts of each pair add up to at most
+# 128 (255 * 128 = 32640), which 7-bit weights always do (quantize_static's reduce_range).
+PAIR_WEIGHT_LIMIT = 128
 
 
 @dataclass(frozen=True)
 class DotInstruction:
     """An x86 dot-product instruction as the templates and the graph passes use it: each of
-    ``DOT_LANES`` lanes adds ``elements`` products of (A, B) ``dtypes`` into an ``acc`` sum;
-    ``intrin`` is its tensor intrinsic with a register-tile (``local``) accumulator."""
+    ``lanes`` lanes adds ``elements`` products of (A, B) ``dtypes`` into an ``acc`` sum;
+    ``intrin`` is its tensor intrinsic with a register-tile (``local``) accumulator;
+    ``scratch``: vector registers it needs besides the accumulator and its operands;
+    ``saturates``: whether pairs of products go through int16 (see :func:`exact_for`)."""
 
     dtypes: tuple[str, str]
     elements: int
     acc: str
     intrin: str
     feature: str
+    lanes: int = DOT_LANES
+    scratch: int = 0
+    saturates: bool = False
 
 
 BF16_DOT = DotInstruction(("bfloat16", "bfloat16"), 2, "float32", BF16_DOT_16x2_LOCAL_INTRIN, BF16_FEATURE)
 VNNI_DOT = DotInstruction(("uint8", "int8"), 4, "int32", VNNI_DOT_16x4_LOCAL_INTRIN, VNNI_FEATURE)
-#: By the (A, B) dtypes an operator reads.
-DOTS = {d.dtypes: d for d in (BF16_DOT, VNNI_DOT)}
+# The int16 products of vpmaddubsw take a register before vpmaddwd adds them.
+AVX2_DOT = DotInstruction(("uint8", "int8"), 4, "int32", AVX2_DOT_8x4_LOCAL_INTRIN, AVX2_FEATURE, lanes=8,
+                          scratch=1, saturates=True)
+#: By the (A, B) dtypes an operator reads and the lanes of its output channel block.
+DOTS = {(d.dtypes, d.lanes): d for d in (BF16_DOT, VNNI_DOT, AVX2_DOT)}
+
+
+def dot_for(dtypes: tuple[str, str], lanes: int) -> DotInstruction | None:
+    """The instruction for an operator reading ``dtypes`` in blocks of ``lanes`` output
+    channels (columns): 16 lanes are AVX-512's, 8 AVX2's; None when there is none."""
+    return DOTS.get((dtypes, lanes))
+
+
+def exact_for(dot: DotInstruction, weight: np.ndarray, axis: int) -> bool:
+    """Whether ``dot`` computes ``weight``'s sums exactly: always, but for a saturating
+    instruction (AVX2's), whose int16 pair sums of uint8 x int8 products are exact only where
+    the weights of each pair of adjacent reduction elements (along ``axis``, pairs from 0) have
+    positive and negative parts of at most :data:`PAIR_WEIGHT_LIMIT` each."""
+    if not dot.saturates:
+        return True
+    w = np.moveaxis(np.asarray(weight, dtype=np.int32), axis, -1)
+    if w.shape[-1] % 2:
+        return False
+    pairs = w.reshape(*w.shape[:-1], -1, 2)
+    pos, neg = np.maximum(pairs, 0).sum(axis=-1), np.maximum(-pairs, 0).sum(axis=-1)
+    return int(max(pos.max(initial=0), neg.max(initial=0))) <= PAIR_WEIGHT_LIMIT
 
 _HELPER = "nightshift_dpbf16ps_512"
 _HELPER_IR = f"""
@@ -85,22 +124,22 @@ def bf16_value(bits: tirx.PrimExpr) -> tirx.PrimExpr:
     return tirx.reinterpret("float32", tirx.shift_left(bits.astype("uint32"), tirx.const(16, "uint32")))
 
 
-def _dot_16xn_desc(n: int, a_dtype: str, b_dtype: str, acc: str, scope: str, widen_a=None):
-    """What a 16-lane dot-product instruction computes: each lane ``i`` of ``C`` (``acc``)
-    adds the ``n`` products of ``A`` (broadcast) and row ``i`` of ``B``. ``widen_a``: how
-    an element of A becomes ``acc`` (default a cast)."""
+def _dot_16xn_desc(n: int, a_dtype: str, b_dtype: str, acc: str, scope: str, widen_a=None, lanes: int = 16):
+    """What a dot-product instruction of ``lanes`` lanes computes: each lane ``i`` of ``C``
+    (``acc``) adds the ``n`` products of ``A`` (broadcast) and row ``i`` of ``B``.
+    ``widen_a``: how an element of A becomes ``acc`` (default a cast)."""
     widen = widen_a or (lambda a: T.cast(a, acc))
 
     @T.prim_func(s_tir=True)
     def desc(
         A: T.Buffer((n,), a_dtype, offset_factor=1),
-        B: T.Buffer((16, n), b_dtype, offset_factor=1),
-        C: T.Buffer((16,), acc, offset_factor=1, scope=scope),
+        B: T.Buffer((lanes, n), b_dtype, offset_factor=1),
+        C: T.Buffer((lanes,), acc, offset_factor=1, scope=scope),
     ) -> None:
         with T.sblock("root"):
-            T.reads(C[0:16], A[0:n], B[0:16, 0:n])
-            T.writes(C[0:16])
-            for i in T.serial(0, 16):
+            T.reads(C[0:lanes], A[0:n], B[0:lanes, 0:n])
+            T.writes(C[0:lanes])
+            for i in T.serial(0, lanes):
                 for k in T.serial(0, n):
                     with T.sblock("update"):
                         vi, vk = T.axis.remap("SR", [i, k])
@@ -176,6 +215,36 @@ def _vnni_dot_16x4(scope: str):
     return _dot_16xn_desc(4, "uint8", "int8", "int32", scope), impl
 
 
+def _avx2_dot_8x4(scope: str):
+    """uint8 x int8 quadruples into 8 int32 lanes on AVX2: ``vpmaddubsw`` adds each pair of
+    products into int16 (saturating: exact for the weights :func:`exact_for` accepts), and
+    ``vpmaddwd`` by ones adds the two pairs of a lane into int32."""
+
+    @T.prim_func(s_tir=True)
+    def impl(
+        A: T.Buffer((4,), "uint8", offset_factor=1),
+        B: T.Buffer((8, 4), "int8", offset_factor=1),
+        C: T.Buffer((8,), "int32", offset_factor=1, scope=scope),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:8], A[0:4], B[0:8, 0:4])
+            T.writes(C[0:8])
+            C[T.ramp(T.int32(0), 1, 8)] = C.vload([0], dtype="int32x8") + T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"),
+                T.call_llvm_pure_intrin(
+                    T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.ub.sw"),
+                    T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 8),
+                                  dtype="int8x32"),
+                    B.vload([0, 0], dtype="int8x32"),
+                    dtype="int16x16",
+                ),
+                T.broadcast(T.int16(1), 16),
+                dtype="int32x8",
+            )
+
+    return _dot_16xn_desc(4, "uint8", "int8", "int32", scope, lanes=8), impl
+
+
 @cache
 def register_intrinsics() -> None:
     """Register the intrinsics (once per process; TensorIntrin names are global), and ours
@@ -191,6 +260,7 @@ def register_intrinsics() -> None:
     TensorIntrin.register(BF16_DOT_16x2_LOCAL_INTRIN, *_bf16_dot_16x2("local"), override=True)
     TensorIntrin.register(VNNI_DOT_16x4_LOCAL_INTRIN, *_vnni_dot_16x4("local"), override=True)
     TensorIntrin.register(BF16_BITS_DOT_16x2_LOCAL_INTRIN, *_bf16_bits_dot_16x2("local"), override=True)
+    TensorIntrin.register(AVX2_DOT_8x4_LOCAL_INTRIN, *_avx2_dot_8x4("local"), override=True)
 
 
 def target_has(target: tvm.target.Target, feature: str) -> bool:

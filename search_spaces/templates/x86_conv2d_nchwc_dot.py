@@ -3,9 +3,11 @@
 The register tile of ``x86-conv2d-nchwc`` with its FMA replaced by an instruction that
 multiplies ``n`` adjacent input channels into each of 16 output lanes and adds them:
 ``vdpbf16ps`` for bfloat16 (``n = 2``, float32 sums) and ``vpdpbusd`` for uint8 x int8
-(``n = 4``, int32 sums). For each step of the reduction, the ``n`` input channels of one
-pixel are one 32-bit lane, broadcast, and each of the tile's ``tile_oc`` weight registers
-holds 16 output channels x ``n`` input channels (one 512-bit load).
+(``n = 4``, int32 sums); on AVX2, 8 output lanes of uint8 x int8 by ``vpmaddubsw`` and
+``vpmaddwd`` (exact for the weights ``tuner.layout.dot_elements`` lets through). For each
+step of the reduction, the ``n`` input channels of one pixel are one 32-bit lane,
+broadcast, and each of the tile's ``tile_oc`` weight registers holds 16 (8) output
+channels x ``n`` input channels (one 512-bit, 256-bit load).
 
 The pixels of the tile are a ``tile_oh x reg_n`` rectangle or, with ``fuse_pixels``,
 ``reg_n`` pixels of the fused (oh, ow) axis with a shorter last tile peeled, as in
@@ -46,7 +48,7 @@ from search_spaces.templates.blocks import (
     iter_kinds,
     root_blocks,
 )
-from search_spaces.templates.intrin_x86 import DOT_LANES, DOTS, DotInstruction, register_intrinsics, target_has
+from search_spaces.templates.intrin_x86 import AVX2_DOT, DotInstruction, dot_for, register_intrinsics, target_has
 from search_spaces.templates.x86_conv2d_nchwc import (
     _MAX_UNROLLED_FMAS,
     _MIN_ACC_REGISTERS,
@@ -84,9 +86,13 @@ def _tail(sch: Schedule, conv: Any) -> list[str] | None:
 
 
 def _dot(sch: Schedule, conv: Any) -> DotInstruction | None:
-    """The instruction for the conv's (data, weight) dtypes and lane group, or None."""
+    """The instruction for the conv's (data, weight) dtypes, output channel block and lane
+    group, or None."""
     reads = sch.get(conv).reads
-    dot = DOTS.get(tuple(str(r.source.dtype) for r in reads)) if len(reads) == 2 else None
+    if len(reads) != 2:
+        return None
+    oc_block = int(sch.get(sch.get_loops(conv)[4]).extent)
+    dot = dot_for((str(reads[0].source.dtype), str(reads[1].source.dtype)), oc_block)
     if dot is None or int(sch.get(sch.get_loops(conv)[-1]).extent) != dot.elements:
         return None
     return dot
@@ -104,10 +110,8 @@ def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tupl
         # TVM computes a bfloat16 buffer that a function allocates in float32, which
         # vdpbf16ps cannot read: tuner.layout pads bfloat16 data in a function of its own.
         return None
-    _, oc_chunks, oh, ow, oc_block, _, kw, _, groups, _ = (int(sch.get(loop).extent) for loop in sch.get_loops(conv))
-    if oc_block != DOT_LANES:
-        return None
-    max_pixels = min(_acc_budget(limits), oh * ow)
+    _, oc_chunks, oh, ow, _, _, kw, _, groups, _ = (int(sch.get(loop).extent) for loop in sch.get_loops(conv))
+    max_pixels = min(dot_budget(limits), oh * ow)
     return (
         # Output pixels of the register tile: reg_n along the row (dividing it), tile_oh
         # rows; or, with fuse_pixels, reg_n along the fused (oh, ow) axis.
@@ -127,9 +131,18 @@ def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tupl
     )
 
 
+def dot_budget(limits: Limits) -> int:
+    """Accumulator registers of a register tile on a dot-product instruction: the FMA
+    templates' budget, less the scratch registers the instruction needs. With 16 vector
+    registers the instruction is AVX2's (the others are AVX-512's), whose int16 products
+    take one: 13."""
+    scratch = AVX2_DOT.scratch if limits.vector_registers < 32 else 0
+    return min(_acc_budget(limits), limits.vector_registers - 2 - scratch)
+
+
 def _constraint(values: dict[str, Any], limits: Limits) -> str | None:
     regs = values["reg_n"] * values["tile_oh"] * values["tile_oc"]
-    budget = _acc_budget(limits)
+    budget = dot_budget(limits)
     if regs > budget:
         return f"register tile needs {regs} vector registers, more than {budget}"
     if regs < _MIN_ACC_REGISTERS:

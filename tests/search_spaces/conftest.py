@@ -249,30 +249,32 @@ def dense_u8s8(m: int = 32, k: int = 64, n: int = 48) -> tvm.IRModule:
 
 
 def conv_nchwc_dot(dtype: str = "bfloat16", stride: int = 1, residual: bool = False, channels: int = 32,
-                   block: int = 16) -> tvm.IRModule:  # fmt: skip
+                   block: int = 16, lanes: int = 16) -> tvm.IRModule:  # fmt: skip
     """A 3x3 conv (pad 1), 32 -> ``channels`` channels, in NCHW16c as ``tuner.layout``
     legalizes one that fits a dot-product instruction: ``conv2d_NCHWc_dot`` with weights
     ``OIHW{16/n}i16o{n}i``, bfloat16 (n 2, float32 sums) or uint8 x int8 (n 4, int32 sums),
     + bias + relu; ``residual`` adds a dequantized input computed before the conv, as int8
     ResNets fuse it. A ``block`` above 16 reads ``block`` input channels (64 for uint8) in
-    one chunk, already padded: the wide block of an AMX target (``tuner.layout.wide_blocks``)."""
+    one chunk, already padded: the wide block of an AMX target (``tuner.layout.wide_blocks``).
+    ``lanes`` 8: AVX2's blocks (NCHW8c, 8 output channels a weight vector)."""
     from tuner.layout import conv2d_nchwc_dot
 
     n = 2 if dtype == "bfloat16" else 4
     acc = "float32" if dtype == "bfloat16" else "int32"
     # bfloat16 data comes padded by a function of its own (see tuner.layout._legalize_conv2d).
     pad = 0 if n == 2 or block > 16 else 1
+    block = min(block, lanes) if block == 16 else block
     chunks = max(32, block) // block
     data = te.placeholder((1, chunks, 16 - 2 * pad, 16 - 2 * pad, block), name="data", dtype=dtype)
-    weight = te.placeholder((channels // 16, chunks, 3, 3, block // n, 16, n), name="weight",
+    weight = te.placeholder((channels // lanes, chunks, 3, 3, block // n, lanes, n), name="weight",
                             dtype=dtype if n == 2 else "int8")  # fmt: skip
-    bias = te.placeholder((1, channels // 16, 1, 1, 16), name="bias")
+    bias = te.placeholder((1, channels // lanes, 1, 1, lanes), name="bias")
     conv = conv2d_nchwc_dot(data, weight, (stride, stride), (pad,) * 4, (1, 1), acc)
     out = topi.add(topi.cast(conv, "float32") if acc != "float32" else conv, bias)
     args = [data, weight, bias]
     if residual:
         oh = 14 // stride
-        skip = te.placeholder((1, channels // 16, oh, oh, 16), name="skip", dtype="uint8")
+        skip = te.placeholder((1, channels // lanes, oh, oh, lanes), name="skip", dtype="uint8")
         out = topi.add(out, topi.multiply(topi.cast(skip, "float32"), 0.05))
         args.append(skip)
     out = topi.nn.relu(out)
@@ -349,6 +351,9 @@ TASKS: dict[str, Callable[[], tvm.IRModule]] = {
     "conv_nchwc_u8_residual": lambda: conv_nchwc_dot("uint8", stride=2, residual=True),
     "conv_nchwc_bf16_wide": lambda: conv_nchwc_dot(block=32),
     "conv_nchwc_u8_wide": lambda: conv_nchwc_dot("uint8", stride=2, residual=True, block=64),
+    # AVX2's: NCHW8c, vpmaddubsw + vpmaddwd on 8 lanes.
+    "conv_nchwc_u8_avx2": lambda: conv_nchwc_dot("uint8", lanes=8),
+    "conv_nchwc_u8_avx2_residual": lambda: conv_nchwc_dot("uint8", stride=2, residual=True, lanes=8),
     "dense_u8s8": dense_u8s8,
     "conv_winograd": conv_winograd,
     # A 7x7 map in tiles of 2 (the last row and column of tiles reach past it), no epilogue.

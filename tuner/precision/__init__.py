@@ -26,10 +26,14 @@ PRECISIONS: tuple[Precision, ...] = ("fp32", "bf16", "int8")
 # when none is there.
 _NEEDS: dict[str, tuple[tuple[str, str], ...]] = {
     "bf16": (("avx512bf16", "avx512_bf16"), ("amx-bf16", "amx_bf16")),
-    # AVX-512BW without VNNI: TVM's dot_16x4_avx512 (vpmaddubsw + vpmaddwd).
+    # AVX-512BW without VNNI: TVM's dot_16x4_avx512 (vpmaddubsw + vpmaddwd); AVX2: the
+    # same on 8 lanes (intrin_x86.AVX2_DOT). Both add pairs of products in int16, which
+    # saturates: exact with 7-bit weights (int8_weight_bits).
     "int8": (("avx512vnni", "avx512_vnni"), ("avxvnni", "avx_vnni"), ("amx-int8", "amx_int8"),
-             ("avx512bw", "avx512bw")),
+             ("avx512bw", "avx512bw"), ("avx2", "avx2")),
 }
+# int8's features whose instruction adds uint8 x int8 products in int32 directly.
+_EXACT_INT8 = 3
 
 
 class UnsupportedPrecisionError(UserInputError):
@@ -65,6 +69,23 @@ def missing_feature(precision: str, target: tvm.target.Target, host_flags: list[
         if has and (host_flags is None or flag in host_flags):
             return None
     return needs[0][0]
+
+
+def int8_weight_bits(target: tvm.target.Target) -> int:
+    """Bits of the weights ``--precision int8`` quantizes a float model to for ``target``: 8
+    where it adds uint8 x int8 products in int32 (VNNI, AMX); 7 where its instruction adds
+    pairs of them in int16 first (AVX2's and AVX-512BW's ``vpmaddubsw``), which 8-bit weights
+    can saturate and 7-bit ones cannot (onnxruntime's ``reduce_range``, which its
+    documentation advises on such CPUs for the same reason)."""
+    from tvm.target import codegen
+
+    for llvm_name, _ in _NEEDS["int8"][:_EXACT_INT8]:
+        try:
+            if codegen.target_has_features(llvm_name, target):
+                return 8
+        except (RuntimeError, ValueError):  # a target LLVM cannot resolve
+            return 8
+    return 7
 
 
 def check_device(precision: str, device) -> None:

@@ -3,7 +3,9 @@
 ``--precision int8`` takes a QDQ model (:mod:`tuner.precision.qdq`). Given a float one (a zoo
 name or an fp32 ONNX file), the CLI quantizes it first, as a user would with
 ``onnxruntime.quantization.quantize_static``: the QDQ format, per-channel symmetric int8
-weights, uint8 activations calibrated (min/max) on ``N`` random inputs with fixed seeds.
+weights, uint8 activations calibrated (min/max) on ``N`` random inputs with fixed seeds;
+7-bit weights (``reduce_range``) where the CPU's int8 dot product adds pairs of products in
+int16 (AVX2: :func:`tuner.precision.int8_weight_bits`).
 ``--quantize-ops`` names the ONNX operators it quantizes (``op_types_to_quantize``). The
 default, Conv, Gemm and MatMul (:data:`DEFAULT_OPS`), leaves LayerNorm, the residual adds and
 the embeddings in fp32: BERT-base's top-1 agreement with fp32 is 90.6% that way against
@@ -75,10 +77,11 @@ def parse_ops(text: str | None) -> tuple[str, ...] | None:
 
 
 def quantize_onnx(fp32_onnx: Path, out: Path, spec, num_inputs: int, *,
-                  op_types: tuple[str, ...] | None = None) -> Path:  # fmt: skip
+                  op_types: tuple[str, ...] | None = None, weight_bits: int = 8) -> Path:  # fmt: skip
     """``fp32_onnx`` quantized by ``quantize_static`` (QDQ, per-channel int8 weights, uint8
     activations) calibrated on ``num_inputs`` random inputs of ``spec``; written to ``out``.
-    ``op_types``: the ONNX operators to quantize (None: every one onnxruntime can)."""
+    ``op_types``: the ONNX operators to quantize (None: every one onnxruntime can);
+    ``weight_bits`` 7: ``reduce_range`` (:func:`tuner.precision.int8_weight_bits`)."""
     if num_inputs < 1:
         raise UserInputError(f"--calibration must be a positive count, got {num_inputs}")
     try:
@@ -104,15 +107,19 @@ def quantize_onnx(fp32_onnx: Path, out: Path, spec, num_inputs: int, *,
         part = Path(tmp) / out.name
         quantize_static(str(fp32_onnx), str(part), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                        op_types_to_quantize=list(op_types) if op_types else None)  # fmt: skip
+                        op_types_to_quantize=list(op_types) if op_types else None,
+                        reduce_range=weight_bits == 7)  # fmt: skip
         part.replace(out)
     return out
 
 
 def quantized_model(spec, source: str, num_inputs: int = DEFAULT_CALIBRATION, *,
-                    op_types: tuple[str, ...] | None = DEFAULT_OPS, directory: Path | None = None) -> Path:  # fmt: skip
+                    op_types: tuple[str, ...] | None = DEFAULT_OPS, directory: Path | None = None,
+                    weight_bits: int | None = None) -> Path:  # fmt: skip
     """The QDQ ONNX file of the float model ``spec`` (``--model source``), made once and cached.
-    ``op_types``: the ONNX operators to quantize (None: every one onnxruntime can).
+    ``op_types``: the ONNX operators to quantize (None: every one onnxruntime can);
+    ``weight_bits``: 8, or 7 (``reduce_range``); None: what this machine's CPU runs exactly
+    (:func:`tuner.precision.int8_weight_bits`).
 
     An ONNX file is keyed by its bytes; a zoo model by what its export is made of
     (``_zoo_digest``), so a cached zoo model is found without exporting it again.
@@ -122,16 +129,26 @@ def quantized_model(spec, source: str, num_inputs: int = DEFAULT_CALIBRATION, *,
     """
     from tuner.bench import peer_model
 
+    if weight_bits is None:
+        from tuner.device import parse_device
+        from tuner.precision import int8_weight_bits
+
+        weight_bits = int8_weight_bits(parse_device("cpu").target)
+    if weight_bits not in (7, 8):
+        raise UserInputError(f"int8 weights are quantized to 7 or 8 bits, not {weight_bits}")
     directory = directory or cache_dir()
     directory.mkdir(parents=True, exist_ok=True)
 
     def cached(key: str) -> Path:
         # The file's name is the model's name in tables and job names: resnet50-int8 for the
         # default recipe, bert-base-int8-matmul for --quantize-ops MatMul, resnet50-int8-all
-        # (so a job of another recipe is not the default's). The folder always names the
-        # recipe: a file cached before the default changed (every operator) is not reused.
-        recipe = "-all" if op_types is None else "".join(f"-{op.lower()}" for op in op_types)
-        suffix = "" if op_types == DEFAULT_OPS else recipe
+        # (so a job of another recipe is not the default's), resnet50-int8-w7 for 7-bit
+        # weights. The folder always names the recipe: a file cached before the default
+        # changed (every operator) is not reused.
+        ops = "-all" if op_types is None else "".join(f"-{op.lower()}" for op in op_types)
+        bits = "" if weight_bits == 8 else f"-w{weight_bits}"
+        recipe = ops + bits
+        suffix = ("" if op_types == DEFAULT_OPS else ops) + bits
         path = directory / f"{key}-cal{num_inputs}{recipe}" / f"{spec.name}-int8{suffix}.onnx"
         if path.exists():
             logger.info("int8: reusing %s", path)
@@ -147,7 +164,7 @@ def quantized_model(spec, source: str, num_inputs: int = DEFAULT_CALIBRATION, *,
         if zoo is None and (out := cached(hashlib.sha256(fp32.onnx_path.read_bytes()).hexdigest()[:16])).exists():
             return out
         logger.info("int8: quantizing %s on %d random inputs", spec.name, num_inputs)
-        return quantize_onnx(fp32.onnx_path, out, spec, num_inputs, op_types=op_types)
+        return quantize_onnx(fp32.onnx_path, out, spec, num_inputs, op_types=op_types, weight_bits=weight_bits)
 
 
 def _zoo_digest(spec, source: str) -> str | None:
