@@ -88,12 +88,13 @@ def exact_for(dot: DotInstruction, weight: np.ndarray, axis: int) -> bool:
     """Whether ``dot`` computes ``weight``'s sums exactly: always, but for a saturating
     instruction (AVX2's), whose int16 pair sums of uint8 x int8 products are exact only where
     the weights of each pair of adjacent reduction elements (along ``axis``, pairs from 0) have
-    positive and negative parts of at most :data:`PAIR_WEIGHT_LIMIT` each."""
+    positive and negative parts of at most :data:`PAIR_WEIGHT_LIMIT` each (a pair of a
+    positive and a negative weight never saturates)."""
     if not dot.saturates:
         return True
     w = np.moveaxis(np.asarray(weight, dtype=np.int32), axis, -1)
-    if w.shape[-1] % 2:
-        return False
+    if w.shape[-1] % 2:  # an odd count is padded with a zero weight (an RGB stem's 3 channels)
+        w = np.concatenate([w, np.zeros((*w.shape[:-1], 1), np.int32)], axis=-1)
     pairs = w.reshape(*w.shape[:-1], -1, 2)
     pos, neg = np.maximum(pairs, 0).sum(axis=-1), np.maximum(-pairs, 0).sum(axis=-1)
     return int(max(pos.max(initial=0), neg.max(initial=0))) <= PAIR_WEIGHT_LIMIT

@@ -1,5 +1,5 @@
-"""``x86-dense-bf16`` and ``x86-dense-vnni``: matmul by a packed weight (+ epilogue) on an x86
-dot-product instruction.
+"""``x86-dense-bf16``, ``x86-dense-vnni`` and ``x86-dense-avx2-int8``: matmul by a packed weight
+(+ epilogue) on an x86 dot-product instruction.
 
 The task is what :mod:`tuner.precision` makes of a dense layer: a block ``matmul_bf16``
 (``matmul_u8s8``) with spatial iters (batch..., m, n) and two reduce iters (ko, ki), ki of
@@ -14,7 +14,10 @@ The micro-kernel is the one of ``x86-dense`` with the FMA replaced by the dot-pr
 instruction: for each group of reduction elements, the group of A is broadcast (one 32-bit
 lane) and multiplied with 16 column groups of W (one 512-bit load), each of the 16 sums of
 a tile's register adding 2 (``vdpbf16ps``, tensor intrinsic ``dot_16x2_bf16_avx512_local``)
-or 4 (``vpdpbusd``, ``dot_16x4_vnni_local``) products. The register tile is ``tile_m`` rows
+or 4 (``vpdpbusd``, ``dot_16x4_vnni_local``) products; on AVX2, 8 column groups (one 256-bit
+load) and ``vpmaddubsw`` + ``vpmaddwd`` (``dot_8x4_avx2_local``), whose int16 pair sums are
+exact for the 7-bit weights :mod:`tuner.precision.qdq` packs for it (``pair_limit``). The
+register tile is ``tile_m`` rows
 x ``tile_n`` columns. As in ``x86-dense``, ``tile_m`` need not divide the rows: oneDNN's
 AVX-512 kernels are 6 rows x 4 vectors (24 accumulators), and BERT's 128 tokens are 21 tiles
 of 6 and one of 2, peeled (:mod:`search_spaces.lowering`) from a serial row-tile loop (on a
@@ -43,8 +46,8 @@ from search_spaces.templates.blocks import (
     root_blocks,
 )
 from search_spaces.templates.intrin_x86 import (
+    AVX2_DOT,
     BF16_DOT,
-    DOT_LANES,
     VNNI_DOT,
     DotInstruction,
     register_intrinsics,
@@ -53,10 +56,11 @@ from search_spaces.templates.intrin_x86 import (
 
 logger = logging.getLogger(__name__)
 
-_LANES = DOT_LANES
-# As in x86-dense: accumulators may take 24 of the 32 zmm registers; fewer than 4 leave
-# the dot-product units waiting on the previous result.
+# As in x86-dense: accumulators may take 24 of the 32 zmm registers (AVX2's instruction 12 of
+# its 16 ymm: one holds the broadcast, one the int16 products, two a weight vector and
+# vpmaddwd's ones); fewer than 4 leave the dot-product units waiting on the previous result.
 _ACC_REGISTERS = 24
+_AVX2_ACC_REGISTERS = 12
 _MIN_ACC_REGISTERS = 4
 _MAX_UNROLLED_DOTS = 512
 
@@ -94,21 +98,28 @@ def _tail(sch: Schedule, block: Any) -> list[str] | None:
     return elementwise_tail(sch, block, len(sch.get_loops(block)) - 2)
 
 
+def _acc_registers(lanes: int) -> int:
+    return _ACC_REGISTERS if lanes == 16 else _AVX2_ACC_REGISTERS
+
+
 def _knobs(dot: _Dot, mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tuple[Knob, ...] | None:
     if not target_has(target, dot.instruction.feature):
         return None
+    if dot.instruction.lanes != limits.vector_bits // 32:
+        return None  # AVX2's 8 lanes where AVX-512 has VNNI or does not: not this template's
     sch = Schedule(mod)
     block = _matmul_block(sch, dot)
     if block is None or _tail(sch, block) is None:
         return None
     *_, m, n, half, _ = (int(sch.get(loop).extent) for loop in sch.get_loops(block))
-    if n % _LANES:
+    lanes = dot.instruction.lanes
+    if n % lanes or weight_block(sch, block) % lanes:
         return None
     return (
-        Knob("tile_m", "choice", tuple(range(1, min(m, _ACC_REGISTERS) + 1))),
-        Knob("tile_n", "choice", tuple(_LANES * r for r in (1, 2, 3, 4) if n % (_LANES * r) == 0)),
-        # Column tiles per panel of W kept in cache, in vectors (a divisor of n / 16).
-        Knob("panel", "choice", tuple(d for d in divisors(n // _LANES) if d <= 16)),
+        Knob("tile_m", "choice", tuple(range(1, min(m, _acc_registers(lanes)) + 1))),
+        Knob("tile_n", "choice", tuple(lanes * r for r in (1, 2, 3, 4) if n % (lanes * r) == 0)),
+        # Column tiles per panel of W kept in cache, in vectors (a divisor of n / lanes).
+        Knob("panel", "choice", tuple(d for d in divisors(n // lanes) if d <= 16)),
         # Groups of the reduction (pairs, quadruples) unrolled per step.
         Knob("unroll_k", "choice", tuple(d for d in divisors(half) if d <= 8)),
         # 0: panels outermost; 1: row tiles outermost.
@@ -119,13 +130,21 @@ def _knobs(dot: _Dot, mod: tvm.IRModule, target: tvm.target.Target, limits: Limi
     )
 
 
+def _lanes(limits: Limits) -> int:
+    """Lanes of the instruction a space of ``limits`` is on: AVX-512's 16, or AVX2's 8 (the
+    one instruction of these templates a target without AVX-512 has)."""
+    return limits.vector_bits // 32
+
+
 def _constraint(values: dict[str, Any], limits: Limits) -> str | None:
-    regs = values["tile_m"] * values["tile_n"] // _LANES
-    if regs > _ACC_REGISTERS:
-        return f"register tile needs {regs} vector registers, more than {_ACC_REGISTERS}"
+    lanes = _lanes(limits)
+    regs = values["tile_m"] * values["tile_n"] // lanes
+    budget = _acc_registers(lanes)
+    if regs > budget:
+        return f"register tile needs {regs} vector registers, more than {budget}"
     if regs < _MIN_ACC_REGISTERS:
         return f"register tile of {regs} vector registers, fewer than {_MIN_ACC_REGISTERS}"
-    if (values["panel"] * _LANES) % values["tile_n"]:
+    if (values["panel"] * lanes) % values["tile_n"]:
         return "a panel is not a whole number of column tiles"
     if values["rows"] % values["tile_m"] and (values["order"], values["parallel_depth"]) != (0, 1):
         return "a partial last row tile needs the row-tile loop serial (order 0, parallel_depth 1) to be peeled"
@@ -138,10 +157,10 @@ def _schedule(dot: _Dot, sch: Schedule, values: dict[str, Any], limits: Limits) 
     register_intrinsics()
     name, block, store = accumulate_matmul(sch, dot)
     *batch, i, j, ko, ki = sch.get_loops(block)
-    tile_n = values["tile_n"]
-    panel_tiles = values["panel"] * _LANES // tile_n
+    tile_n, lanes = values["tile_n"], dot.instruction.lanes
+    panel_tiles = values["panel"] * lanes // tile_n
     i_o, i_i = sch.split(i, [None, values["tile_m"]])
-    j_oo, j_o, j_v, j_i = sch.split(j, [None, panel_tiles, tile_n // _LANES, _LANES])
+    j_oo, j_o, j_v, j_i = sch.split(j, [None, panel_tiles, tile_n // lanes, lanes])
     k_o, k_i = sch.split(ko, [None, values["unroll_k"]])
     outer = [j_oo, i_o, j_o] if values["order"] == 0 else [i_o, j_oo, j_o]
     sch.reorder(*batch, *outer, k_o, k_i, i_i, j_v, j_i, ki)
@@ -160,7 +179,7 @@ def _schedule(dot: _Dot, sch: Schedule, values: dict[str, Any], limits: Limits) 
     sch.unroll(i_i)
     sch.unroll(j_v)
     epi = sch.get_loops(store)
-    j_e_o, j_e_i = sch.split(epi[-1], [None, _LANES])
+    j_e_o, j_e_i = sch.split(epi[-1], [None, lanes])
     sch.vectorize(j_e_i)
     sch.unroll(j_e_o)
     init_loops = sch.get_loops(init)
@@ -191,14 +210,19 @@ def accumulate_matmul(sch: Schedule, dot: _Dot) -> tuple[str, Any, Any]:
 _START_TILES = ((6, 4), (12, 2), (24, 1))
 
 
-def _starts(choices: dict[str, tuple]) -> list[dict[str, Any]]:
-    """The start points: each of oneDNN's tiles with a narrow (up to 4 vectors) and the widest
-    panel, serial row tiles (so a partial last row tile is allowed), two reduction groups
-    unrolled. Tiles the task's columns do not take are dropped by the space."""
+# AVX2's, 12 accumulators: 6 rows x 2 vectors (MLAS's AVX2 int8 kernel), 3 x 4 and 12 x 1.
+_AVX2_START_TILES = ((6, 2), (3, 4), (12, 1))
+
+
+def _starts(lanes: int, choices: dict[str, tuple]) -> list[dict[str, Any]]:
+    """The start points: each of oneDNN's tiles (MLAS's on AVX2) with a narrow (up to 4
+    vectors) and the widest panel, serial row tiles (so a partial last row tile is allowed),
+    two reduction groups unrolled. Tiles the task's columns do not take are dropped by the space."""
     panels = sorted({max(p for p in choices["panel"] if p <= 4), max(choices["panel"])})
-    return [{"tile_m": m, "tile_n": v * _LANES, "panel": panel, "unroll_k": 2 if 2 in choices["unroll_k"] else 1,
+    tiles = _START_TILES if lanes == 16 else _AVX2_START_TILES
+    return [{"tile_m": m, "tile_n": v * lanes, "panel": panel, "unroll_k": 2 if 2 in choices["unroll_k"] else 1,
              "order": 0, "parallel_depth": 1}
-            for m, v in _START_TILES for panel in panels]  # fmt: skip
+            for m, v in tiles for panel in panels]  # fmt: skip
 
 
 def _template(name: str, dot: _Dot, description: str) -> Template:
@@ -208,7 +232,7 @@ def _template(name: str, dot: _Dot, description: str) -> Template:
         schedule=lambda sch, values, limits: _schedule(dot, sch, values, limits),
         constraint=_constraint,
         description=description,
-        starts=_starts,
+        starts=lambda choices: _starts(dot.instruction.lanes, choices),
     ))  # fmt: skip
 
 
@@ -219,4 +243,8 @@ X86_DENSE_BF16 = _template(
 X86_DENSE_VNNI = _template(
     "x86-dense-vnni", _Dot("matmul_u8s8", VNNI_DOT),
     "uint8 x int8 matmul by a packed weight + epilogue, vpdpbusd register tile (x86 AVX512_VNNI)",
+)
+X86_DENSE_AVX2_INT8 = _template(
+    "x86-dense-avx2-int8", _Dot("matmul_u8s8", AVX2_DOT),
+    "uint8 x int8 matmul by a packed weight (7-bit) + epilogue, vpmaddubsw + vpmaddwd register tile (x86 AVX2)",
 )

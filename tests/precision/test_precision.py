@@ -34,12 +34,26 @@ def _llvm(mcpu: str) -> tvm.target.Target:
 
 def test_missing_feature_names_what_the_target_lacks():
     assert missing_feature("bf16", _llvm("haswell")) == "avx512bf16"
-    assert missing_feature("int8", _llvm("haswell")) == "avx512vnni"
+    # int8 runs on AVX2 (vpmaddubsw on 8 lanes), not on a CPU without it.
+    assert missing_feature("int8", _llvm("haswell")) is None
+    assert missing_feature("int8", _llvm("haswell"), host_flags=["avx"]) == "avx512vnni"
+    assert missing_feature("int8", _llvm("sandybridge")) == "avx512vnni"
     assert missing_feature("bf16", _llvm("sapphirerapids")) is None
     assert missing_feature("int8", _llvm("cascadelake")) is None
     # The target has it, the host's flags do not (a hypervisor hiding it): still missing.
     assert missing_feature("bf16", _llvm("sapphirerapids"), host_flags=["avx512f"]) == "avx512bf16"
     assert missing_feature("fp32", _llvm("haswell")) is None
+
+
+def test_int8_weights_are_7_bits_where_the_dot_product_adds_pairs_in_int16():
+    """VNNI and AMX add uint8 x int8 products in int32; AVX2's vpmaddubsw adds pairs of them in
+    int16 first, which 8-bit weights can saturate: a float model is quantized with 7-bit
+    weights (reduce_range) for such a CPU."""
+    from tuner.precision import int8_weight_bits
+
+    assert int8_weight_bits(_llvm("haswell")) == int8_weight_bits(_llvm("znver3")) == 7
+    assert int8_weight_bits(_llvm("cascadelake")) == int8_weight_bits(_llvm("sapphirerapids")) == 8
+    assert int8_weight_bits(_llvm("znver4")) == 8
 
 
 def test_check_device_refuses_a_cpu_without_the_feature():
@@ -229,10 +243,13 @@ def test_int8_on_a_float_model_quantizes_it_first_and_reuses_the_file(tmp_path):
     """``--precision int8`` on a zoo model: onnxruntime quantizes it (calibration count shown),
     the file is cached by content, and a second command reuses it, so the tasks (and their
     workload keys) are the same."""
+    from tuner.precision import int8_weight_bits
+
     device = parse_device("cpu")
     host = host_cpu_info()
     if missing_feature("int8", device.target, list(host["isa_flags"])) is not None:
-        pytest.skip("this CPU has no int8 dot product (VNNI or AVX-512BW)")
+        pytest.skip("this CPU has no int8 dot product (VNNI, AVX-512BW or AVX2)")
+    bits = "" if int8_weight_bits(device.target) == 8 else "-w7"
     env = {"NIGHTSHIFT_CACHE": str(tmp_path / "cache")}
     runs = [_cli("nightshift", "tasks", "--model", "tiny", "--precision", "int8", "--calibration", "3",
                  cwd=tmp_path, env=env) for _ in range(2)]  # fmt: skip
@@ -242,7 +259,7 @@ def test_int8_on_a_float_model_quantizes_it_first_and_reuses_the_file(tmp_path):
     assert "is a float model; quantized with onnxruntime's quantize_static" in out, out
     assert "calibrated on 3 random inputs" in out
     assert "int8: rewrote 2 conv2d, 1 matmul" in out
-    files = list((tmp_path / "cache" / "quantized").glob("*-cal3-conv-gemm-matmul/tiny-int8.onnx"))
+    files = list((tmp_path / "cache" / "quantized").glob(f"*-cal3-conv-gemm-matmul{bits}/tiny-int8{bits}.onnx"))
     assert len(files) == 1
     tasks = [[line for line in r.stdout.splitlines() if "fused_" in line] for r in runs]
     assert tasks[0] and tasks[0] == tasks[1]
@@ -289,9 +306,9 @@ def test_quantize_ops_narrows_what_is_quantized_and_keys_the_cached_file(tmp_pat
     with pytest.raises(UserInputError, match="ONNX operator types"):
         parse_ops("matmul")
     spec = load_model("tiny")
-    default = quantized_model(spec, "tiny", 2, directory=tmp_path)
-    every = quantized_model(spec, "tiny", 2, op_types=None, directory=tmp_path)
-    matmul = quantized_model(spec, "tiny", 2, op_types=("Gemm", "MatMul"), directory=tmp_path)
+    default = quantized_model(spec, "tiny", 2, directory=tmp_path, weight_bits=8)
+    every = quantized_model(spec, "tiny", 2, op_types=None, directory=tmp_path, weight_bits=8)
+    matmul = quantized_model(spec, "tiny", 2, op_types=("Gemm", "MatMul"), directory=tmp_path, weight_bits=8)
     assert len({default, every, matmul}) == 3 and all(p.exists() for p in (default, every, matmul))
     # Their job names differ; the default keeps the plain name.
     assert [p.name for p in (default, every, matmul)] == ["tiny-int8.onnx", "tiny-int8-all.onnx",
@@ -299,6 +316,45 @@ def test_quantize_ops_narrows_what_is_quantized_and_keys_the_cached_file(tmp_pat
     for path in (default, every):
         assert to_int8(load_model(str(path)).bound()).rewritten == {"conv2d": 2, "matmul": 1, ACTIVATION_MATMUL: 0}
     assert to_int8(load_model(str(matmul)).bound()).rewritten == {"conv2d": 0, "matmul": 1, ACTIVATION_MATMUL: 0}
+
+
+def test_7_bit_weights_are_a_recipe_of_their_own_that_avx2_sums_exactly(tmp_path):
+    """``weight_bits=7`` quantizes with reduce_range into a file of its own (its job name
+    too), whose weights AVX2's int8 dot product sums exactly; the 8-bit file's it would
+    saturate, and the rewrite for such a target says so and keeps its matmul off it."""
+    pytest.importorskip("onnxruntime.quantization")
+    pytest.importorskip("torch")
+    from search_spaces.templates.intrin_x86 import AVX2_DOT, exact_for
+    from tuner.precision.qdq import to_int8
+    from tuner.precision.quantize import quantized_model
+
+    spec = load_model("tiny")
+    full = quantized_model(spec, "tiny", 2, directory=tmp_path, weight_bits=8)
+    seven = quantized_model(spec, "tiny", 2, directory=tmp_path, weight_bits=7)
+    assert (full.name, seven.name) == ("tiny-int8.onnx", "tiny-int8-w7.onnx")
+    assert seven.parent.name.endswith("-conv-gemm-matmul-w7")
+
+    def weights(path: Path) -> list[np.ndarray]:
+        import onnx
+        from onnx import numpy_helper
+
+        model = onnx.load(str(path))
+        return [numpy_helper.to_array(t) for t in model.graph.initializer if t.data_type == onnx.TensorProto.INT8
+                and len(t.dims) >= 2]  # fmt: skip
+
+    assert weights(seven) and max(int(np.abs(w).max()) for w in weights(seven)) <= 64
+    assert max(int(np.abs(w).max()) for w in weights(full)) == 127
+    assert all(exact_for(AVX2_DOT, w, 1) for w in weights(seven))  # ONNX Conv weights: OIHW, Gemm: [N, K]
+    for path, saturating in ((seven, 0), (full, 3)):
+        rewrite = to_int8(load_model(str(path)).bound(), pair_limit=True)
+        assert rewrite.rewritten["conv2d"] == 2 and rewrite.saturating == saturating, rewrite.describe()
+    assert "reduce_range=True" in to_int8(load_model(str(full)).bound(), pair_limit=True).describe()
+    # On an AVX2 target (extraction builds nothing: any host), the 7-bit file's convs and
+    # matmul are on the dot product; the 8-bit file's stay off it, exact in int32.
+    haswell = tvm.target.Target({"kind": "llvm", "mcpu": "haswell", "num-cores": 2})
+    for path, on_dot in ((seven, 3), (full, 0)):
+        names = [t.name for t in extract_tasks(load_model(str(path)).bound(), haswell, precision="int8")]
+        assert sum("conv2d_NCHWc_dot" in n or "matmul_u8s8" in n for n in names) == on_dot, names
 
 
 def test_compiling_registers_the_intrinsics_that_records_replay():

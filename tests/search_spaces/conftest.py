@@ -369,6 +369,8 @@ TARGETS: dict[str, dict] = {
     # An AVX-512 VNNI CPU, for checks of the dot-product templates that build nothing: they
     # must run on a host without those instructions too (an AVX2 Zen 3 runs CI some days).
     "llvm-vnni": {"kind": "llvm", "mcpu": "cascadelake", "num-cores": 2},
+    # An AVX2 CPU (8-lane int8 dot products); its code runs on any AVX2 host, AVX-512 ones too.
+    "llvm-avx2": {"kind": "llvm", "mcpu": "haswell", "num-cores": 2},
     # An AMX CPU, for the AMX templates' checks that build nothing.
     "llvm-amx": {"kind": "llvm", "mcpu": "sapphirerapids", "num-cores": 2},
 }
@@ -377,6 +379,7 @@ TASK_TARGETS = [("matmul", "llvm"), ("conv", "llvm"), ("relu", "llvm"), ("conv_n
                 ("dense", "llvm"), ("dense_packed", "llvm"), ("depthwise", "llvm"), ("depthwise_nchwc", "llvm"),
                 ("dense_bf16", "llvm"),
                 ("conv_nchwc_bf16", "llvm"), ("conv_nchwc_u8", "llvm"), ("dense_u8s8", "llvm"),
+                ("conv_nchwc_u8_avx2", "llvm"),
                 ("conv_winograd", "llvm"), ("softmax", "llvm"), ("layer_norm", "llvm"),
                 ("matmul", "cuda-sm90"), ("conv", "cuda-sm90")]  # fmt: skip
 
@@ -387,6 +390,7 @@ NCHWC_DEFAULTS = {"tile_oh": 1, "tile_oc": 1, "tile_ic": 4, "order": 0, "unroll_
 # The dot-product instructions' tests run where the CPU has them.
 needs_bf16 = pytest.mark.skipif("avx512_bf16" not in host_cpu_info()["isa_flags"], reason="this CPU has no AVX512_BF16")
 needs_vnni = pytest.mark.skipif("avx512_vnni" not in host_cpu_info()["isa_flags"], reason="this CPU has no AVX512_VNNI")
+needs_avx2 = pytest.mark.skipif("avx2" not in host_cpu_info()["isa_flags"], reason="this CPU has no AVX2")
 needs_amx_bf16 = pytest.mark.skipif(not {"amx_tile", "amx_bf16"} <= set(host_cpu_info()["isa_flags"]),
                                     reason="this CPU has no AMX-BF16")
 needs_amx_int8 = pytest.mark.skipif(not {"amx_tile", "amx_int8"} <= set(host_cpu_info()["isa_flags"]),

@@ -1,4 +1,5 @@
-"""The dot-product intrinsics (vdpbf16ps, vpdpbusd) and the templates on them (beyond the conformance suite)."""
+"""The dot-product intrinsics (vdpbf16ps, vpdpbusd, AVX2's vpmaddubsw + vpmaddwd) and the templates on
+them (beyond the conformance suite)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,17 @@ import ml_dtypes
 import numpy as np
 import pytest
 import tvm
-from conftest import DENSE_DOT_DEFAULTS, DOT_DEFAULTS, named_point, needs_bf16, needs_vnni, space, target, task
+from conftest import (
+    DENSE_DOT_DEFAULTS,
+    DOT_DEFAULTS,
+    named_point,
+    needs_avx2,
+    needs_bf16,
+    needs_vnni,
+    space,
+    target,
+    task,
+)
 
 import search_spaces
 from search_spaces.templates.intrin_x86 import BF16_DOT_16x2_INTRIN, register_intrinsics, target_has_bf16_dot
@@ -76,31 +87,74 @@ def test_sampled_points_use_vdpbf16ps_and_match_the_reference():
 
 
 
-@needs_vnni
-@pytest.mark.parametrize(("kind", "task_name"), [("x86-conv2d-nchwc-dot", "conv_nchwc_u8"),
-                                                 ("x86-conv2d-nchwc-dot", "conv_nchwc_u8_residual"),
-                                                 ("x86-conv2d-nchwc-dot", "conv_padded_output_u8"),
-                                                 ("x86-dense-vnni", "dense_u8s8")])  # fmt: skip
-def test_int8_templates_use_vpdpbusd_and_compute_exactly(kind, task_name):
+@pytest.mark.parametrize(("kind", "task_name"), [
+    pytest.param("x86-conv2d-nchwc-dot", "conv_nchwc_u8", marks=needs_vnni),
+    pytest.param("x86-conv2d-nchwc-dot", "conv_nchwc_u8_residual", marks=needs_vnni),
+    pytest.param("x86-conv2d-nchwc-dot", "conv_padded_output_u8", marks=needs_vnni),
+    pytest.param("x86-dense-vnni", "dense_u8s8", marks=needs_vnni),
+    # AVX2 (an AVX-512 host runs its 8-lane blocks too): 7-bit weights, which it sums exactly.
+    pytest.param("x86-conv2d-nchwc-dot", "conv_nchwc_u8_avx2", marks=needs_avx2),
+    pytest.param("x86-conv2d-nchwc-dot", "conv_nchwc_u8_avx2_residual", marks=needs_avx2),
+    pytest.param("x86-dense-avx2-int8", "dense_u8s8", marks=needs_avx2),
+])  # fmt: skip
+def test_int8_templates_use_the_instruction_and_compute_exactly(kind, task_name):
     """uint8 x int8 sums are exact: a candidate matches the unscheduled task bit for bit, on
     full-range inputs (not tuner.measure's 0/1 integers, under which a kernel that dropped
-    part of the reduction could still pass)."""
+    part of the reduction could still pass); on AVX2, full-range 7-bit weights."""
     mod = task(task_name)
     rng = np.random.default_rng(7)
-    inputs = _full_range_inputs(mod, rng)
+    avx2 = "avx2" in task_name or "avx2" in kind
+    inputs = _full_range_inputs(mod, rng, weight_bits=7 if avx2 else 8)
     want = _run(mod, inputs)
     assert np.count_nonzero(want), "the reference output is all zeros: the check would prove nothing"
-    sp = space(kind, task_name, "llvm")
+    sp = space(kind, task_name, "llvm-avx2" if avx2 else "llvm")
     for _ in range(3):
         point = sp.sample(rng)
-        np.testing.assert_array_equal(_run(sp.apply(point).mod, inputs), want, err_msg=str(sp.values(point)))
-    assert "vpdpbusd" in _asm(tvm.compile(sp.apply(point).mod, target=target("llvm")))
+        _assert_exact(_run(sp.apply(point).mod, inputs), want, str(sp.values(point)))
+    asm = _asm(tvm.compile(sp.apply(point).mod, target=target("llvm")))
+    assert all(op in asm for op in (("vpmaddubsw", "vpmaddwd") if avx2 else ("vpdpbusd",)))
 
 
-def _full_range_inputs(mod: tvm.IRModule, rng: np.random.Generator) -> list[np.ndarray]:
+@needs_avx2
+def test_avx2_int8_sums_pairs_in_int16_where_exact_for_says_so():
+    """vpmaddubsw saturates a pair's int16 sum: 255 x 127 twice is 64,770, which it cannot
+    hold. ``exact_for`` says which weights are safe (each pair's positive and negative parts
+    at most 128: every 7-bit weight); tuner.layout and tuner.precision.qdq let only those
+    reach the instruction (tests/precision)."""
+    from search_spaces.templates.intrin_x86 import AVX2_DOT, VNNI_DOT, exact_for
+
+    mod = task("conv_nchwc_u8_avx2")
+    sp = space("x86-conv2d-nchwc-dot", "conv_nchwc_u8_avx2", "llvm-avx2")
+    point = named_point(sp, DOT_DEFAULTS, reg_n=7)
+    for peak, exact in ((127, False), (64, True)):
+        inputs = [np.full(a.shape, 255 if a.dtype == "uint8" else peak if a.dtype == "int8" else 0, a.dtype)
+                  for a in arg_specs(mod)]  # fmt: skip
+        same = np.array_equal(_run(sp.apply(point).mod, inputs), _run(mod, inputs))
+        assert same == exact == exact_for(AVX2_DOT, inputs[1], axis=-1), peak
+    # Mixed signs in a pair never saturate; VNNI sums in int32 and takes any weight.
+    assert exact_for(AVX2_DOT, np.array([[127, -128], [64, 64]], np.int8), axis=1)
+    assert not exact_for(AVX2_DOT, np.array([[-65, -64]], np.int8), axis=1)
+    assert exact_for(VNNI_DOT, np.array([[127, 127]], np.int8), axis=1)
+    # An odd count of reduction elements (an RGB stem's 3 channels) pairs the last with a zero.
+    assert exact_for(AVX2_DOT, np.array([[1, 1, 127]], np.int8), axis=1)
+
+
+def _assert_exact(got: np.ndarray, want: np.ndarray, msg: str = "") -> None:
+    """Integer outputs bit for bit; a float epilogue's (bias, a scaled residual) within float32
+    rounding, which vectorized and scalar code contract differently (one ulp at 2e5 seen), far
+    below the 1.0 that any error in the integer sums would move it by."""
+    if got.dtype.kind == "f":
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-3, err_msg=msg)
+    else:
+        np.testing.assert_array_equal(got, want, err_msg=msg)
+
+
+def _full_range_inputs(mod: tvm.IRModule, rng: np.random.Generator, weight_bits: int = 8) -> list[np.ndarray]:
     inputs = []
+    w = 2 ** (weight_bits - 1)
     for a in arg_specs(mod):
-        lo, hi = {"uint8": (0, 256), "int8": (-128, 128), "int32": (-1000, 1000)}.get(a.dtype, (None, None))
+        lo, hi = {"uint8": (0, 256), "int8": (-w, w + (weight_bits < 8)), "int32": (-1000, 1000)}.get(
+            a.dtype, (None, None))
         inputs.append(rng.integers(lo, hi, a.shape).astype(a.dtype) if lo is not None
                       else rng.uniform(-1, 1, a.shape).astype(a.dtype))  # fmt: skip
     return inputs
@@ -119,27 +173,32 @@ def _run(mod: tvm.IRModule, inputs: list[np.ndarray]) -> np.ndarray:
     # Attention's matmul of two activations, the second packed: batch loops outside the tile.
     pytest.param("x86-dense-bf16", "attention_bf16", {"tile_m": 6}, marks=needs_bf16),
     pytest.param("x86-dense-vnni", "dense_u8s8", {"tile_m": 5, "tile_n": 48, "panel": 3}, marks=needs_vnni),
+    pytest.param("x86-dense-avx2-int8", "dense_u8s8", {"tile_m": 5, "tile_n": 16, "panel": 6}, marks=needs_avx2),
 ])  # fmt: skip
 def test_partial_row_tiles_on_the_instruction_compute_the_reference(kind, task_name, values):
     """A row tile that does not divide the rows runs on the instruction and computes what the
     matmul computes (int8 bit for bit on full-range inputs)."""
-    _check_on_instruction(kind, task_name, named_point(space(kind, task_name, "llvm"), DENSE_DOT_DEFAULTS, **values))
+    where = "llvm-avx2" if "avx2" in kind else "llvm"
+    _check_on_instruction(kind, task_name, named_point(space(kind, task_name, where), DENSE_DOT_DEFAULTS, **values),
+                          where)  # fmt: skip
 
 
-def _check_on_instruction(kind: str, task_name: str, point) -> None:
-    """``point`` of ``kind`` on ``task_name`` is valid, computes the reference (int8 exactly,
-    bf16 within the float32 tolerance of the same bf16 inputs) and runs on the instruction."""
-    sp = space(kind, task_name, "llvm")
+def _check_on_instruction(kind: str, task_name: str, point, where: str = "llvm") -> None:
+    """``point`` of ``kind`` on ``task_name`` (for the target ``where``) is valid, computes
+    the reference (int8 exactly, bf16 within the float32 tolerance of the same bf16 inputs)
+    and runs on the instruction."""
+    sp = space(kind, task_name, where)
     assert sp.static_violation(point) is None, sp.values(point)
     mod = sp.apply(point).mod
-    int8 = "u8" in task_name
+    int8, avx2 = "u8" in task_name, where == "llvm-avx2"
     if int8:
-        inputs = _full_range_inputs(task(task_name), np.random.default_rng(3))
-        np.testing.assert_array_equal(_run(mod, inputs), _run(task(task_name), inputs))
+        inputs = _full_range_inputs(task(task_name), np.random.default_rng(3), weight_bits=7 if avx2 else 8)
+        _assert_exact(_run(mod, inputs), _run(task(task_name), inputs))
     else:
         check = check_point(sp, point, reference(task(task_name), target("llvm")))
         assert check.error is None and check.elementwise_ok, (check.error, check.detail)
-    assert ("vpdpbusd" if int8 else "vdpbf16ps") in _asm(tvm.compile(mod, target=target("llvm")))
+    mnemonic = "vpmaddubsw" if avx2 else "vpdpbusd" if int8 else "vdpbf16ps"
+    assert mnemonic in _asm(tvm.compile(mod, target=target("llvm")))
 
 
 @pytest.mark.parametrize(("task_name", "values"), [
@@ -155,13 +214,15 @@ def _check_on_instruction(kind: str, task_name: str, point) -> None:
     pytest.param("conv_padded_output_u8", {"reg_n": 7, "fuse_pixels": 0, "tile_oh": 2}, marks=needs_vnni),
     pytest.param("conv_nchwc_u8", {"reg_n": 6, "tile_oc": 2}, marks=needs_vnni),  # padding its own pass
     pytest.param("conv_nchwc_u8_residual", {"reg_n": 5, "order": 1, "unroll_kw": 3}, marks=needs_vnni),
+    pytest.param("conv_nchwc_u8_avx2", {"reg_n": 6, "tile_oc": 2}, marks=needs_avx2),  # 196 pixels: 32 of 6, one of 4
 ])  # fmt: skip
 def test_fused_pixel_tiles_on_the_instruction_compute_the_reference(task_name, values):
     """A pixel tile along the fused (oh, ow) axis, with a shorter last tile or without, still
     runs on the instruction and computes what the operator computes: int8 bit for bit on
     full-range inputs, bf16 within the float32 tolerance of the same bf16 inputs."""
-    sp = space("x86-conv2d-nchwc-dot", task_name, "llvm")
-    _check_on_instruction("x86-conv2d-nchwc-dot", task_name, named_point(sp, DOT_DEFAULTS, **values))
+    where = "llvm-avx2" if "avx2" in task_name else "llvm"
+    sp = space("x86-conv2d-nchwc-dot", task_name, where)
+    _check_on_instruction("x86-conv2d-nchwc-dot", task_name, named_point(sp, DOT_DEFAULTS, **values), where)
 
 
 def test_partial_pixel_tiles_need_a_serial_pixel_loop():

@@ -283,9 +283,10 @@ def test_cli_rejects_bad_rounds(tmp_path):
 
 
 def test_a_precision_the_cpu_lacks_runs_the_peers_alone(spec, empty_db, tmp_path):
-    """A Haswell target (AVX2, no VNNI or AVX512_BF16): TVM's row is skipped with the missing
-    feature named, nothing is compiled, and the peers still run and are timed. On the QDQ
-    file the two runtimes' int8 outputs differ by rounding, which is not a mismatch."""
+    """A Haswell target (AVX2, no AVX512_BF16) for bf16, a Sandy Bridge (AVX, no AVX2) for
+    int8: TVM's row is skipped with the missing feature named, nothing is compiled, and the
+    peers still run and are timed. On the QDQ file the two runtimes' int8 outputs differ by
+    rounding, which is not a mismatch."""
     from tuner.precision.quantize import quantized_model
 
     haswell = parse_device("cpu", target_arch="haswell", num_cores=2)
@@ -298,7 +299,8 @@ def test_a_precision_the_cpu_lacks_runs_the_peers_alone(spec, empty_db, tmp_path
     assert "skipped" in json.dumps(res.to_json())
 
     qdq = quantized_model(spec, "tiny", 4, directory=tmp_path)
-    res = bench(load_model(str(qdq)), haswell, empty_db, source=str(qdq),
+    sandybridge = parse_device("cpu", target_arch="sandybridge", num_cores=2)
+    res = bench(load_model(str(qdq)), sandybridge, empty_db, source=str(qdq),
                 config=BenchConfig(rounds=2, peers=("onnxruntime", "openvino-f32"), precision="int8"))  # fmt: skip
     assert "avx512vnni" in res.entry(TVM_DB).reason
     ov = res.entry("openvino-f32")

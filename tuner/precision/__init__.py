@@ -117,6 +117,11 @@ def _bf16_dots(target: tvm.target.Target | None) -> bool:
     return target is not None and str(target.kind.name) == "llvm" and missing_feature("bf16", target) is None
 
 
+def _pair_limit(target: tvm.target.Target | None) -> bool:
+    """Whether ``target``'s int8 dot product adds pairs of products in int16 (AVX2's)."""
+    return target is not None and str(target.kind.name) == "llvm" and int8_weight_bits(target) == 7
+
+
 def apply_precision(mod: tvm.IRModule, precision: str, target: tvm.target.Target | None = None) -> tvm.IRModule:
     """The bound module (weights as constants) in ``precision``: what tasks are extracted
     from and what is compiled. ``fp32`` returns ``mod`` unchanged.
@@ -132,7 +137,7 @@ def apply_precision(mod: tvm.IRModule, precision: str, target: tvm.target.Target
     if precision == "int8":
         from tuner.precision.qdq import to_int8
 
-        rewrite = to_int8(mod, bf16_dots=_bf16_dots(target))
+        rewrite = to_int8(mod, bf16_dots=_bf16_dots(target), pair_limit=_pair_limit(target))
         if not any(rewrite.rewritten.values()):
             raise UserInputError(
                 "--precision int8 needs a quantized (QDQ) ONNX model, as onnxruntime.quantization.quantize_static "
@@ -147,7 +152,7 @@ def describe(mod: tvm.IRModule, precision: str, target: tvm.target.Target | None
     if precision == "int8":
         from tuner.precision.qdq import to_int8
 
-        return to_int8(mod, bf16_dots=_bf16_dots(target)).describe()
+        return to_int8(mod, bf16_dots=_bf16_dots(target), pair_limit=_pair_limit(target)).describe()
     if precision == "bf16":
         from tuner.precision.bf16 import bf16_summary
 

@@ -72,14 +72,21 @@ class Int8Rewrite:
     mod: tvm.IRModule
     rewritten: dict[str, int] = field(default_factory=dict)
     unhandled: list[str] = field(default_factory=list)
+    #: conv2d/matmul whose 8-bit weights the target's int8 dot product would saturate
+    #: (``pair_limit``): integer, but off the dot product.
+    saturating: int = 0
 
     def describe(self) -> str:
         """One line for the terminal."""
         done = ", ".join(f"{n} {op}" for op, n in self.rewritten.items() if n) or "nothing"
+        slow = ("" if not self.saturating else
+                f"; {self.saturating} with 8-bit weights, which this CPU's int8 dot product (vpmaddubsw, int16 "
+                "pair sums) would saturate, run without it: quantize with reduce_range=True (7-bit weights) "
+                "for speed")  # fmt: skip
         if not self.unhandled:
-            return f"int8: rewrote {done}"
+            return f"int8: rewrote {done}{slow}"
         why = "; ".join(sorted(set(self.unhandled)))
-        return f"int8: rewrote {done}; {len(self.unhandled)} left in fp32 ({why})"
+        return f"int8: rewrote {done}{slow}; {len(self.unhandled)} left in fp32 ({why})"
 
 
 def quantize_weight(weight: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -122,9 +129,10 @@ def _scalar(expr: relax.Expr) -> float | None:
 
 @relax.expr_functor.mutator
 class _ToInt8(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule, bf16_dots: bool) -> None:
+    def __init__(self, mod: tvm.IRModule, bf16_dots: bool, pair_limit: bool = False) -> None:
         super().__init__(mod)
         self.bf16_dots = bf16_dots
+        self.pair_limit = pair_limit
         self.report = Int8Rewrite(mod, {"conv2d": 0, "matmul": 0, ACTIVATION_MATMUL: 0})
 
     def _dequantized(self, expr: relax.Expr) -> relax.Call | None:
@@ -173,7 +181,10 @@ class _ToInt8(relax.PyExprMutator):
         wq, sw = quantized
         q = deq.args[0]
         scale = relax.const((np.float32(sx) * sw).reshape(shape).astype(np.float32), "float32")
-        if name == "matmul" and str(q.ty.dtype) == "uint8" and _packable(wq):
+        exact = not self.pair_limit or _pairs_exact(wq, 0 if name == "matmul" else 1)
+        dense = int(getattr(call.attrs, "groups", 1)) == 1  # a grouped conv has no dot product
+        self.report.saturating += not exact and str(q.ty.dtype) == "uint8" and dense
+        if name == "matmul" and str(q.ty.dtype) == "uint8" and _packable(wq) and exact:
             acc = self._packed_matmul(q, wq, int(zx))
             self.report.rewritten[name] += 1
             return relax.op.multiply(relax.op.astype(acc, "float32"), scale)
@@ -286,6 +297,15 @@ class _ToInt8(relax.PyExprMutator):
         if zx:
             acc = relax.op.subtract(acc, relax.const(zx * wq.astype(np.int32).sum(axis=0), "int32"))
         return acc
+
+
+def _pairs_exact(wq: np.ndarray, axis: int) -> bool:
+    """Whether AVX2's int8 dot product sums ``wq`` exactly along its reduction ``axis``
+    (``intrin_x86.exact_for``). A conv's input channels are paired as its blocks pair them;
+    ``tuner.layout.dot_elements`` checks the packed weights again."""
+    from search_spaces.templates.intrin_x86 import AVX2_DOT, exact_for
+
+    return exact_for(AVX2_DOT, wq, axis)
 
 
 def _packable(wq: np.ndarray) -> bool:
@@ -498,11 +518,14 @@ def _read_once(func: relax.Function, op_name: str) -> list[relax.Call]:
             and b.value.op.name == op_name and counts.get(b.var) == 1]  # fmt: skip
 
 
-def to_int8(mod: tvm.IRModule, bf16_dots: bool = False) -> Int8Rewrite:
+def to_int8(mod: tvm.IRModule, bf16_dots: bool = False, pair_limit: bool = False) -> Int8Rewrite:
     """Rewrite a bound QDQ module's dequantize -> conv2d/matmul chains into integer operators;
     with ``bf16_dots`` (the target has a bf16 dot product), a matmul of two quantized
-    activations too, exactly, on bf16 dot products (:meth:`_ToInt8._activation_matmul`)."""
-    mutator = _ToInt8(mod, bf16_dots)
+    activations too, exactly, on bf16 dot products (:meth:`_ToInt8._activation_matmul`).
+    ``pair_limit``: the target's int8 dot product adds pairs of products in int16 (AVX2's):
+    a matmul whose weights could saturate it is not packed for it, and those and such convs
+    are counted in the report (``saturating``)."""
+    mutator = _ToInt8(mod, bf16_dots, pair_limit)
     for gv, func in mod.functions_items():
         if isinstance(func, relax.Function):
             mutator.builder_.update_func(gv, mutator.visit_expr(func))
