@@ -99,6 +99,7 @@ def exact_for(dot: DotInstruction, weight: np.ndarray, axis: int) -> bool:
     pos, neg = np.maximum(pairs, 0).sum(axis=-1), np.maximum(-pairs, 0).sum(axis=-1)
     return int(max(pos.max(initial=0), neg.max(initial=0))) <= PAIR_WEIGHT_LIMIT
 
+
 _HELPER = "nightshift_dpbf16ps_512"
 _HELPER_IR = f"""
 define linkonce_odr <16 x float> @{_HELPER}(<16 x float> %acc, <16 x i32> %a, <16 x i32> %b) alwaysinline {{
