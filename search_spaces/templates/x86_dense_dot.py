@@ -210,12 +210,12 @@ def accumulate_matmul(sch: Schedule, dot: _Dot) -> tuple[str, Any, Any]:
 _START_TILES = ((6, 4), (12, 2), (24, 1))
 
 
-# AVX2's, 12 accumulators: 6 rows x 2 vectors (MLAS's AVX2 int8 kernel), 3 x 4 and 12 x 1.
+# AVX2's, 12 accumulators: 6 rows x 2 vectors, 3 x 4 and 12 x 1.
 _AVX2_START_TILES = ((6, 2), (3, 4), (12, 1))
 
 
 def _starts(lanes: int, choices: dict[str, tuple]) -> list[dict[str, Any]]:
-    """The start points: each of oneDNN's tiles (MLAS's on AVX2) with a narrow (up to 4
+    """The start points: each of oneDNN's tiles (12-accumulator ones on AVX2) with a narrow (up to 4
     vectors) and the widest panel, serial row tiles (so a partial last row tile is allowed),
     two reduction groups unrolled. Tiles the task's columns do not take are dropped by the space."""
     panels = sorted({max(p for p in choices["panel"] if p <= 4), max(choices["panel"])})
