@@ -21,7 +21,7 @@ after 2048 trials ran in 0.93x the time of the same job's rectangles alone (benc
 The task is what :func:`tuner.layout.prepare` makes of such a conv (``dot_elements``):
 ``tuner.layout.conv2d_nchwc_dot`` (TOPI's ``conv2d_NCHWc_int8`` compute), block
 ``conv2d_NCHWc_dot`` with spatial iters (n, oc_chunk, oh, ow, oc_block) and reduce iters
-(kh, kw, ic_chunk, ic_group, ic_lane), weights packed ``OIHW{i/n}i16o{n}i`` at compile
+(kh, kw, ic_chunk, ic_group, ic_lane), weights packed ``OIHW{i/n}i16o{n}i`` (``8o`` on AVX2) at compile
 time; an optional ``data_pad`` block before it (uint8 on AMX targets; always its own pass:
 a padded load cannot feed the instruction); elementwise epilogue blocks after it (bias,
 residual, relu, requantize). The last of them may be ``padded_output``, the copy into the
