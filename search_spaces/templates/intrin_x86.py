@@ -126,7 +126,7 @@ def bf16_value(bits: tirx.PrimExpr) -> tirx.PrimExpr:
     return tirx.reinterpret("float32", tirx.shift_left(bits.astype("uint32"), tirx.const(16, "uint32")))
 
 
-def _dot_16xn_desc(n: int, a_dtype: str, b_dtype: str, acc: str, scope: str, widen_a=None, lanes: int = 16):
+def _dot_desc(n: int, a_dtype: str, b_dtype: str, acc: str, scope: str, widen_a=None, lanes: int = 16):
     """What a dot-product instruction of ``lanes`` lanes computes: each lane ``i`` of ``C``
     (``acc``) adds the ``n`` products of ``A`` (broadcast) and row ``i`` of ``B``.
     ``widen_a``: how an element of A becomes ``acc`` (default a cast)."""
@@ -179,14 +179,14 @@ def _bf16_dot_impl(scope: str, a_dtype: str):
 
 def _bf16_dot_16x2(scope: str):
     """The description and implementation, for an accumulator ``C`` in ``scope``."""
-    return _dot_16xn_desc(2, "bfloat16", "bfloat16", "float32", scope), _bf16_dot_impl(scope, "bfloat16")
+    return _dot_desc(2, "bfloat16", "bfloat16", "float32", scope), _bf16_dot_impl(scope, "bfloat16")
 
 
 def _bf16_bits_dot_16x2(scope: str):
     """``vdpbf16ps`` with an A of bfloat16 bits in uint16 (a buffer a function allocates:
     TVM would store a bfloat16 one as float32; Winograd's ``data_pack``, :mod:`tuner.winograd`),
     widened by :func:`bf16_value`."""
-    desc = _dot_16xn_desc(2, "uint16", "bfloat16", "float32", scope, bf16_value)
+    desc = _dot_desc(2, "uint16", "bfloat16", "float32", scope, bf16_value)
     return desc, _bf16_dot_impl(scope, "uint16")
 
 
@@ -214,7 +214,7 @@ def _vnni_dot_16x4(scope: str):
                 dtype="int32x16",
             )
 
-    return _dot_16xn_desc(4, "uint8", "int8", "int32", scope), impl
+    return _dot_desc(4, "uint8", "int8", "int32", scope), impl
 
 
 def _avx2_dot_8x4(scope: str):
@@ -244,7 +244,7 @@ def _avx2_dot_8x4(scope: str):
                 dtype="int32x8",
             )
 
-    return _dot_16xn_desc(4, "uint8", "int8", "int32", scope, lanes=8), impl
+    return _dot_desc(4, "uint8", "int8", "int32", scope, lanes=8), impl
 
 
 @cache

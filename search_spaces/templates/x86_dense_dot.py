@@ -105,7 +105,7 @@ def _acc_registers(lanes: int) -> int:
 def _knobs(dot: _Dot, mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tuple[Knob, ...] | None:
     if not target_has(target, dot.instruction.feature):
         return None
-    if dot.instruction.lanes != limits.vector_bits // 32:
+    if dot.instruction.lanes != _lanes(limits):
         return None  # AVX2's 8 lanes where AVX-512 has VNNI or does not: not this template's
     sch = Schedule(mod)
     block = _matmul_block(sch, dot)

@@ -24,16 +24,15 @@ PRECISIONS: tuple[Precision, ...] = ("fp32", "bf16", "int8")
 # A precision runs at speed when the target has one of these LLVM CPU features (and the
 # host, when it is the device, the matching /proc/cpuinfo flag); the first is the one named
 # when none is there.
+# int8's features whose instruction adds uint8 x int8 products in int32 directly.
+_EXACT_INT8 = (("avx512vnni", "avx512_vnni"), ("avxvnni", "avx_vnni"), ("amx-int8", "amx_int8"))
 _NEEDS: dict[str, tuple[tuple[str, str], ...]] = {
     "bf16": (("avx512bf16", "avx512_bf16"), ("amx-bf16", "amx_bf16")),
     # AVX-512BW without VNNI: TVM's dot_16x4_avx512 (vpmaddubsw + vpmaddwd); AVX2: the
     # same on 8 lanes (intrin_x86.AVX2_DOT). Both add pairs of products in int16, which
     # saturates: exact with 7-bit weights (int8_weight_bits).
-    "int8": (("avx512vnni", "avx512_vnni"), ("avxvnni", "avx_vnni"), ("amx-int8", "amx_int8"),
-             ("avx512bw", "avx512bw"), ("avx2", "avx2")),
+    "int8": (*_EXACT_INT8, ("avx512bw", "avx512bw"), ("avx2", "avx2")),
 }
-# int8's features whose instruction adds uint8 x int8 products in int32 directly.
-_EXACT_INT8 = 3
 
 
 class UnsupportedPrecisionError(UserInputError):
@@ -79,7 +78,7 @@ def int8_weight_bits(target: tvm.target.Target) -> int:
     documentation advises on such CPUs for the same reason)."""
     from tvm.target import codegen
 
-    for llvm_name, _ in _NEEDS["int8"][:_EXACT_INT8]:
+    for llvm_name, _ in _EXACT_INT8:
         try:
             if codegen.target_has_features(llvm_name, target):
                 return 8
