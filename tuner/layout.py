@@ -343,19 +343,34 @@ def row_taps(data: te.Tensor, padding: Sequence[int], kw: int, stride_w: int, bl
     channel c, with ``t' = block // b`` slots a channel (the ``kw`` taps, then zeros), so that
     each channel's taps are neighbouring columns of the image. A conv over it with the
     kernel's rows alone (kh x 1, stride 1 along the row, :func:`row_tap_weight`) is the conv
-    over ``data``, each reduction step a whole ``block`` of the taps."""
+    over ``data``, each reduction step a whole ``block`` of the taps.
+
+    The block is annotated with :data:`ROW_TAPS_ATTR`: the output columns whose every slot
+    lies inside the image, which ``x86-row-taps`` vectorizes (there the bounds check is
+    provably true and the slots past the taps are a select, not a branch)."""
     n, _, h, w, b = (int(d) for d in data.shape)
     top, left, bottom, right = padding
     ow = (w + left + right - kw) // stride_w + 1
     slots = block // b
+    # Column ow reads image columns ow * stride_w - left + [0, slots).
+    first = min(-(-left // stride_w), ow)
+    last = max(first, min(ow, (w + left - slots) // stride_w + 1))
+    zero = tvm.tirx.const(0, data.dtype)
 
     def value(i0, i1, i2, i3, i4):
         c, tap = i4 // slots, i4 % slots
         col = i3 * stride_w + tap - left
-        inside = tvm.tirx.all(c < b, tap < kw, i2 >= top, i2 < h + top, col >= 0, col < w)
-        return tvm.tirx.if_then_else(inside, data[i0, i1, i2 - top, col, c], tvm.tirx.const(0, data.dtype))
+        inside = tvm.tirx.all(c < b, i2 >= top, i2 < h + top, col >= 0, col < w)
+        # Every slot's column is bounds-checked, so the slots past the taps may load.
+        return tvm.tirx.if_then_else(inside, tvm.tirx.Select(tap < kw, data[i0, i1, i2 - top, col, c], zero), zero)
 
-    return te.compute((n, 1, h + top + bottom, ow, block), value, name="row_taps")
+    return te.compute((n, 1, h + top + bottom, ow, block), value, name="row_taps",
+                      attrs={ROW_TAPS_ATTR: [first, last, slots]})
+
+
+#: The annotation of :func:`row_taps`'s block: ``[first, last, slots]``, output columns
+#: ``[first, last)`` read no padding, ``slots`` slots a channel.
+ROW_TAPS_ATTR = "nightshift.row_taps"
 
 
 def row_tap_weight(weight: np.ndarray, block: int) -> np.ndarray:

@@ -4,6 +4,7 @@ A template is a schedule function over a few named knobs, for the tasks it recog
 Templates ship here (``x86-conv2d-nchw``, ``x86-conv2d-nchwc``, ``x86-conv2d-nchwc-dot``,
 ``x86-conv2d-winograd``, ``x86-dense``, ``x86-dense-bf16``, ``x86-dense-vnni``,
 ``x86-depthwise-conv2d-nchw``, ``x86-depthwise-conv2d-nchwc``, ``x86-softmax``, ``x86-layer-norm``,
+``x86-row-taps``,
 and on Intel AMX tiles ``x86-conv2d-amx``, ``x86-dense-amx-bf16``, ``x86-dense-amx-int8``) or come from other packages,
 either by calling
 :func:`register_template` or through the ``nightshift.templates`` entry-point group, whose
@@ -127,5 +128,6 @@ from search_spaces.templates import (  # noqa: E402, F401
     x86_dense_dot,
     x86_depthwise,
     x86_layer_norm,
+    x86_row_taps,
     x86_softmax,
 )

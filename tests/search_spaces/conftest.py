@@ -281,6 +281,20 @@ def conv_nchwc_dot(dtype: str = "bfloat16", stride: int = 1, residual: bool = Fa
     return tvm.IRModule({"main": te.create_prim_func([*args, out])})
 
 
+def row_taps(h: int = 20, w: int = 22) -> tvm.IRModule:
+    """What an AMX stem reads (``tuner.layout.row_taps``), as ResNet-50 bf16's task makes it:
+    a float32 image of 3 channels cast to bfloat16, given a fourth, zero channel and laid
+    out NCHW4c, then copied into rows of 7 taps (pad 3, stride 2) in blocks of 32."""
+    from tuner.layout import row_taps as taps
+
+    x = te.placeholder((1, 3, h, w), name="x")
+    cast = topi.cast(x, "bfloat16")
+    four = te.compute((1, 4, h, w), lambda n, c, i, j: tvm.tirx.if_then_else(
+        c < 3, cast[n, tvm.tirx.min(c, 2), i, j], tvm.tirx.const(0, "bfloat16")), name="PadInput")
+    blocked = te.compute((1, 1, h, w, 4), lambda n, c, i, j, b: four[n, c * 4 + b, i, j], name="T_layout")
+    return tvm.IRModule({"main": te.create_prim_func([x, taps(blocked, (3, 3, 3, 3), 7, 2, 32)])})
+
+
 def conv_winograd(c: int = 32, hw: int = 14, o: int = 32, m: int = 4, block: int = 16, *,
                   epilogue: bool = True, dtype: str = "float32", dot: bool = False) -> tvm.IRModule:
     """A 3x3 conv (pad 1) by Winograd F(m, 3) in NCHW{block}c, as ``tuner.layout`` legalizes
@@ -356,6 +370,7 @@ TASKS: dict[str, Callable[[], tvm.IRModule]] = {
     "conv_nchwc_u8_avx2_residual": lambda: conv_nchwc_dot("uint8", stride=2, residual=True, lanes=8),
     "dense_u8s8": dense_u8s8,
     "conv_winograd": conv_winograd,
+    "row_taps": row_taps,
     # A 7x7 map in tiles of 2 (the last row and column of tiles reach past it), no epilogue.
     "conv_winograd_m2_bare": lambda: conv_winograd(hw=7, m=2, epilogue=False),
     "conv_winograd_bf16": lambda: conv_winograd(dtype="bfloat16"),
@@ -380,7 +395,7 @@ TASK_TARGETS = [("matmul", "llvm"), ("conv", "llvm"), ("relu", "llvm"), ("conv_n
                 ("dense_bf16", "llvm"),
                 ("conv_nchwc_bf16", "llvm"), ("conv_nchwc_u8", "llvm"), ("dense_u8s8", "llvm"),
                 ("conv_nchwc_u8_avx2", "llvm"),
-                ("conv_winograd", "llvm"), ("softmax", "llvm"), ("layer_norm", "llvm"),
+                ("conv_winograd", "llvm"), ("softmax", "llvm"), ("layer_norm", "llvm"), ("row_taps", "llvm"),
                 ("matmul", "cuda-sm90"), ("conv", "cuda-sm90")]  # fmt: skip
 
 

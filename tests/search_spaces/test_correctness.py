@@ -23,6 +23,7 @@ from tuner.tasks import extract_tasks
                                                  ("x86-dense", "dense"), ("x86-dense", "batch_matmul"),
                                                  ("x86-dense", "dense_packed"), ("sketch", "dense_packed"),
                                                  ("x86-softmax", "softmax"), ("x86-layer-norm", "layer_norm"),
+                                                 ("x86-row-taps", "row_taps"),
                                                  ("x86-depthwise-conv2d-nchw", "depthwise"),
                                                  ("x86-depthwise-conv2d-nchw", "depthwise_s2"),
                                                  ("x86-depthwise-conv2d-nchwc", "depthwise_nchwc"),

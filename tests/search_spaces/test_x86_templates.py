@@ -240,3 +240,23 @@ def test_partial_row_tiles_need_a_serial_row_loop(kind, task_name, defaults):
     assert "serial" in why(tile_m=6, order=1)
     assert "serial" in why(tile_m=6, parallel_depth=2)
     assert why(tile_m=8, order=1, parallel_depth=2) is None
+
+
+def test_row_taps_vectorize_the_columns_that_read_no_padding():
+    """``x86-row-taps`` partitions the columns at the ones whose every slot lies inside the
+    image (the annotation ``tuner.layout.row_taps`` computes: columns 2-8 of 11 for 22
+    image columns, pad 3, stride 2, 8 slots a channel); there a channel's 8 slots load 8
+    neighbouring image columns as one vector, which an element-wise bounds check prevents."""
+    from tuner.layout import ROW_TAPS_ATTR
+
+    sp = space("x86-row-taps", "row_taps", "llvm")
+    assert dict((k.name, k.choices) for k in sp.knobs(0))["vector"] == (1, 0)
+
+    def loads(vector: int) -> int:
+        sch = sp.apply(named_point(sp, {}, vector=vector, rows=1))
+        assert [int(a) for a in sch.get(sch.get_sblock("row_taps_i31")).annotations[ROW_TAPS_ATTR]] == [2, 9, 8]
+        ll = tvm.compile(sch.mod, target=target("llvm")).mod.inspect_source("ll")
+        return len(re.findall(r"load <8 x float>", ll))
+
+    assert loads(1) > 0
+    assert loads(0) == 0
