@@ -26,7 +26,10 @@ float32, as before the thirty-second session, not on bf16 dot products.
 ``--b-unpadded-columns`` builds B (bf16) with a weight whose columns are not whole vectors
 (ResNet-50's classifier) packed as one block, as before the thirty-third session.
 ``--b-narrow-1x1`` builds B (bf16, int8; an AMX CPU) with every stride-1 1x1 conv reading
-16-channel blocks, as before the thirty-fourth session (``tuner.layout.sole_readers``). Writes
+16-channel blocks, as before the thirty-fourth session (``tuner.layout.sole_readers``).
+``--b-checked-taps`` builds B (bf16; an AMX CPU) with the stem's row taps as before the
+thirty-sixth session: every slot's value behind one bounds check, no annotation, so that no
+``x86-row-taps`` applies and B's own records of that task do (``tuner.layout.row_taps``). Writes
 benchmarks/results/db_ab.json (``--out``).
 
     .venv/bin/python benchmarks/db_ab.py --db warm.db --db-b cold.db --label-b "cold-tuned" --model resnet50
@@ -182,6 +185,30 @@ def narrow_1x1():
     return _swapped(tuner.layout, "sole_readers", lambda func: frozenset())
 
 
+def checked_taps():
+    """The stem's row taps as before the thirty-sixth session: the taps' check is part of
+    the bounds check (no select), and the block has no annotation."""
+    from tvm import te
+
+    import tuner.layout
+
+    def row_taps(data, padding, kw, stride_w, block):
+        n, _, h, w, b = (int(d) for d in data.shape)
+        top, left, bottom, right = padding
+        slots = block // b
+
+        def value(i0, i1, i2, i3, i4):
+            c, tap = i4 // slots, i4 % slots
+            col = i3 * stride_w + tap - left
+            inside = tvm.tirx.all(c < b, tap < kw, i2 >= top, i2 < h + top, col >= 0, col < w)
+            return tvm.tirx.if_then_else(inside, data[i0, i1, i2 - top, col, c], tvm.tirx.const(0, data.dtype))
+
+        ow = (w + left + right - kw) // stride_w + 1
+        return te.compute((n, 1, h + top + bottom, ow, block), value, name="row_taps")
+
+    return _swapped(tuner.layout, "row_taps", row_taps)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--db", required=True, help="database A: the 'TVM, database' row")
@@ -208,6 +235,8 @@ def main() -> None:
                    help="bf16: build B with a weight of partial vectors' columns (1000 classes) unpadded, as before")
     p.add_argument("--b-narrow-1x1", action="store_true",
                    help="AMX: build B with stride-1 1x1 convs on 16-channel blocks, as before 2026-11-28")
+    p.add_argument("--b-checked-taps", action="store_true",
+                   help="AMX bf16: build B with the stem's row taps as before the thirty-sixth session")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     device = parse_device("cpu")
@@ -217,7 +246,8 @@ def main() -> None:
                        unpacked_activations), (args.b_separate_pads, separate_pads),
                        (args.b_unfolded_scales, unfolded_scales), (args.b_narrow_blocks, narrow_blocks),
                        (args.b_fp32_attention, fp32_attention),
-                       (args.b_unpadded_columns, unpadded_columns), (args.b_narrow_1x1, narrow_1x1)]  # fmt: skip
+                       (args.b_unpadded_columns, unpadded_columns), (args.b_narrow_1x1, narrow_1x1),
+                       (args.b_checked_taps, checked_taps)]  # fmt: skip
     other = OtherDatabase(spec, device, TuningDatabase(args.db_b), args.label_b, args.precision,
                           tuple(make for wanted, make in chosen_variants if wanted))
     peers = [TorchBf16Peer() if name == "torch-bf16" else name for name in args.peers]
@@ -235,6 +265,7 @@ def main() -> None:
         "b_separate_pads": args.b_separate_pads, "b_unfolded_scales": args.b_unfolded_scales,
         "b_narrow_blocks": args.b_narrow_blocks, "b_fp32_attention": args.b_fp32_attention,
         "b_unpadded_columns": args.b_unpadded_columns, "b_narrow_1x1": args.b_narrow_1x1,
+        "b_checked_taps": args.b_checked_taps,
         "load_before": load_before, "load_after": os.getloadavg(), "result": result.to_json(),
     })  # fmt: skip
     console.print(f"wrote {args.out}")
