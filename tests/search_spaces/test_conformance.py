@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 from tvm.s_tir import Schedule
 
 from search_spaces import InvalidPointError, Point, SearchSpace, SketchSpace
+from tuner.db.validate import trace_rejection
+from tuner.search.remote import trace_json
 
 HYPOTHESIS = settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
 
@@ -115,6 +117,15 @@ def test_trace_replays_in_tvm(case_space):
     assert tvm_ffi.structural_equal(sch.mod, sp.apply(p).mod)
     if isinstance(sp, SketchSpace):
         assert sp.from_trace(trace) == p
+
+
+def test_trace_passes_the_databases_allow_list(case_space):
+    """The job stores a candidate whose trace ``tuner.db.validate`` refuses as a failure
+    (``refused_trace``) and the compiler never replays it, so a space whose traces it refuses
+    measures nothing: ``x86-row-taps``'s first job did, before ``LoopPartition`` was allowed."""
+    sp = case_space
+    sch = sp.apply(sp.sample(np.random.default_rng(5)))
+    assert trace_rejection(trace_json(sch)) is None
 
 
 @given(seed=st.integers(0, 2**32 - 1))

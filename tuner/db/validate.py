@@ -29,6 +29,8 @@ ALLOWED_INSTRUCTIONS: frozenset[str] = frozenset({
     "Blockize", "Tensorize", "Annotate", "Unannotate",
     "TransformLayout", "TransformBlockLayout", "DecomposePadding", "PadEinsum", "RollingBuffer",
     "EnterPostproc",
+    # Nightshift's x86-row-taps: the columns that read no padding apart from the edges.
+    "LoopPartition",
 })  # fmt: skip
 
 # Annotation keys MetaSchedule's rules and postprocessors write, and Nightshift's templates.
