@@ -27,10 +27,12 @@ float32, as before the thirty-second session, not on bf16 dot products.
 (ResNet-50's classifier) packed as one block, as before the thirty-third session.
 ``--b-narrow-1x1`` builds B (bf16, int8; an AMX CPU) with every stride-1 1x1 conv reading
 16-channel blocks, as before the thirty-fourth session (``tuner.layout.sole_readers``).
-``--b-checked-taps`` builds B (bf16; an AMX CPU) with the stem's row taps as before the
-thirty-sixth session: every slot's value behind one bounds check, no annotation, so that no
-``x86-row-taps`` applies and B's own records of that task do (``tuner.layout.row_taps``). Writes
-benchmarks/results/db_ab.json (``--out``).
+``--b-shared-narrow-1x1`` builds B (int8; an AMX CPU) with the stride-1 1x1 convs whose data
+others read too on 16-channel blocks, as before the thirty-sixth session
+(``tuner.layout.SHARED_COPY_GAIN``). ``--b-checked-taps`` builds B (bf16; an AMX CPU) with the
+stem's row taps as before the thirty-sixth session: every slot's value behind one bounds
+check, no annotation, so that no ``x86-row-taps`` applies and B's own records of that task
+do (``tuner.layout.row_taps``). Writes benchmarks/results/db_ab.json (``--out``).
 
     .venv/bin/python benchmarks/db_ab.py --db warm.db --db-b cold.db --label-b "cold-tuned" --model resnet50
 """
@@ -185,6 +187,14 @@ def narrow_1x1():
     return _swapped(tuner.layout, "sole_readers", lambda func: frozenset())
 
 
+def shared_narrow_1x1():
+    """AMX as before the thirty-sixth session: a stride-1 1x1 conv whose data others read
+    too reads it in 16-channel blocks, never a wide copy."""
+    import tuner.layout
+
+    return _swapped(tuner.layout, "SHARED_COPY_GAIN", sys.maxsize)
+
+
 def checked_taps():
     """The stem's row taps as before the thirty-sixth session: the taps' check is part of
     the bounds check (no select), and the block has no annotation."""
@@ -235,6 +245,8 @@ def main() -> None:
                    help="bf16: build B with a weight of partial vectors' columns (1000 classes) unpadded, as before")
     p.add_argument("--b-narrow-1x1", action="store_true",
                    help="AMX: build B with stride-1 1x1 convs on 16-channel blocks, as before 2026-11-28")
+    p.add_argument("--b-shared-narrow-1x1", action="store_true",
+                   help="AMX int8: build B with 1x1 convs of shared data on 16-channel blocks, as before")
     p.add_argument("--b-checked-taps", action="store_true",
                    help="AMX bf16: build B with the stem's row taps as before the thirty-sixth session")
     p.add_argument("--out", type=Path, default=RESULTS)
@@ -247,7 +259,7 @@ def main() -> None:
                        (args.b_unfolded_scales, unfolded_scales), (args.b_narrow_blocks, narrow_blocks),
                        (args.b_fp32_attention, fp32_attention),
                        (args.b_unpadded_columns, unpadded_columns), (args.b_narrow_1x1, narrow_1x1),
-                       (args.b_checked_taps, checked_taps)]  # fmt: skip
+                       (args.b_checked_taps, checked_taps), (args.b_shared_narrow_1x1, shared_narrow_1x1)]  # fmt: skip
     other = OtherDatabase(spec, device, TuningDatabase(args.db_b), args.label_b, args.precision,
                           tuple(make for wanted, make in chosen_variants if wanted))
     peers = [TorchBf16Peer() if name == "torch-bf16" else name for name in args.peers]
@@ -265,7 +277,7 @@ def main() -> None:
         "b_separate_pads": args.b_separate_pads, "b_unfolded_scales": args.b_unfolded_scales,
         "b_narrow_blocks": args.b_narrow_blocks, "b_fp32_attention": args.b_fp32_attention,
         "b_unpadded_columns": args.b_unpadded_columns, "b_narrow_1x1": args.b_narrow_1x1,
-        "b_checked_taps": args.b_checked_taps,
+        "b_checked_taps": args.b_checked_taps, "b_shared_narrow_1x1": args.b_shared_narrow_1x1,
         "load_before": load_before, "load_after": os.getloadavg(), "result": result.to_json(),
     })  # fmt: skip
     console.print(f"wrote {args.out}")

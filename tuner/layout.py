@@ -485,9 +485,12 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call,
             # wide blocks on AMX (wide_blocks).
             data, padding = emit_padded(bb, data, padding, block if widens else None), [0, 0, 0, 0]
             w = widen_weight(w, block) if widens else w
-        elif widens and w.shape[2:4] == (1, 1) and max(strides) > 1 and not any(padding):
+        elif widens and w.shape[2:4] == (1, 1) and not any(padding) and (
+                max(strides) > 1 or block // int(w.shape[4]) >= SHARED_COPY_GAIN):
             # A strided 1x1 conv (ResNet's downsampling) on AMX: a copy of the pixels it reads,
-            # in wide blocks, then stride 1.
+            # in wide blocks, then stride 1. So does a stride-1 one whose data others read
+            # too (a block's input, which the residual reads) where the wide block saves it
+            # SHARED_COPY_GAIN times the tile multiplies or more.
             data, strides, w = emit_subsampled(bb, data, strides, block), [1, 1], widen_weight(w, block)
         packed = relax.const(pack_dot_weight(w, n), str(weight.ty.dtype))
         return bb.call_te(conv2d_nchwc_dot, data, packed, strides, padding,
@@ -636,6 +639,14 @@ def clip_as_min_max(mod: tvm.IRModule) -> tvm.IRModule:
 #: producer store each tile into the padded buffer (in the wide block of an AMX conv's
 #: input, :func:`wide_blocks`).
 PAD_APART = ("bfloat16", "uint8")
+
+
+#: How many times fewer tile multiplies a wide block must give a stride-1 1x1 conv whose data
+#: others read too (ResNet's convs that read a block's input) for it to read a wide copy:
+#: uint8's 64 channels against 16 (4x) pay for the copy, a pass over the data; bfloat16's 32
+#: (2x) are not taken. On an Emerald Rapids, ResNet-50 int8's such convs ran at 1.6-3.6x
+#: OpenVINO's per-node times on 16-channel blocks (thirty-sixth session).
+SHARED_COPY_GAIN = 4
 
 
 def sole_readers(func: relax.Function) -> frozenset[relax.Var]:

@@ -132,7 +132,7 @@ def emit_subsampled(bb: relax.BlockBuilder, data: relax.Expr, strides: Sequence[
     every ``strides``-th pixel, in ``NCHW{block}c`` (:func:`pad_interior`'s wide blocks), so
     that the conv runs with stride 1 on a whole tile row per pixel. A function of its own:
     the data has other readers (ResNet's downsampling conv shares its input with the block's
-    first conv)."""
+    first conv; with stride 1, the block's first conv shares it with the residual)."""
     n, c, h, w, b = (int(d) for d in data.ty.shape.values)
     sh, sw = (int(x) for x in strides)
     oh, ow, k = (h - 1) // sh + 1, (w - 1) // sw + 1, block // b
