@@ -351,3 +351,63 @@ def test_a_clip_the_next_clip_makes_idle_is_dropped_and_only_then():
         folded = fold_scales(mod)
         assert clips(folded) == left, (l1, h1, k, folded)
         np.testing.assert_array_equal(run(folded, data), run(mod, data))
+
+
+def _residual_model(path: Path) -> None:
+    """conv 1x1 (64->64) + relu, then conv 1x1 (64->64) + relu over it and the residual add
+    of its input: ResNet's bottleneck, where a block's input has two readers."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(2)
+    weights = {"w1": rng.normal(0, 0.2, (64, 64, 1, 1)), "b1": rng.normal(0, 0.1, 64),
+               "w2": rng.normal(0, 0.2, (64, 64, 1, 1)), "b2": rng.normal(0, 0.1, 64)}  # fmt: skip
+    node = helper.make_node
+    nodes = [
+        node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1"), node("Relu", ["c1"], ["r1"]),
+        node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2"), node("Relu", ["c2"], ["r2"]),
+        node("Add", ["r2", "r1"], ["y"], name="residual"),
+    ]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "residual", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 8, 8])],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+
+
+def test_an_amx_1x1_conv_whose_input_the_residual_reads_too_reads_a_wide_copy(tmp_path):
+    """On AMX a stride-1 1x1 uint8 conv whose input something else reads too (the residual
+    add) reads a copy of it in blocks of 64 channels (``subsample_NCHWc`` at stride 1: a
+    quarter of the tile multiplies of 16-channel blocks, tuner.layout.SHARED_COPY_GAIN);
+    the add reads the original. Extraction builds nothing, so that part runs on any host;
+    where the CPU has AMX-INT8 the model is compiled and matches ONNX Runtime's int8."""
+    src, path = tmp_path / "fp32.onnx", tmp_path / "qdq.onnx"
+    _residual_model(src)
+    quantization.quantize_static(
+        str(src), str(path), _Calibration((1, 64, 8, 8)), quant_format=quantization.QuantFormat.QDQ,
+        per_channel=True, activation_type=quantization.QuantType.QUInt8,
+        weight_type=quantization.QuantType.QInt8, reduce_range=not _has_vnni(),
+    )  # fmt: skip
+    spec = load_model(str(path))
+    amx = parse_device("cpu", target_arch="sapphirerapids").target
+    tasks = extract_tasks(spec.bound(), amx, precision="int8")
+    copies = [arg_specs(t.mod) for t in tasks if t.name.startswith("subsample_NCHWc")]
+    assert [[a.shape for a in c] for c in copies] == [[(1, 4, 8, 8, 16), (1, 1, 8, 8, 64)]], [t.name for t in tasks]
+    # Each conv reads its data in wide blocks; the first writes 16-channel ones, which the
+    # residual add, fused into the second, reads.
+    convs = [sorted(a.shape for a in arg_specs(t.mod) if a.dtype == "uint8") for t in tasks
+             if "conv2d_NCHWc_dot" in t.mod.script()]  # fmt: skip
+    assert convs == [[(1, 1, 8, 8, 64), (1, 4, 8, 8, 16)]] * 2, convs
+    if not {"amx_tile", "amx_int8"} <= set(host_cpu_info()["isa_flags"]):
+        return
+    device = parse_device("cpu")
+    int8 = compile_model(spec, device, None, precision="int8")
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    step = next(float(onnx.numpy_helper.to_array(t)) for t in onnx.load(str(path)).graph.initializer
+                if t.name == "y_scale")  # fmt: skip
+    for seed in range(2):
+        x = spec.random_inputs(seed=seed)
+        got = run_outputs(int8.executable, device, x)[0]
+        assert np.max(np.abs(got - session.run(None, {"x": x[0]})[0])) <= step * 1.001, seed
