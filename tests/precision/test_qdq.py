@@ -59,6 +59,12 @@ class _Calibration(quantization.CalibrationDataReader):
         return next(self._it, None)
 
 
+def _output_step(path: Path) -> float:
+    """One step of the model's output, which is quantized (uint8) then dequantized: its scale."""
+    return next(float(onnx.numpy_helper.to_array(t)) for t in onnx.load(str(path)).graph.initializer
+                if t.name == "y_scale")  # fmt: skip
+
+
 def _has_vnni() -> bool:
     flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
     return any(f in flags for f in ("avx512_vnni", "avx_vnni", "amx_int8"))
@@ -92,9 +98,7 @@ def test_int8_matches_onnx_runtime_int8(tmp_path, classes):
     assert packed == [(1, 4, 32, 4)], packed
     int8 = compile_model(spec, device, None, precision="int8")
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    # The output is quantized (uint8) then dequantized: one step of it is its scale.
-    step = next(float(onnx.numpy_helper.to_array(t)) for t in onnx.load(str(path)).graph.initializer
-                if t.name == "y_scale")  # fmt: skip
+    step = _output_step(path)
     for seed in range(3):
         x = spec.random_inputs(seed=seed)
         want = session.run(None, {"x": x[0]})[0]
@@ -223,8 +227,7 @@ def test_int8_convs_read_uint8_in_the_blocked_layout(tmp_path):
     empty = TuningDatabase(str(tmp_path / "empty.db"))
     builds = [compile_model(spec, device, db, plan=plan, precision="int8") for db in (None, empty)]
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    step = next(float(onnx.numpy_helper.to_array(t)) for t in onnx.load(str(path)).graph.initializer
-                if t.name == "y_scale")  # fmt: skip
+    step = _output_step(path)
     for seed in range(3):
         x = spec.random_inputs(seed=seed)
         for int8 in builds:
@@ -405,8 +408,7 @@ def test_an_amx_1x1_conv_whose_input_the_residual_reads_too_reads_a_wide_copy(tm
     device = parse_device("cpu")
     int8 = compile_model(spec, device, None, precision="int8")
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    step = next(float(onnx.numpy_helper.to_array(t)) for t in onnx.load(str(path)).graph.initializer
-                if t.name == "y_scale")  # fmt: skip
+    step = _output_step(path)
     for seed in range(2):
         x = spec.random_inputs(seed=seed)
         got = run_outputs(int8.executable, device, x)[0]
