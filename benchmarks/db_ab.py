@@ -32,7 +32,9 @@ others read too on 16-channel blocks, as before the thirty-sixth session
 (``tuner.layout.SHARED_COPY_GAIN``). ``--b-checked-taps`` builds B (bf16; an AMX CPU) with the
 stem's row taps as before the thirty-sixth session: every slot's value behind one bounds
 check, no annotation, so that no ``x86-row-taps`` applies and B's own records of that task
-do (``tuner.layout.row_taps``). Writes benchmarks/results/db_ab.json (``--out``).
+do (``tuner.layout.row_taps``). ``--b-tvm-bf16-casts`` builds B (bf16; AVX512_BF16) with
+TVM's own integer rounding for every cast to bfloat16, as before the thirty-seventh session
+(``search_spaces.bf16_casts``). Writes benchmarks/results/db_ab.json (``--out``).
 
     .venv/bin/python benchmarks/db_ab.py --db warm.db --db-b cold.db --label-b "cold-tuned" --model resnet50
 """
@@ -195,6 +197,14 @@ def shared_narrow_1x1():
     return _swapped(tuner.layout, "SHARED_COPY_GAIN", sys.maxsize)
 
 
+def tvm_bf16_casts():
+    """Casts to bfloat16 as TVM lowers them, in integer instructions, as before the
+    thirty-seventh session (``search_spaces.lowering`` looks the rewrite up when it lowers)."""
+    import search_spaces.bf16_casts
+
+    return _swapped(search_spaces.bf16_casts, "native_bf16_casts", lambda mod: mod)
+
+
 def checked_taps():
     """The stem's row taps as before the thirty-sixth session: the taps' check is part of
     the bounds check (no select), and the block has no annotation."""
@@ -249,6 +259,8 @@ def main() -> None:
                    help="AMX int8: build B with 1x1 convs of shared data on 16-channel blocks, as before")
     p.add_argument("--b-checked-taps", action="store_true",
                    help="AMX bf16: build B with the stem's row taps as before the thirty-sixth session")
+    p.add_argument("--b-tvm-bf16-casts", action="store_true",
+                   help="bf16: build B with TVM's integer rounding for casts to bfloat16, as before 2026-11-29")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     device = parse_device("cpu")
@@ -259,7 +271,8 @@ def main() -> None:
                        (args.b_unfolded_scales, unfolded_scales), (args.b_narrow_blocks, narrow_blocks),
                        (args.b_fp32_attention, fp32_attention),
                        (args.b_unpadded_columns, unpadded_columns), (args.b_narrow_1x1, narrow_1x1),
-                       (args.b_checked_taps, checked_taps), (args.b_shared_narrow_1x1, shared_narrow_1x1)]  # fmt: skip
+                       (args.b_checked_taps, checked_taps), (args.b_shared_narrow_1x1, shared_narrow_1x1),
+                       (args.b_tvm_bf16_casts, tvm_bf16_casts)]  # fmt: skip
     other = OtherDatabase(spec, device, TuningDatabase(args.db_b), args.label_b, args.precision,
                           tuple(make for wanted, make in chosen_variants if wanted))
     peers = [TorchBf16Peer() if name == "torch-bf16" else name for name in args.peers]
@@ -278,6 +291,7 @@ def main() -> None:
         "b_narrow_blocks": args.b_narrow_blocks, "b_fp32_attention": args.b_fp32_attention,
         "b_unpadded_columns": args.b_unpadded_columns, "b_narrow_1x1": args.b_narrow_1x1,
         "b_checked_taps": args.b_checked_taps, "b_shared_narrow_1x1": args.b_shared_narrow_1x1,
+        "b_tvm_bf16_casts": args.b_tvm_bf16_casts,
         "load_before": load_before, "load_after": os.getloadavg(), "result": result.to_json(),
     })  # fmt: skip
     console.print(f"wrote {args.out}")

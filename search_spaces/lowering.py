@@ -21,7 +21,9 @@ loops with a ``likely`` condition, which the Python sources of topi, Relax's leg
 and MetaSchedule never write; partitioning keeps a loop's meaning either way. A module
 without a hint lowers exactly as with TVM's pipeline (tested). A function whose kernels
 use AMX tiles also puts the calling thread's tile configuration back before it returns
-(:func:`search_spaces.templates.intrin_amx.keep_caller_tile_config`).
+(:func:`search_spaces.templates.intrin_amx.keep_caller_tile_config`), and on CPUs with
+AVX512_BF16 its vector casts to bfloat16 run on ``vcvtneps2bf16``
+(:func:`search_spaces.bf16_casts.native_bf16_casts`).
 
 :func:`install` registers it as TVM's default (``tvm.compile`` and ``relax.build`` look the
 default up by the name ``s_tir``); importing :mod:`search_spaces` installs it.
@@ -82,18 +84,19 @@ def _factory(**kwargs: Any) -> tuple[tvm.transform.Pass, Any, Any]:
 
     @tvm.transform.module_pass(opt_level=0, name="NightshiftTIRPipeline")
     def _pipeline(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        from search_spaces.bf16_casts import native_bf16_casts
         from search_spaces.templates.intrin_amx import keep_caller_tile_config
 
         mod = keep_caller_tile_config(mod)
         marked = mark_partitions(mod)
         if marked.same_as(mod):
-            return base(mod)
+            return native_bf16_casts(base(mod))
         # Instruments see the passes inside (TVM's pass timing restarts its count here).
         with tvm.transform.PassContext(
             opt_level=ctx.opt_level, required_pass=list(ctx.required_pass), disabled_pass=list(ctx.disabled_pass),
             instruments=list(ctx.instruments), config=_partition_config(ctx),
         ):  # fmt: skip
-            return base(marked)
+            return native_bf16_casts(base(marked))
 
     return _pipeline, host, device
 
