@@ -776,10 +776,32 @@ def _legalize_softmax(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     """softmax with TOPI's ``fast_exp`` (a float32 polynomial; within 1e-5 of the exact softmax,
     tests/tuner/test_layout.py), as :func:`_legalize_gelu` does for ``erf``. BERT-base's tuned
     softmax ran at 5x ONNX Runtime's (``results/op_profile_bert-base.json``); TVM's own ``exp``
-    has no vector form on x86. The end-to-end effect of this change is not measured yet."""
+    has no vector form on x86. Over the last axis, each row's sum is inverted once and the
+    exponentials multiplied by it (:func:`fast_softmax_last_axis`)."""
     if str(call.args[0].ty.dtype) != "float32":
         return relax.transform.legalize_ops.nn._nn_softmax(bb, call)
-    return bb.call_te(topi.nn.fast_softmax, call.args[0], int(call.attrs.axis), primfunc_name_hint="softmax")
+    axis, ndim = int(call.attrs.axis), len(call.args[0].ty.shape)
+    if axis in (-1, ndim - 1):
+        return bb.call_te(fast_softmax_last_axis, call.args[0], primfunc_name_hint="softmax")
+    return bb.call_te(topi.nn.fast_softmax, call.args[0], axis, primfunc_name_hint="softmax")
+
+
+def fast_softmax_last_axis(x: te.Tensor) -> te.Tensor:
+    """TOPI's ``fast_softmax`` over the last axis (the same blocks and names), but normalized by
+    the reciprocal of each row's sum, ``T_softmax_rcp``, instead of a division per element: a
+    vector division costs several times a multiply, and on an AMX Xeon BERT-base's softmax was
+    its costliest function outside the matmuls (benchmarks/README.md, thirty-seventh session).
+    The result differs from the division's by at most an ulp or two."""
+    *rows, length = x.shape
+    k = te.reduce_axis((0, length), name="k")
+    maxelem = te.compute(rows, lambda *i: te.max(x(*i, k), axis=k), name="T_softmax_maxelem")
+    delta = te.compute(x.shape, lambda *i: x(*i) - maxelem(*i[:-1]), name="T_softmax_delta")
+    exp = topi.fast_exp(delta)
+    k = te.reduce_axis((0, length), name="k")
+    expsum = te.compute(rows, lambda *i: te.sum(exp(*i, k), axis=k), name="T_softmax_expsum")
+    rcp = te.compute(rows, lambda *i: tvm.tirx.const(1.0, "float32") / expsum(*i), name="T_softmax_rcp")
+    return te.compute(x.shape, lambda *i: exp(*i) * rcp(*i[:-1]), name="T_softmax_norm",
+                      attrs={"axis": len(x.shape) - 1})
 
 
 # ----------------------------------------------------------------------------- the chooser
