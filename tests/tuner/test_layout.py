@@ -304,7 +304,10 @@ def test_gelu_on_cpu_uses_fast_erf_and_matches_exact_gelu() -> None:
     np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-6)
 
 
-def test_softmax_on_cpu_uses_fast_exp_and_matches_exact_softmax() -> None:
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_softmax_on_cpu_uses_fast_exp_and_matches_exact_softmax(axis) -> None:
+    """Over the last axis, each row's sum is inverted once (``T_softmax_rcp``) and no element
+    is divided; over another axis TOPI's ``fast_softmax`` divides."""
     from tuner.layout import prepare
 
     target = tvm.target.Target({"kind": "llvm"})
@@ -312,17 +315,21 @@ def test_softmax_on_cpu_uses_fast_exp_and_matches_exact_softmax() -> None:
     x = relax.Var("x", relax.TensorType((2, 4, 128), "float32"))
     with bb.function("main", [x]):
         with bb.dataflow():
-            out = bb.emit_output(relax.op.nn.softmax(x, axis=-1))
+            out = bb.emit_output(relax.op.nn.softmax(x, axis=axis))
         bb.emit_func_output(out)
     mod = prepare(bb.get(), target, LayoutPlan.parse("NCHW", target))
-    assert "T.exp" not in mod.script()
+    script = mod.script()
+    assert "T.exp" not in script
+    assert ("T_softmax_rcp" in script) == (axis == -1)
+    norm = next(line for line in script.splitlines() if "T_softmax_norm[v" in line and " = " in line)
+    assert ("/" in norm.split(" = ", 1)[1]) == (axis != -1), norm
     # logits as attention gives them: a wide range, large negative masks included
     data = np.random.default_rng(0).normal(0, 8, (2, 4, 128)).astype("float32")
     data[0, 0, 64:] = -10000.0
     ex = tvm.compile(mod, target=target)
     got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(data)).numpy()
-    z = data.astype(np.float64) - data.max(axis=-1, keepdims=True)
-    exact = np.exp(z) / np.exp(z).sum(axis=-1, keepdims=True)
+    z = data.astype(np.float64) - data.max(axis=axis, keepdims=True)
+    exact = np.exp(z) / np.exp(z).sum(axis=axis, keepdims=True)
     np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-7)
 
 
