@@ -34,7 +34,9 @@ stem's row taps as before the thirty-sixth session: every slot's value behind on
 check, no annotation, so that no ``x86-row-taps`` applies and B's own records of that task
 do (``tuner.layout.row_taps``). ``--b-tvm-bf16-casts`` builds B (bf16; AVX512_BF16) with
 TVM's own integer rounding for every cast to bfloat16, as before the thirty-seventh session
-(``search_spaces.bf16_casts``). Writes benchmarks/results/db_ab.json (``--out``).
+(``search_spaces.bf16_casts``), ``--b-divided-softmax`` with a softmax that divides every
+element by its row's sum, as before the same session (``tuner.layout.fast_softmax_last_axis``;
+B's records of that softmax apply). Writes benchmarks/results/db_ab.json (``--out``).
 
     .venv/bin/python benchmarks/db_ab.py --db warm.db --db-b cold.db --label-b "cold-tuned" --model resnet50
 """
@@ -205,6 +207,17 @@ def tvm_bf16_casts():
     return _swapped(search_spaces.bf16_casts, "native_bf16_casts", lambda mod: mod)
 
 
+def divided_softmax():
+    """A softmax over the last axis as before the thirty-seventh session: TOPI's
+    ``fast_softmax``, a division per element (``tuner.layout`` looks the last-axis softmax up
+    by name when it legalizes), so B's records of the old workload apply."""
+    from tvm import topi
+
+    import tuner.layout
+
+    return _swapped(tuner.layout, "fast_softmax_last_axis", lambda x: topi.nn.fast_softmax(x, len(x.shape) - 1))
+
+
 def checked_taps():
     """The stem's row taps as before the thirty-sixth session: the taps' check is part of
     the bounds check (no select), and the block has no annotation."""
@@ -261,6 +274,8 @@ def main() -> None:
                    help="AMX bf16: build B with the stem's row taps as before the thirty-sixth session")
     p.add_argument("--b-tvm-bf16-casts", action="store_true",
                    help="bf16: build B with TVM's integer rounding for casts to bfloat16, as before 2026-11-29")
+    p.add_argument("--b-divided-softmax", action="store_true",
+                   help="build B with a softmax that divides each element by its row's sum, as before 2026-11-29")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     device = parse_device("cpu")
@@ -272,7 +287,7 @@ def main() -> None:
                        (args.b_fp32_attention, fp32_attention),
                        (args.b_unpadded_columns, unpadded_columns), (args.b_narrow_1x1, narrow_1x1),
                        (args.b_checked_taps, checked_taps), (args.b_shared_narrow_1x1, shared_narrow_1x1),
-                       (args.b_tvm_bf16_casts, tvm_bf16_casts)]  # fmt: skip
+                       (args.b_tvm_bf16_casts, tvm_bf16_casts), (args.b_divided_softmax, divided_softmax)]  # fmt: skip
     other = OtherDatabase(spec, device, TuningDatabase(args.db_b), args.label_b, args.precision,
                           tuple(make for wanted, make in chosen_variants if wanted))
     peers = [TorchBf16Peer() if name == "torch-bf16" else name for name in args.peers]
@@ -291,7 +306,7 @@ def main() -> None:
         "b_narrow_blocks": args.b_narrow_blocks, "b_fp32_attention": args.b_fp32_attention,
         "b_unpadded_columns": args.b_unpadded_columns, "b_narrow_1x1": args.b_narrow_1x1,
         "b_checked_taps": args.b_checked_taps, "b_shared_narrow_1x1": args.b_shared_narrow_1x1,
-        "b_tvm_bf16_casts": args.b_tvm_bf16_casts,
+        "b_tvm_bf16_casts": args.b_tvm_bf16_casts, "b_divided_softmax": args.b_divided_softmax,
         "load_before": load_before, "load_after": os.getloadavg(), "result": result.to_json(),
     })  # fmt: skip
     console.print(f"wrote {args.out}")
