@@ -3,7 +3,9 @@ on ``vcvtneps2bf16`` (``search_spaces.bf16_casts``) and with TVM's own integer r
 checked for the same output bits and timed warm, interleaved, on the host's threads.
 
 The rewrite changes no workload key, so the same records build both ways; what differs is
-only the epilogues' (and copies') rounding to bf16. Needs a CPU with AVX512_BF16. Writes
+only the epilogues' (and copies') rounding to bf16. ``--convert-gathers`` converts values
+loaded lane by lane too (a transpose's gathers), which the rewrite leaves to TVM. Needs a CPU
+with AVX512_BF16. Writes
 benchmarks/results/bf16_casts_<model>.json (``--out``).
 
     .venv/bin/python benchmarks/bf16_casts.py --db /work/bench/bert_bf16.db --model bert-base --rounds 25
@@ -56,8 +58,12 @@ def main() -> None:
     p.add_argument("--db", required=True)
     p.add_argument("--model", default="bert-base")
     p.add_argument("--rounds", type=int, default=25, help="interleaved timings of each build")
+    p.add_argument("--convert-gathers", action="store_true",
+                   help="convert gathered values on vcvtneps2bf16 too, in pieces (what the rewrite does not)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
+    if args.convert_gathers:
+        search_spaces.bf16_casts._gathers = lambda expr: False
     small_pages()
     register_amx_intrinsics()
     device = parse_device("cpu")
@@ -104,9 +110,11 @@ def main() -> None:
     console.print(f"weighted by calls: TVM's casts {total['tvm']:.3f} ms, native {total['native']:.3f} ms "
                   f"({total['native'] / total['tvm']:.3f}x)")  # fmt: skip
     out = args.out or Path(__file__).parent / "results" / f"bf16_casts_{args.model}.json"
-    write_result(out, "bf16_casts", {**machine(device, load_before), "db": args.db, "model": args.model,
-                                     "rounds": args.rounds, "tasks": rows, "weighted_ms": total,
-                                     "native_over_tvm": total["native"] / total["tvm"]})  # fmt: skip
+    write_result(out, "bf16_casts", {
+        **machine(device, load_before), "db": args.db, "model": args.model, "rounds": args.rounds,
+        "convert_gathers": args.convert_gathers, "tasks": rows, "weighted_ms": total,
+        "native_over_tvm": total["native"] / total["tvm"],
+    })  # fmt: skip
     console.print(f"wrote {out}")
 
 

@@ -10,8 +10,9 @@ for the next conv, BERT's GELU output for the next matmul).
 :func:`native_bf16_casts` runs after TVM's pipeline, on the lowered functions, and stores
 each vector of exactly that expression with the LLVM intrinsic instead, into the ``uint16``
 buffer TVM keeps bfloat16 in: 8 or 16 lanes at once, a multiple of 16 in pieces of 16.
-Scalars, other lane counts, a value loaded lane by lane (a transpose's gather, which measured
-slower in pieces) and targets without AVX512_BF16 keep TVM's lowering. Both round to nearest
+Scalars, other lane counts, a value loaded lane by lane (a transpose's gather: BERT's key and
+value packs measured 1.07-1.08x slower converted in pieces, benchmarks/bf16_casts.py
+``--convert-gathers``) and targets without AVX512_BF16 keep TVM's lowering. Both round to nearest
 even and agree bit for bit on every float but denormals, which the instruction flushes to
 zero as ``vdpbf16ps`` and AMX's ``tdpbf16ps`` treat them anyway, and NaNs, which stay NaNs
 (tests/search_spaces/test_bf16_casts.py). The rewrite changes no workload key: records tuned
@@ -79,7 +80,7 @@ def _bits_of(expr: tirx.PrimExpr) -> tirx.PrimExpr | None:
 
 def _gathers(expr: tirx.PrimExpr) -> bool:
     """Whether ``expr`` loads a vector from other than consecutive addresses (TVM loads such
-    a gather lane by lane; the conversion in pieces then measured slower than TVM's own)."""
+    a gather lane by lane; see the module's docstring for why those keep TVM's rounding)."""
     found = []
 
     def load(node: TensorLoad) -> None:

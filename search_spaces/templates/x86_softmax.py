@@ -7,9 +7,9 @@ the blocks ``T_softmax_maxelem`` (the row's max), ``T_softmax_delta``, ``T_fast_
 (``T_softmax_exp``, which reads the input itself), ``T_softmax_expsum`` (the row's sum),
 over the last axis ``T_softmax_rcp`` (the sum's reciprocal, one value per row, computed under
 the row loop) and ``T_softmax_norm``, then the elementwise blocks fused after it (BERT's int8
-quantize of the probabilities, a cast to bf16 for the next matmul). The max and the sum are the row's
-reductions; the exponentials are kept per row (the sum and the outputs both read them,
-and each costs a polynomial), vectorized; LLVM keeps BERT's whole row of 128 floats in
+quantize of the probabilities, a cast to bf16 for the next matmul). The max and the sum are
+the row's reductions; the exponentials are kept per row (the sum and the outputs both read
+them, and each costs a polynomial), vectorized; LLVM keeps BERT's whole row of 128 floats in
 eight zmm registers.
 """
 
@@ -40,9 +40,8 @@ def _blocks(sch: Schedule) -> tuple[str, list[str]] | None:
     if len(exps) != 1 or _NORM not in names:
         return None
     head = names[:names.index(_NORM) + 1]
-    if [n for n in head if n != _RCP] not in ([_MAX, _DELTA, exps[0], _SUM, _NORM], [_MAX, exps[0], _SUM, _NORM]):
-        return None
-    if _RCP in head and head.index(_RCP) != len(head) - 2:
+    sums = ([_MAX, _DELTA, exps[0], _SUM], [_MAX, exps[0], _SUM])
+    if head not in [first + last for first in sums for last in ([_NORM], [_RCP, _NORM])]:
         return None
     norm = sch.get_sblock(_NORM)
     if not all(reduces_last_axis(sch, name, norm) for name in (_MAX, _SUM)):
