@@ -23,7 +23,9 @@ without a hint lowers exactly as with TVM's pipeline (tested). A function whose 
 use AMX tiles also puts the calling thread's tile configuration back before it returns
 (:func:`search_spaces.templates.intrin_amx.keep_caller_tile_config`), and on CPUs with
 AVX512_BF16 its vector casts to bfloat16 run on ``vcvtneps2bf16``
-(:func:`search_spaces.bf16_casts.native_bf16_casts`).
+(:func:`search_spaces.bf16_casts.native_bf16_casts`). On CPUs, ``nearbyint`` (the rounding of
+every int8 requantize epilogue) goes to LLVM as its intrinsic, which TVM can vectorize
+(:func:`llvm_nearbyint`).
 
 :func:`install` registers it as TVM's default (``tvm.compile`` and ``relax.build`` look the
 default up by the name ``s_tir``); importing :mod:`search_spaces` installs it.
@@ -48,6 +50,7 @@ HINT = "pragma_loop_partition_hint"
 _DEFAULT = "s_tir"  # the name tvm.tirx.get_tir_pipeline("default") resolves to
 _LOOP_PARTITION = "s_tir.LoopPartition"
 _installed = False
+_NEARBYINT = tvm.ir.Op.get("tirx.nearbyint")
 
 
 def _likely(realize: s_tir.SBlockRealize) -> s_tir.SBlockRealize:
@@ -79,6 +82,38 @@ def _partition_config(ctx: tvm.transform.PassContext) -> dict[str, Any]:
     return config
 
 
+def _llvm_rounding(call: tvm.ir.Call) -> tirx.PrimExpr:
+    if not call.op.same_as(_NEARBYINT):
+        return call
+    return tirx.call_llvm_pure_intrin(call.ty.dtype, "llvm.nearbyint", *call.args)
+
+
+def llvm_nearbyint(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with ``nearbyint`` as LLVM's ``llvm.nearbyint`` in its CPU functions.
+
+    TVM 0.27 does not mark ``tirx.nearbyint`` vectorizable (``round`` and ``floor`` are), so
+    ``VectorizeLoop`` turns every loop that rounds into a scalar loop and leaves LLVM to
+    vectorize it again, which LLVM does for some tiles and not others: in an AVX2 int8 job,
+    the epilogue of ResNet-50's 1x1 256->1024 conv with its residual gathered the residual and
+    stored the output byte by byte for three of its four vectors. The LLVM intrinsic is the
+    same rounding (to nearest even, ``vroundps $12`` on x86), and a ``call_llvm_pure_intrin``
+    vectorizes. GPU functions keep TVM's op: their code generators print it."""
+    updates = {}
+    for gv, func in mod.functions.items():
+        target = func.attrs.get("target") if isinstance(func, tirx.PrimFunc) and func.attrs else None
+        if target is None or target.kind.name != "llvm":
+            continue
+        new = tvm_ffi.structural_map(func, (tvm.ir.Call, _llvm_rounding))
+        if not new.same_as(func):
+            updates[gv] = new
+    if not updates:
+        return mod
+    out = tvm.IRModule(dict(mod.functions.items()), attrs=mod.attrs)
+    for gv, func in updates.items():
+        out[gv] = func
+    return out
+
+
 def _factory(**kwargs: Any) -> tuple[tvm.transform.Pass, Any, Any]:
     base, host, device = s_tir_pipeline.default_s_tir_pipeline(**kwargs)
 
@@ -87,7 +122,7 @@ def _factory(**kwargs: Any) -> tuple[tvm.transform.Pass, Any, Any]:
         from search_spaces.bf16_casts import native_bf16_casts
         from search_spaces.templates.intrin_amx import keep_caller_tile_config
 
-        mod = keep_caller_tile_config(mod)
+        mod = llvm_nearbyint(keep_caller_tile_config(mod))
         marked = mark_partitions(mod)
         if marked.same_as(mod):
             return native_bf16_casts(base(mod))
