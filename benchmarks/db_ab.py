@@ -36,7 +36,9 @@ do (``tuner.layout.row_taps``). ``--b-tvm-bf16-casts`` builds B (bf16; AVX512_BF
 TVM's own integer rounding for every cast to bfloat16, as before the thirty-seventh session
 (``search_spaces.bf16_casts``), ``--b-divided-softmax`` with a softmax that divides every
 element by its row's sum, as before the same session (``tuner.layout.fast_softmax_last_axis``;
-B's records of that softmax apply). Writes benchmarks/results/db_ab.json (``--out``).
+B's records of that softmax apply). ``--b-scalar-nearbyint`` builds B with TVM's own
+``nearbyint``, which its vectorizer leaves to scalar loops, as before the thirty-eighth session
+(``search_spaces.lowering.llvm_nearbyint``). Writes benchmarks/results/db_ab.json (``--out``).
 
     .venv/bin/python benchmarks/db_ab.py --db warm.db --db-b cold.db --label-b "cold-tuned" --model resnet50
 """
@@ -207,6 +209,14 @@ def tvm_bf16_casts():
     return _swapped(search_spaces.bf16_casts, "native_bf16_casts", lambda mod: mod)
 
 
+def scalar_nearbyint():
+    """Rounding as TVM lowers it, in scalar loops that LLVM may vectorize again, as before the
+    thirty-eighth session (``search_spaces.lowering`` looks the rewrite up when it lowers)."""
+    import search_spaces.lowering
+
+    return _swapped(search_spaces.lowering, "llvm_nearbyint", lambda mod: mod)
+
+
 def divided_softmax():
     """A softmax over the last axis as before the thirty-seventh session: TOPI's
     ``fast_softmax``, a division per element (``tuner.layout`` looks the last-axis softmax up
@@ -276,6 +286,8 @@ def main() -> None:
                    help="bf16: build B with TVM's integer rounding for casts to bfloat16, as before 2026-11-29")
     p.add_argument("--b-divided-softmax", action="store_true",
                    help="build B with a softmax that divides each element by its row's sum, as before 2026-11-29")
+    p.add_argument("--b-scalar-nearbyint", action="store_true",
+                   help="build B with TVM's nearbyint, left to scalar loops by its vectorizer, as before 2026-11-29")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     device = parse_device("cpu")
@@ -287,7 +299,8 @@ def main() -> None:
                        (args.b_fp32_attention, fp32_attention),
                        (args.b_unpadded_columns, unpadded_columns), (args.b_narrow_1x1, narrow_1x1),
                        (args.b_checked_taps, checked_taps), (args.b_shared_narrow_1x1, shared_narrow_1x1),
-                       (args.b_tvm_bf16_casts, tvm_bf16_casts), (args.b_divided_softmax, divided_softmax)]  # fmt: skip
+                       (args.b_tvm_bf16_casts, tvm_bf16_casts), (args.b_divided_softmax, divided_softmax),
+                       (args.b_scalar_nearbyint, scalar_nearbyint)]  # fmt: skip
     other = OtherDatabase(spec, device, TuningDatabase(args.db_b), args.label_b, args.precision,
                           tuple(make for wanted, make in chosen_variants if wanted))
     peers = [TorchBf16Peer() if name == "torch-bf16" else name for name in args.peers]
@@ -307,6 +320,7 @@ def main() -> None:
         "b_unpadded_columns": args.b_unpadded_columns, "b_narrow_1x1": args.b_narrow_1x1,
         "b_checked_taps": args.b_checked_taps, "b_shared_narrow_1x1": args.b_shared_narrow_1x1,
         "b_tvm_bf16_casts": args.b_tvm_bf16_casts, "b_divided_softmax": args.b_divided_softmax,
+        "b_scalar_nearbyint": args.b_scalar_nearbyint,
         "load_before": load_before, "load_after": os.getloadavg(), "result": result.to_json(),
     })  # fmt: skip
     console.print(f"wrote {args.out}")

@@ -1,9 +1,10 @@
-"""The TIR pipeline that peels the partial tiles templates hint (search_spaces.lowering)."""
+"""The TIR pipeline that peels the partial tiles templates hint, and rounds on LLVM's nearbyint (search_spaces.lowering)."""
 
 from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 import tvm
 from conftest import (
@@ -17,6 +18,7 @@ from conftest import (
     target,
     task,
 )
+from tvm.script import tirx as T
 
 from search_spaces import Point, lowering
 
@@ -124,3 +126,41 @@ def test_a_users_loop_partition_settings_are_kept():
         got = lowering._partition_config(ctx)["s_tir.LoopPartition"]
     assert got == {"no_unroll_loop_with_extent_one": True, "unroll_loop_with_partition_hint_no_interval": False,
                    "partition_const_loop": True}
+
+
+@T.prim_func(s_tir=True)
+def _rounds(a: T.Buffer((64,), "float32"), b: T.Buffer((64,), "uint8")):
+    for i_o in range(8):
+        for i_i in T.vectorized(8):
+            b[i_o * 8 + i_i] = T.Cast("uint8", T.min(T.max(T.nearbyint(a[i_o * 8 + i_i]), T.float32(0)),
+                                                   T.float32(255)))
+
+
+def test_tvm_alone_scalarizes_a_vector_nearbyint():
+    """Why :func:`lowering.llvm_nearbyint` exists (TVM 0.27): ``tirx.nearbyint`` is not marked
+    vectorizable, so VectorizeLoop turns the loop into a scalar one. When this fails, TVM
+    vectorizes it by itself and the rewrite can go."""
+    scalar = tvm.tirx.transform.VectorizeLoop()(tvm.IRModule({"main": _rounds})).script()
+    assert "T.vectorized" not in scalar and "i_i_s" in scalar, scalar
+
+
+def test_nearbyint_is_llvms_in_cpu_functions_and_vectorizes_to_the_same_values():
+    mod = tvm.IRModule({"main": _rounds.with_attr("target", target("llvm"))})
+    rewritten = lowering.llvm_nearbyint(mod).script()
+    assert "llvm.nearbyint" in rewritten and "T.nearbyint" not in rewritten
+    vectorized = tvm.tirx.transform.VectorizeLoop()(lowering.llvm_nearbyint(mod)).script()
+    assert "i_i_s" not in vectorized and '"float32x8"' in vectorized, vectorized
+    # Built for AVX2 (which any AVX2 or AVX-512 host runs): 8 lanes rounded in one instruction.
+    lib = tvm.compile(tvm.IRModule({"main": _rounds}), target=target("llvm-avx2"))
+    assert re.search(r"vroundps\s+\$12, [^\n]*%ymm", lib.mod.inspect_source("asm"))
+    # Ties go to the even neighbour, as ONNX's QuantizeLinear rounds; the clip as before.
+    a = np.array([0.5, 1.5, 2.5, 3.5, -0.5, 254.5, 255.5, 300.0, 2.4999, 7.5000005] + [126.5] * 54, "float32")
+    out = tvm.runtime.tensor(np.zeros(64, "uint8"))
+    lib["main"](tvm.runtime.tensor(a), out)
+    np.testing.assert_array_equal(out.numpy(), np.clip(np.rint(a), 0, 255).astype("uint8"))
+
+
+def test_gpu_functions_keep_tvms_nearbyint():
+    """Their code generators print the op; LLVM's intrinsic is the CPU's."""
+    mod = tvm.IRModule({"main": _rounds.with_attr("target", tvm.target.Target({"kind": "cuda"}))})
+    assert lowering.llvm_nearbyint(mod).same_as(mod)
