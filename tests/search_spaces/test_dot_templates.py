@@ -277,8 +277,9 @@ def test_dense_dot_templates_start_from_onednn_register_tiles():
 
 
 def test_dot_conv_template_starts_from_its_common_register_tiles():
-    """Every job measures 4 pixels x 4 channel blocks, 7 x 2, 6 x 4 and 12 x 2 first, along
-    the fused pixel axis: valid points, and only the tiles the task's channels take."""
+    """Every job measures 4 pixels x 4 channel blocks, 7 x 2, 6 x 4 and 12 x 2 first (AVX2: 4 x 2,
+    2 x 4, 8 x 1 and 6 x 2), along the fused pixel axis: valid points, and only the tiles the
+    task's channels take."""
     from conftest import conv_nchwc_dot
 
     from search_spaces.template_space import TemplateSpace
@@ -293,3 +294,8 @@ def test_dot_conv_template_starts_from_its_common_register_tiles():
     # 32 output channels take no tile of 4 blocks.
     narrow = space("x86-conv2d-nchwc-dot", "conv_nchwc_bf16", "llvm-amx")
     assert [(narrow.values(p)["reg_n"], narrow.values(p)["tile_oc"]) for p in narrow.starts()] == [(7, 2), (12, 2)]
+    # AVX2's budget of 13 accumulators takes none of those: its own, smaller tiles.
+    avx2 = space("x86-conv2d-nchwc-dot", "conv_nchwc_u8_avx2", "llvm-avx2")
+    assert all(avx2.static_violation(p) is None for p in avx2.starts())
+    assert [(avx2.values(p)["reg_n"], avx2.values(p)["tile_oc"]) for p in avx2.starts()] == [(4, 2), (2, 4), (8, 1),
+                                                                                            (6, 2)]
