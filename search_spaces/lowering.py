@@ -51,6 +51,7 @@ _DEFAULT = "s_tir"  # the name tvm.tirx.get_tir_pipeline("default") resolves to
 _LOOP_PARTITION = "s_tir.LoopPartition"
 _installed = False
 _NEARBYINT = tvm.ir.Op.get("tirx.nearbyint")
+_FLOAT = 2  # DLPack's type code of float (bfloat16 has its own)
 
 
 def _likely(realize: s_tir.SBlockRealize) -> s_tir.SBlockRealize:
@@ -83,7 +84,8 @@ def _partition_config(ctx: tvm.transform.PassContext) -> dict[str, Any]:
 
 
 def _llvm_rounding(call: tvm.ir.Call) -> tirx.PrimExpr:
-    if not call.op.same_as(_NEARBYINT):
+    # float32 and float64 only: a bfloat16 or float16 one is TVM's to legalize first.
+    if not call.op.same_as(_NEARBYINT) or call.ty.dtype.type_code != _FLOAT or call.ty.dtype.bits < 32:
         return call
     return tirx.call_llvm_pure_intrin(call.ty.dtype, "llvm.nearbyint", *call.args)
 

@@ -1,4 +1,4 @@
-"""The TIR pipeline that peels the partial tiles templates hint, and rounds on LLVM's nearbyint (search_spaces.lowering)."""
+"""The TIR pipeline (search_spaces.lowering): partial tiles peeled, nearbyint on LLVM's intrinsic."""
 
 from __future__ import annotations
 
@@ -160,7 +160,11 @@ def test_nearbyint_is_llvms_in_cpu_functions_and_vectorizes_to_the_same_values()
     np.testing.assert_array_equal(out.numpy(), np.clip(np.rint(a), 0, 255).astype("uint8"))
 
 
-def test_gpu_functions_keep_tvms_nearbyint():
-    """Their code generators print the op; LLVM's intrinsic is the CPU's."""
+def test_gpu_functions_and_narrow_floats_keep_tvms_nearbyint():
+    """GPU code generators print the op; LLVM's intrinsic is the CPU's. A bfloat16 or float16
+    rounding is TVM's to legalize to float32 first."""
     mod = tvm.IRModule({"main": _rounds.with_attr("target", tvm.target.Target({"kind": "cuda"}))})
     assert lowering.llvm_nearbyint(mod).same_as(mod)
+    for dtype in ("bfloat16", "float16"):
+        narrow = tvm.tirx.call_intrin(dtype, "tirx.nearbyint", tvm.tirx.const(1.5, dtype))
+        assert lowering._llvm_rounding(narrow).same_as(narrow)
