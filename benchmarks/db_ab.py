@@ -70,6 +70,7 @@ RESULTS = Path(__file__).parent / "results" / "db_ab.json"
 sys.path.insert(0, str(Path(__file__).parent))
 from precision_vs_peers import TorchBf16Peer  # noqa: E402
 from result_file import write_result  # noqa: E402
+from two_builds import swapped  # noqa: E402
 
 
 class OtherDatabase(Peer):
@@ -100,17 +101,6 @@ class OtherDatabase(Peer):
         return self._runner.run(inputs)
 
 
-@contextlib.contextmanager
-def _swapped(module, name: str, value):
-    """``module.name`` set to ``value`` within."""
-    ours = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, ours)
-
-
 def opaque_layout_transforms():
     """Legalize ``layout_transform`` as TVM does (tuner.layout looks its legalization up by
     name when it prepares a model)."""
@@ -118,7 +108,7 @@ def opaque_layout_transforms():
 
     import tuner.layout
 
-    return _swapped(tuner.layout, "_legalize_layout_transform", _layout_transform)
+    return swapped(tuner.layout, "_legalize_layout_transform", _layout_transform)
 
 
 def unpacked_activations():
@@ -126,7 +116,7 @@ def unpacked_activations():
     ``packable_activation`` for each matmul of two activations)."""
     import tuner.precision.bf16 as bf16
 
-    return _swapped(bf16, "packable_activation", lambda a, b: False)
+    return swapped(bf16, "packable_activation", lambda a, b: False)
 
 
 def separate_pads():
@@ -141,7 +131,7 @@ def separate_pads():
         return bb.emit(bb.call_te(topi.nn.pad, data, [0, 0, top, left, 0], [0, 0, bottom, right, 0],
                                   primfunc_name_hint="pad_NCHWc"))  # fmt: skip
 
-    return _swapped(tuner.layout, "emit_padded", topi_pad)
+    return swapped(tuner.layout, "emit_padded", topi_pad)
 
 
 def unfolded_scales():
@@ -149,7 +139,7 @@ def unfolded_scales():
     multiply of its own and every clip kept (tuner.precision.qdq.fold_scales left out)."""
     import tuner.precision.qdq as qdq
 
-    return _swapped(qdq, "fold_scales", lambda mod: mod)
+    return swapped(qdq, "fold_scales", lambda mod: mod)
 
 
 @contextlib.contextmanager
@@ -161,9 +151,9 @@ def narrow_blocks():
     import tuner.layout
     import tuner.tasks
 
-    with (_swapped(tuner.layout, "wide_blocks", lambda target: {}),
-          _swapped(tuner.layout, "PAD_APART", ("bfloat16",)),
-          _swapped(tuner.tasks, "fold_pad_into_producer", tvm.transform.Sequential([]))):  # fmt: skip
+    with (swapped(tuner.layout, "wide_blocks", lambda target: {}),
+          swapped(tuner.layout, "PAD_APART", ("bfloat16",)),
+          swapped(tuner.tasks, "fold_pad_into_producer", tvm.transform.Sequential([]))):  # fmt: skip
         yield
 
 
@@ -172,7 +162,7 @@ def fp32_attention():
     float32 (``tuner.precision`` asks ``_bf16_dots`` whether the target takes them in bf16)."""
     import tuner.precision
 
-    return _swapped(tuner.precision, "_bf16_dots", lambda target: False)
+    return swapped(tuner.precision, "_bf16_dots", lambda target: False)
 
 
 def unpadded_columns():
@@ -181,7 +171,7 @@ def unpadded_columns():
     no slice (``tuner.precision.bf16`` calls ``emit_weight_matmul`` for every dense layer)."""
     import tuner.precision.bf16 as bf16
 
-    return _swapped(bf16, "emit_weight_matmul", functools.partial(bf16.emit_weight_matmul, columns=1))
+    return swapped(bf16, "emit_weight_matmul", functools.partial(bf16.emit_weight_matmul, columns=1))
 
 
 def narrow_1x1():
@@ -190,7 +180,7 @@ def narrow_1x1():
     ``sole_readers`` which data is a conv's alone)."""
     import tuner.layout
 
-    return _swapped(tuner.layout, "sole_readers", lambda func: frozenset())
+    return swapped(tuner.layout, "sole_readers", lambda func: frozenset())
 
 
 def shared_narrow_1x1():
@@ -198,7 +188,7 @@ def shared_narrow_1x1():
     too reads it in 16-channel blocks, never a wide copy."""
     import tuner.layout
 
-    return _swapped(tuner.layout, "SHARED_COPY_GAIN", sys.maxsize)
+    return swapped(tuner.layout, "SHARED_COPY_GAIN", sys.maxsize)
 
 
 def tvm_bf16_casts():
@@ -206,7 +196,7 @@ def tvm_bf16_casts():
     thirty-seventh session (``search_spaces.lowering`` looks the rewrite up when it lowers)."""
     import search_spaces.bf16_casts
 
-    return _swapped(search_spaces.bf16_casts, "native_bf16_casts", lambda mod: mod)
+    return swapped(search_spaces.bf16_casts, "native_bf16_casts", lambda mod: mod)
 
 
 def scalar_nearbyint():
@@ -214,7 +204,7 @@ def scalar_nearbyint():
     thirty-eighth session (``search_spaces.lowering`` looks the rewrite up when it lowers)."""
     import search_spaces.lowering
 
-    return _swapped(search_spaces.lowering, "llvm_nearbyint", lambda mod: mod)
+    return swapped(search_spaces.lowering, "llvm_nearbyint", lambda mod: mod)
 
 
 def divided_softmax():
@@ -225,7 +215,7 @@ def divided_softmax():
 
     import tuner.layout
 
-    return _swapped(tuner.layout, "fast_softmax_last_axis", lambda x: topi.nn.fast_softmax(x, len(x.shape) - 1))
+    return swapped(tuner.layout, "fast_softmax_last_axis", lambda x: topi.nn.fast_softmax(x, len(x.shape) - 1))
 
 
 def checked_taps():
@@ -249,7 +239,7 @@ def checked_taps():
         ow = (w + left + right - kw) // stride_w + 1
         return te.compute((n, 1, h + top + bottom, ow, block), value, name="row_taps")
 
-    return _swapped(tuner.layout, "row_taps", row_taps)
+    return swapped(tuner.layout, "row_taps", row_taps)
 
 
 def main() -> None:
