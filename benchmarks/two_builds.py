@@ -17,8 +17,6 @@ from tuner.db import TuningDatabase
 from tuner.rerank import record_program
 from tuner.tasks import Task
 
-BUILDS = ("tvm", "ours")
-
 
 @contextlib.contextmanager
 def swapped(module: Any, name: str, value: Any) -> Iterator[None]:
@@ -36,7 +34,7 @@ def built_tasks(db: TuningDatabase, device_id: int | None, tasks: list[Task], ta
                 rewrite: tuple[Any, str], wanted: Callable[[tvm.IRModule], bool] = lambda prog: True,
                 ) -> Iterator[tuple[Task, float, dict[str, Any], dict[str, list], bool]]:  # fmt: skip
     """For each task with a stored best record whose program ``wanted`` takes: the task, the
-    record's timing (s), both builds (``BUILDS``), each build's arguments after one run on the
+    record's timing (s), both builds (``tvm``, ``ours``), each build's arguments after one run on the
     same random inputs, and whether all of their bits agree."""
     for task in tasks:
         best = db.best(task.workload_key, device_id, k=1) if device_id is not None else []

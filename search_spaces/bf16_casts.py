@@ -21,8 +21,6 @@ before it build with it.
 
 from __future__ import annotations
 
-import logging
-
 import tvm
 import tvm_ffi
 from tvm import tirx
@@ -30,9 +28,8 @@ from tvm.ir.expr import TensorLoad
 from tvm.ir.prim.expr import BitwiseAnd as _BitwiseAnd
 from tvm.ir.prim.expr import RShift as _RShift
 
+from search_spaces.lowering import map_functions
 from search_spaces.templates.intrin_x86 import target_has_bf16_dot
-
-logger = logging.getLogger(__name__)
 
 # Lanes -> LLVM's intrinsic for them (the 256-bit form needs AVX512VL, which every CPU with
 # AVX512_BF16 has).
@@ -144,20 +141,4 @@ def _convert(source: tirx.PrimExpr, lanes: int) -> tirx.PrimExpr:
 def native_bf16_casts(mod: tvm.IRModule) -> tvm.IRModule:
     """``mod`` (lowered by TVM's pipeline) with its vector casts to bfloat16 on
     ``vcvtneps2bf16`` in the functions whose target has AVX512_BF16."""
-    updates = {}
-    for gv, func in mod.functions.items():
-        if not isinstance(func, tirx.PrimFunc) or func.attrs is None:
-            continue
-        target = func.attrs.get("target")
-        if target is None or not target_has_bf16_dot(target):
-            continue
-        new = tvm_ffi.structural_map(func, (tirx.BufferStore, _native))
-        if not new.same_as(func):
-            updates[gv] = new
-    if not updates:
-        return mod
-    logger.debug("bf16 casts on vcvtneps2bf16 in %d functions", len(updates))
-    out = tvm.IRModule(dict(mod.functions.items()), attrs=mod.attrs)
-    for gv, func in updates.items():
-        out[gv] = func
-    return out
+    return map_functions(mod, target_has_bf16_dot, (tirx.BufferStore, _native))

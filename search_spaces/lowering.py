@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import tvm
@@ -100,16 +100,23 @@ def llvm_nearbyint(mod: tvm.IRModule) -> tvm.IRModule:
     stored the output byte by byte for three of its four vectors. The LLVM intrinsic is the
     same rounding (to nearest even, ``vroundps $12`` on x86), and a ``call_llvm_pure_intrin``
     vectorizes. GPU functions keep TVM's op: their code generators print it."""
+    return map_functions(mod, lambda target: target.kind.name == "llvm", (tvm.ir.Call, _llvm_rounding))
+
+
+def map_functions(mod: tvm.IRModule, wanted: Callable[[tvm.target.Target], bool], callback: tuple) -> tvm.IRModule:
+    """``mod`` with ``tvm_ffi.structural_map(func, callback)`` applied to each PrimFunc whose
+    ``target`` attribute ``wanted`` takes (``mod`` itself where none changes)."""
     updates = {}
     for gv, func in mod.functions.items():
         target = func.attrs.get("target") if isinstance(func, tirx.PrimFunc) and func.attrs else None
-        if target is None or target.kind.name != "llvm":
+        if target is None or not wanted(target):
             continue
-        new = tvm_ffi.structural_map(func, (tvm.ir.Call, _llvm_rounding))
+        new = tvm_ffi.structural_map(func, callback)
         if not new.same_as(func):
             updates[gv] = new
     if not updates:
         return mod
+    logger.debug("%s rewrote %d functions", getattr(callback[1], "__name__", callback), len(updates))
     out = tvm.IRModule(dict(mod.functions.items()), attrs=mod.attrs)
     for gv, func in updates.items():
         out[gv] = func

@@ -55,7 +55,7 @@ class TemplateSpace(SearchSpace):
         if self.template.starts is None:
             return []
         out: list[Point] = []
-        for values in self.template.starts({k.name: k.choices for k in self._knobs}):
+        for values in self.template.starts({k.name: k.choices for k in self._knobs}, self.limits):
             point = Point(0, tuple(values.get(k.name, k.choices[0]) for k in self._knobs))
             if point not in out and self.static_violation(point) is None:
                 out.append(point)

@@ -47,9 +47,9 @@ class Template:
         constraint: ``(values, limits) -> reason or None``: points it rejects are outside
             the space (checked before anything is built).
         description: one line for listings.
-        starts: ``knob choices by name -> knob values by name``: points worth measuring
-            first (a library's proven register tiles), each a dict of some knobs' values (the
-            others take their first choice); those outside the space are dropped.
+        starts: ``(knob choices by name, limits) -> knob values by name``: points worth
+            measuring first (a library's proven register tiles), each a dict of some knobs'
+            values (the others take their first choice); those outside the space are dropped.
     """
 
     name: str
@@ -57,7 +57,7 @@ class Template:
     schedule: Callable[[Schedule, dict[str, Any], Limits], None]
     constraint: Callable[[dict[str, Any], Limits], str | None] | None = None
     description: str = ""
-    starts: Callable[[dict[str, tuple]], list[dict[str, Any]]] | None = None
+    starts: Callable[[dict[str, tuple], Limits], list[dict[str, Any]]] | None = None
 
 
 _REGISTRY: dict[str, Template] = {}

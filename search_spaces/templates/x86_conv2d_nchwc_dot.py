@@ -163,17 +163,18 @@ def _constraint(values: dict[str, Any], limits: Limits) -> str | None:
 _START_TILES = ((4, 4), (7, 2), (6, 4), (12, 2))
 # AVX2's budget of 13 takes none of those. Its starts are the tiles most of ResNet-50's int8
 # conv tasks' bests took in an AVX2 job (Zen 3, 2026-11-29: 4 x 2 in 11 of 33 tasks, 2 x 4 in
-# 8, 8 x 1 in 4, 6 x 2 in 2): an accumulator there waits on one vpaddd, so 8 hide it.
+# 8, 8 x 1 in 4, 6 x 2 in 2); likely because an accumulator there waits only on a vpaddd (not
+# measured). A job starting from them ran the model in the same time as one without
+# (benchmarks/README.md, "AVX2 Zen 3: requantize epilogues vectorized by TVM").
 _AVX2_START_TILES = ((4, 2), (2, 4), (8, 1), (6, 2))
 
 
-def _starts(choices: dict[str, tuple]) -> list[dict[str, Any]]:
+def _starts(choices: dict[str, tuple], limits: Limits) -> list[dict[str, Any]]:
     """The start points: each tile along the fused pixel axis, a whole channel chunk of
     instruction steps unrolled, the (batch, channel chunk) loops parallel (which any pixel
-    count takes). Tiles the task's channels or pixels do not take are dropped by the space.
-    ``reg_n`` runs up to the register budget (every conv of the zoo has more output pixels),
-    so a budget under 16 is AVX2's (:func:`dot_budget`)."""
-    tiles = _AVX2_START_TILES if max(choices["reg_n"]) < 16 else _START_TILES
+    count takes), AVX2's own where the target has its 16 vector registers. Tiles the task's
+    channels or pixels do not take are dropped by the space."""
+    tiles = _AVX2_START_TILES if limits.vector_registers < 32 else _START_TILES
     return [{"reg_n": pixels, "tile_oh": 1, "tile_oc": blocks, "tile_ic": max(choices["tile_ic"]), "order": 0,
              "unroll_kw": 1, "parallel_depth": 2, "fuse_pixels": 1}
             for pixels, blocks in tiles]  # fmt: skip

@@ -232,7 +232,7 @@ def _template(name: str, dot: _Dot, description: str) -> Template:
         schedule=lambda sch, values, limits: _schedule(dot, sch, values, limits),
         constraint=_constraint,
         description=description,
-        starts=lambda choices: _starts(dot.instruction.lanes, choices),
+        starts=lambda choices, limits: _starts(dot.instruction.lanes, choices),
     ))  # fmt: skip
 
 

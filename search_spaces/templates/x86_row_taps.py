@@ -101,5 +101,5 @@ X86_ROW_TAPS = register_template(Template(
     knobs=_knobs,
     schedule=_schedule,
     description="an image copied into rows of kernel taps (AMX stem), interior columns vectorized (x86)",
-    starts=lambda choices: [{"vector": choices["vector"][0], "rows": 1}],
+    starts=lambda choices, limits: [{"vector": choices["vector"][0], "rows": 1}],
 ))
