@@ -101,6 +101,22 @@ def _constraint(values: dict[str, Any], limits: Limits) -> str | None:
     return None
 
 
+# Register tiles every job measures first, as (tiles, output channel blocks): the bests of
+# ResNet-50 bf16's four F(2, 3) tasks when every point of the space was timed on a Zen 4
+# (2026-11-29, benchmarks/README.md, "Zen 4: bf16 Winograd for every 3x3 conv"): 4 x 4 at
+# 28x28 and 7x7, 7 x 2 at 14x14, 1 x 4 at 56x56; 4 x 2 is in the five fastest of three of
+# them. Eight random points of a space of 72 found none of them: the probe a job gives an
+# alternative layout ran 1.3-2.3x the space's best, and the job dropped the layout.
+_START_TILES = ((4, 4), (7, 2), (1, 4), (4, 2))
+
+
+def _starts(choices: dict[str, tuple], limits: Limits) -> list[dict[str, Any]]:
+    """The start points: each tile, one input channel (pair) a step, the padding its own pass
+    (the sweep's fastest settings). Tiles the task's tiles or channels do not take are dropped
+    by the space."""
+    return [{"tile_p": tiles, "tile_oc": blocks, "tile_ci": 1, "pad_inline": 0} for tiles, blocks in _START_TILES]
+
+
 def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     if not _is_winograd(sch):
         raise ValueError("not a Winograd conv task")
@@ -216,4 +232,5 @@ X86_CONV2D_WINOGRAD = register_template(Template(
     schedule=_schedule,
     constraint=_constraint,
     description="conv2d 3x3/1 by Winograd F(m, 3) in NCHW[x]c + epilogue: transforms, register-tiled GEMMs (x86)",
+    starts=_starts,
 ))

@@ -112,6 +112,25 @@ def test_the_bf16_winograd_gemm_takes_the_dot_product_only_where_the_cpu_has_it(
     assert "nightshift_dpbf16ps_512" in sch.mod.script()
 
 
+def test_winograd_template_starts_from_the_tiles_a_full_sweep_found_fastest():
+    """A job measures 4 tiles x 4 channel blocks, 7 x 2, 1 x 4 and 4 x 2 first (the bests of
+    ResNet-50 bf16's F(2, 3) tasks when a Zen 4 timed every point): valid points, and only
+    the tiles the task's tiles and channels take."""
+    from conftest import conv_winograd
+
+    zen4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    # F(2, 3) on a 28x28 map: 14 x 14 = 196 tiles, which 4 and 7 divide; 64 channels: 4 blocks.
+    wide = TemplateSpace(conv_winograd(c=64, o=64, hw=28, m=2, dtype="bfloat16", dot=True), zen4,
+                         "x86-conv2d-winograd")
+    starts = [wide.values(p) for p in wide.starts()]
+    assert all(wide.static_violation(p) is None for p in wide.starts())
+    assert [(v["tile_p"], v["tile_oc"]) for v in starts] == [(4, 4), (7, 2), (1, 4), (4, 2)]
+    assert {(v["tile_ci"], v["pad_inline"]) for v in starts} == {(1, 0)}
+    # 14x14: 49 tiles, which 4 does not divide.
+    odd = TemplateSpace(conv_winograd(c=64, o=64, hw=14, m=2, dtype="bfloat16", dot=True), zen4, "x86-conv2d-winograd")
+    assert [(odd.values(p)["tile_p"], odd.values(p)["tile_oc"]) for p in odd.starts()] == [(7, 2), (1, 4)]
+
+
 @pytest.mark.parametrize("task_name", ["conv_winograd", "conv_winograd_bf16_dot"])
 def test_winograd_gemm_unrolls_its_register_tile_and_not_the_tile_loop(task_name):
     """With one output channel block in the register tile the accumulators' store has no
