@@ -104,9 +104,10 @@ def _constraint(values: dict[str, Any], limits: Limits) -> str | None:
 # Register tiles every job measures first, as (tiles, output channel blocks): the bests of
 # ResNet-50 bf16's four F(2, 3) tasks when every point of the space was timed on a Zen 4
 # (2026-11-29, benchmarks/README.md, "Zen 4: bf16 Winograd for every 3x3 conv"): 4 x 4 at
-# 28x28 and 7x7, 7 x 2 at 14x14, 1 x 4 at 56x56; 4 x 2 is in the five fastest of three of
-# them. Eight random points of a space of 72 found none of them: the probe a job gives an
-# alternative layout ran 1.3-2.3x the space's best, and the job dropped the layout.
+# 28x28 and 7x7, 7 x 2 at 14x14, 1 x 4 at 56x56; 4 x 2 is in the five fastest of two of
+# them. Eight random points of a space of 72-96 found none of them: the probe a job gives an
+# alternative layout ran 1.3-2.3x the space's best, and the job dropped the layout. float32
+# Winograd tasks start from them too (not measured there).
 _START_TILES = ((4, 4), (7, 2), (1, 4), (4, 2))
 
 
