@@ -28,6 +28,7 @@ from tuner.db import TuningDatabase
 from tuner.device import parse_device
 from tuner.frontends import load_model
 from tuner.layout import LayoutPlan
+from tuner.measure.runner import TimingConfig
 from tuner.precision import check_device
 from tuner.precision.quantize import DEFAULT_CALIBRATION, quantized_model
 from tuner.tasks import extract_tasks
@@ -65,11 +66,10 @@ def main() -> None:
                           precision=args.precision)  # fmt: skip
     rows = []
     rounding = (lowering, "llvm_nearbyint")
+    cold = TimingConfig.of_mode("cold")
     for task, _, libs, args_of, same in built_tasks(db, device_id, tasks, target, rounding,
                                                     lambda prog: "nearbyint" in prog.script()):  # fmt: skip
-        timers = {k: lib.mod.time_evaluator("main", tvm.cpu(0), number=1, repeat=10,
-                                            f_preproc="cache_flush_cpu_non_first_arg")
-                  for k, lib in libs.items()}  # fmt: skip
+        timers = {k: cold.evaluator(lib.mod, "main", tvm.cpu(0), cold.repeat) for k, lib in libs.items()}
         med = interleaved_us(timers, args_of, args.rounds, alternate=True, median_of_repeats=True)
         bytewise = {k: len(_BYTEWISE.findall(lib.mod.inspect_source("asm"))) for k, lib in libs.items()}
         rows.append({"task": task.name, "weight": task.weight, "workload_key": task.workload_key,

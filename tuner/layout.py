@@ -645,8 +645,9 @@ PAD_APART = ("bfloat16", "uint8")
 #: others read too (ResNet's convs that read a block's input) for it to read a wide copy:
 #: uint8's 64 channels against 16 (4x) pay for the copy, a pass over the data; bfloat16's 32
 #: (2x) are not taken. On an Emerald Rapids, ResNet-50 int8's such convs ran at 1.6-3.6x
-#: OpenVINO's per-node times on 16-channel blocks; with the copies the model took 0.872x the
-#: time (benchmarks/README.md, thirty-sixth session).
+#: the per-node times of OpenVINO on the QDQ file (``INFERENCE_PRECISION_HINT`` f32, so its
+#: int8 kernels and not its bf16 default) on 16-channel blocks; with the copies the model
+#: took 0.872x the time (benchmarks/README.md, thirty-sixth session).
 SHARED_COPY_GAIN = 4
 
 
