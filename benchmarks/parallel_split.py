@@ -1,20 +1,18 @@
 """Convs split between the threads by pixels instead of by output channels: what would it buy in the model?
 
-``x86-conv2d-nchwc-dot`` parallelizes its outer loops (batch, output channel tiles, pixel
-tiles) in that order, so each thread computes a contiguous range of output channels over
-every pixel: it reads all of the input, half of which the producer's other thread just
-wrote, and it writes a half of the output that the next conv's threads both read. Split by
-pixels (batch, pixel tiles, then channel tiles), each thread writes and reads the same rows
-from one conv to the next: the activations stay in its core's cache. A job cannot see this
-(its cold timing leaves the input in both cores' caches), so this measures it apart,
-without changing the template: for each tuned conv task of ``--model`` whose stored best is
-a dot-template point with at least ``--min-pixels`` output pixels, no partial pixel tile
-and at most ``--max-weight-kib`` of weights, the same knobs are scheduled with the pixel
-loops outside the channel loop (so the parallel loops are the batch and the pixel tiles),
-built, checked for the same output bits as the stored best, and both are timed alone in
-``--rounds`` interleaved cold rounds. Each variant is then stored in a copy of the database
-(``--out-db``) just under the stored best's time, so that a compile takes it; run
-``db_ab.py --db DB --db-b OUT_DB`` for the model. Writes
+Split by channels (``x86-conv2d-nchwc-dot``'s ``split`` 0), each thread computes a range of
+output channels over every pixel: it reads all of the input, half of which the producer's
+other thread just wrote, and writes a half of the output that both of the next conv's
+threads read. Split by pixels (``split`` 1), each thread writes and reads the same rows from
+one conv to the next, so the activations stay in its core's cache. A job's cold timing
+cannot see this (the input is in both cores' caches), so this measures it from a finished
+database: for each tuned conv task of ``--model`` whose stored best is a dot-template point
+split by channels, with at least ``--min-pixels`` output pixels, no partial pixel tile and
+at most ``--max-weight-kib`` of weights, the same knobs split by pixels are built, checked
+for the same output bits as the stored best, and both are timed alone in ``--rounds``
+interleaved cold rounds. Each variant is stored in a copy of the database (``--out-db``)
+just under the stored best's time, so that a compile takes it; ``db_ab.py --db DB --db-b
+OUT_DB`` then times the two models in the same rounds. Writes
 benchmarks/results/parallel_split.json (``--out``).
 
     .venv/bin/python benchmarks/parallel_split.py --db r50_int8.db --out-db r50_int8_pixels.db --model resnet50
@@ -40,11 +38,11 @@ from search_spaces.base import Point
 from search_spaces.preload import preload_tensor_intrinsics
 from search_spaces.template_space import TemplateSpace
 from search_spaces.templates import x86_conv2d_nchwc_dot as dot_template
-from search_spaces.templates.x86_conv2d_nchwc import PixelTiles
 from search_spaces.verify import arg_specs
 from tuner.db import NewRecord, TuningDatabase
 from tuner.device import parse_device
 from tuner.frontends import load_model
+from tuner.job import record_point
 from tuner.layout import LayoutPlan
 from tuner.measure.runner import TimingConfig, random_args
 from tuner.precision.quantize import DEFAULT_CALIBRATION, quantized_model
@@ -54,17 +52,19 @@ from tuner.tasks import extract_tasks
 
 sys.path.insert(0, str(Path(__file__).parent))
 from result_file import machine, write_result
-from two_builds import swapped
 
 RESULTS = Path(__file__).parent / "results" / "parallel_split.json"
 TEMPLATE = dot_template.NAME
-CHANNELS_FIRST = dot_template.pixel_tiles
 
 
-def pixels_first(tiles: PixelTiles) -> PixelTiles:
-    """The tiles' outer loops with the pixel loops before the channel tiles' loop."""
-    n, oc_o, *pixels = tiles.outer
-    return tiles._replace(outer=[n, *pixels, oc_o])
+def knob_values(space: TemplateSpace, decisions: list) -> dict:
+    """A stored point's knob values; a point stored before the template had ``split`` was
+    split by channels."""
+    names = [k.name for k in space.knobs(0)]
+    if len(decisions) == len(names) - 1:
+        names.remove("split")
+        return {**dict(zip(names, decisions, strict=True)), "split": 0}
+    return dict(zip(names, decisions, strict=True))
 
 
 def weight_bytes(mod: tvm.IRModule) -> int:
@@ -105,14 +105,14 @@ def main() -> None:
         if point.get("kind") != TEMPLATE:
             continue
         space = TemplateSpace(task.mod, target, TEMPLATE)
-        values = space.values(Point(0, tuple(point["decisions"])))
+        values = knob_values(space, point["decisions"])
         pixels = values["out_h"] * values["out_w"]
         weight_kib = weight_bytes(task.mod) / 1024
         partial = values["fuse_pixels"] and pixels % values["reg_n"]
-        if pixels < args.min_pixels or weight_kib > args.max_weight_kib or partial:
+        if values["split"] or pixels < args.min_pixels or weight_kib > args.max_weight_kib or partial:
             continue
-        with swapped(dot_template, "pixel_tiles", lambda *a, **k: pixels_first(CHANNELS_FIRST(*a, **k))):
-            sch = TemplateSpace(task.mod, target, TEMPLATE).apply(Point(0, tuple(point["decisions"])))
+        split = Point(0, tuple({**values, "split": 1}[k.name] for k in space.knobs(0)))
+        sch = space.apply(split)
         stored_program = record_program(task, best[0].record_json)
         libs = [tvm.compile(stored_program, target=target), tvm.compile(sch.mod, target=target)]
         inputs = random_args(arg_specs(task.mod), seed=0)
@@ -135,7 +135,7 @@ def main() -> None:
         rec = ms.database.TuningRecord(Trace([], {}), ms.database.Workload(task.mod), None, target, args_info).as_json()
         rec[0] = trace_json(sch)
         new.append(NewRecord(workload_key=task.workload_key, record_json=json.dumps(rec),
-                             point=json.dumps({**point, "split": "pixels"}, separators=(",", ":")),
+                             point=record_point(TEMPLATE, split),
                              run_secs=[float(best[0].mean_sec) * 0.999], timing=best[0].timing))  # fmt: skip
     out_device = out_db.find_device_id(device)
     stored = out_db.add_records(out_device, None, new) if out_device is not None else 0

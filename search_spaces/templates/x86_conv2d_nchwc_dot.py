@@ -18,6 +18,15 @@ bounds check goes onto an outer block and the instruction inside. On a Zen 4, Re
 after 2048 trials ran in 0.93x the time of the same job's rectangles alone (benchmarks/README.md,
 "Pixel and row tiles on the dot-product instructions").
 
+The threads share the work by output channel tiles (``split`` 0: each computes its channels
+over every pixel) or by pixel tiles (``split`` 1: each computes its rows over every channel).
+By channels each thread reads all of the input, half of which the producer's other thread has
+just written into its own core's cache; by pixels consecutive convs find their rows where
+they left them. Timed alone, as a job times a candidate, the input is in both cores' caches
+and the split by pixels mostly loses (it reads every weight once per pixel tile); in the
+model it can win: on an AVX2 Zen 3, ResNet-50 int8 with its 12 large-activation convs split
+by pixels ran in 0.95x the time (benchmarks/README.md, "AVX2 Zen 3: convs split by pixels").
+
 The task is what :func:`tuner.layout.prepare` makes of such a conv (``dot_elements``):
 ``tuner.layout.conv2d_nchwc_dot`` (TOPI's ``conv2d_NCHWc_int8`` compute), block
 ``conv2d_NCHWc_dot`` with spatial iters (n, oc_chunk, oh, ow, oc_block) and reduce iters
@@ -125,6 +134,9 @@ def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tupl
         Knob("parallel_depth", "choice", (2, 3, 4)),
         # 1: the pixel tile runs along the fused (oh, ow) axis (see the module's docstring).
         Knob("fuse_pixels", "choice", (0, 1)),
+        # How the threads share the work: 0 by output channel tiles, 1 by pixel tiles (the
+        # module's docstring says why).
+        Knob("split", "choice", (0, 1)),
         # Fixed by the task; knobs so the constraint can read them.
         Knob("out_h", "choice", (oh,)),
         Knob("out_w", "choice", (ow,)),
@@ -150,6 +162,9 @@ def _constraint(values: dict[str, Any], limits: Limits) -> str | None:
     pixels_wrong = _pixel_violation(values)
     if pixels_wrong:
         return pixels_wrong
+    if values["split"] and values["fuse_pixels"] and values["out_h"] * values["out_w"] % values["reg_n"]:
+        # The peeled last tile needs the pixel-tile loop of its own, not fused into the parallel one.
+        return "a split by pixels with a partial last pixel tile"
     body = regs * values["tile_ic"] * values["unroll_kw"]
     if body > _MAX_UNROLLED_FMAS:
         return f"unrolled reduction body of ~{body} dot products, more than {_MAX_UNROLLED_FMAS}"
@@ -190,6 +205,9 @@ def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     conv, store = accumulate_conv(sch, conv)
     tiles = pixel_tiles(sch, conv, store, values)
     outer_loops, tile_loops, oc_t, oc_block, peel = tiles.outer, tiles.tile, tiles.oc_t, tiles.oc_block, tiles.peel
+    if values["split"]:
+        n, oc_o, *pixels = outer_loops
+        outer_loops = [n, *pixels, oc_o]  # the parallel loops are the batch's and the pixel tiles'
     kh, kw, ic_chunk, ic_group, ic_lane = tiles.reduce
     ig_o, ig_i = sch.split(ic_group, [None, values["tile_ic"]])
     order = values["order"]

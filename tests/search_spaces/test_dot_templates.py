@@ -3,6 +3,8 @@ them (beyond the conformance suite)."""
 
 from __future__ import annotations
 
+import re
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -299,3 +301,19 @@ def test_dot_conv_template_starts_from_its_common_register_tiles():
     assert all(avx2.static_violation(p) is None for p in avx2.starts())
     assert [(avx2.values(p)["reg_n"], avx2.values(p)["tile_oc"]) for p in avx2.starts()] == [(4, 2), (2, 4), (8, 1),
                                                                                             (6, 2)]
+
+
+@needs_avx2
+@pytest.mark.parametrize(("split", "parallel"), [(0, 2), (1, 49)])
+def test_conv_splits_the_threads_work_by_channels_or_by_pixels(split, parallel):
+    """``split`` 0 runs the (batch, channel tile) loops in parallel: 4 blocks of 8 channels in
+    tiles of 2; 1 the (batch, pixel tile) loops: 196 pixels in tiles of 4. Both compute the
+    conv exactly on the instruction. A split by pixels with a partial last tile is refused
+    (its peel needs the pixel-tile loop of its own)."""
+    sp = space("x86-conv2d-nchwc-dot", "conv_nchwc_u8_avx2", "llvm-avx2")
+    point = named_point(sp, DOT_DEFAULTS, reg_n=4, tile_oc=2, split=split)
+    extents = re.findall(r"T\.parallel\((?:T\.int64\()?(\d+)", sp.apply(point).mod.script())
+    assert int(extents[-1]) == parallel  # the first is the padding pass's
+    _check_on_instruction("x86-conv2d-nchwc-dot", "conv_nchwc_u8_avx2", point, "llvm-avx2")
+    partial = named_point(sp, DOT_DEFAULTS, reg_n=5, tile_oc=2, split=split)
+    assert (sp.static_violation(partial) is None) == (split == 0)
