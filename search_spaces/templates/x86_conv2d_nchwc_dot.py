@@ -24,8 +24,10 @@ By channels each thread reads all of the input, half of which the producer's oth
 just written into its own core's cache; by pixels consecutive convs find their rows where
 they left them. Timed alone, as a job times a candidate, the input is in both cores' caches
 and the split by pixels mostly loses (it reads every weight once per pixel tile); in the
-model it can win: on an AVX2 Zen 3, ResNet-50 int8 with its 12 large-activation convs split
-by pixels ran in 0.95x the time (benchmarks/README.md, "AVX2 Zen 3: convs split by pixels").
+model it gains that back. On an AVX2 Zen 3, ResNet-50 int8 with 12 large-activation convs
+forced to split by pixels ran 0.95x and 1.01x the time in two runs, and a job's records split
+by pixels 0.94x the same job's model without them (benchmarks/README.md, "AVX2 Zen 3: the
+host's slow phases hit TVM's large-activation convs; convs split by pixels").
 
 The task is what :func:`tuner.layout.prepare` makes of such a conv (``dot_elements``):
 ``tuner.layout.conv2d_nchwc_dot`` (TOPI's ``conv2d_NCHWc_int8`` compute), block
