@@ -40,18 +40,14 @@ from search_spaces.template_space import TemplateSpace
 from search_spaces.templates import x86_conv2d_nchwc_dot as dot_template
 from search_spaces.verify import arg_specs
 from tuner.db import NewRecord, TuningDatabase
-from tuner.device import parse_device
-from tuner.frontends import load_model
 from tuner.job import record_point
-from tuner.layout import LayoutPlan
 from tuner.measure.runner import TimingConfig, random_args
-from tuner.precision.quantize import DEFAULT_CALIBRATION, quantized_model
 from tuner.rerank import record_program, time_interleaved
 from tuner.search.remote import trace_json
-from tuner.tasks import extract_tasks
 
 sys.path.insert(0, str(Path(__file__).parent))
 from result_file import machine, write_result
+from tuned_tasks import tuned_tasks
 
 RESULTS = Path(__file__).parent / "results" / "parallel_split.json"
 TEMPLATE = dot_template.NAME
@@ -85,23 +81,16 @@ def main() -> None:
     args = p.parse_args()
     preload_tensor_intrinsics()
     lowering.install()
-    device = parse_device("cpu")
-    device.use_threads()
-    target = device.target
-    source = args.model
-    if args.precision == "int8" and not source.lower().endswith(".onnx"):
-        source = str(quantized_model(load_model(source), source, DEFAULT_CALIBRATION))
-    tasks = extract_tasks(load_model(source).bound(), target, LayoutPlan.for_target(target),
-                          precision=args.precision)  # fmt: skip
+    tuned = tuned_tasks(args.db, args.model, precision=args.precision)
+    device, target = tuned.device, tuned.device.target
     shutil.copyfile(args.db, args.out_db)
-    db, out_db = TuningDatabase(args.db), TuningDatabase(str(args.out_db))
-    device_id = db.find_device_id(device)
+    out_db = TuningDatabase(str(args.out_db))
     cold = TimingConfig.of_mode("cold")
     load_before = os.getloadavg()
     rows, new = [], []
-    for task in tasks:
-        best = db.best(task.workload_key, device_id, k=1) if device_id is not None else []
-        point = json.loads(best[0].point) if best else {}
+    for task in tuned.tasks:
+        best = tuned.rows[task.workload_key]
+        point = json.loads(best[0].point)
         if point.get("kind") != TEMPLATE:
             continue
         space = TemplateSpace(task.mod, target, TEMPLATE)

@@ -11,6 +11,7 @@ from tuner.device import Device, parse_device
 from tuner.frontends import load_model
 from tuner.layout import LayoutPlan
 from tuner.memory import small_pages
+from tuner.precision.quantize import DEFAULT_CALIBRATION, quantized_model
 from tuner.tasks import Task, extract_tasks
 
 
@@ -25,10 +26,11 @@ class Tuned:
     rows: dict[str, list[Any]]  # per workload key, its ``top`` fastest records
 
 
-def tuned_tasks(db_path: str, model: str, top: int = 1) -> Tuned:
+def tuned_tasks(db_path: str, model: str, top: int = 1, precision: str = "fp32") -> Tuned:
     """Numpy's huge-page advice off, the host CPU on its ``num-cores`` threads, and the tasks
-    of ``model`` (the host's default layout plan) with records of this CPU in ``db_path``;
-    exits with a message when the database has none."""
+    of ``model`` in ``precision`` (the host's default layout plan; int8: a zoo name quantized
+    as ``tune`` quantizes it, or a QDQ file) with records of this CPU in ``db_path``; exits
+    with a message when the database has none."""
     small_pages()
     device = parse_device("cpu")
     device.use_threads()
@@ -36,7 +38,10 @@ def tuned_tasks(db_path: str, model: str, top: int = 1) -> Tuned:
     device_id = db.find_device_id(device)
     if device_id is None:
         raise SystemExit(f"{db_path} has no records of this CPU ({device.fingerprint})")
-    tasks = extract_tasks(load_model(model).bound(), device.target, LayoutPlan.for_target(device.target))
+    if precision == "int8" and not model.lower().endswith(".onnx"):
+        model = str(quantized_model(load_model(model), model, DEFAULT_CALIBRATION))
+    tasks = extract_tasks(load_model(model).bound(), device.target, LayoutPlan.for_target(device.target),
+                          precision=precision)  # fmt: skip
     rows = {t.workload_key: db.best(t.workload_key, device_id, k=top) for t in tasks}
     tuned = [t for t in tasks if rows[t.workload_key] and rows[t.workload_key][0].mean_sec]
     tuned.sort(key=lambda t: -t.weight * rows[t.workload_key][0].mean_sec)
