@@ -1,0 +1,86 @@
+/* How many dot-product steps one core retires a second, 12 independent accumulator chains
+ * (enough to cover each step's latency; a register tile within AVX2's budget of 13), 2.4e9
+ * steps in all: the ceiling a conv on that instruction can reach per core. Prints JSON.
+ *
+ *   vdpbf16ps: one 512-bit vdpbf16ps a step (AVX512_BF16; 64 flops), the bf16 templates'
+ *              instruction (benchmarks/README.md, "Zen 4: bf16 Winograd for every 3x3 conv");
+ *   avx2:      vpmaddubsw into int16 pairs, vpmaddwd by ones, vpaddd (8 lanes of uint8 x int8
+ *              quadruples; 64 ops), the int8 templates' dot product without VNNI
+ *              (search_spaces/templates/intrin_x86.py, AVX2_DOT; "AVX2 Zen 3: the host's slow phases").
+ *
+ *   gcc -O2 -o /tmp/dot_rate benchmarks/dot_rate.c
+ *   /tmp/dot_rate vdpbf16ps > benchmarks/results/vdpbf16ps_rate_zen4.json
+ *   /tmp/dot_rate avx2 > benchmarks/results/avx2_dot_rate_zen3.json
+ * Each kernel is compiled for its own instructions only, so the binary runs on a CPU without
+ * AVX-512 as long as it is not asked for vdpbf16ps.
+ */
+#include <immintrin.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* The empty asm keeps the chains in registers and the loop from being folded. */
+#define BARRIER(kind) __asm__ volatile("" : "+" kind(a0), "+" kind(a1), "+" kind(a2), "+" kind(a3), \
+    "+" kind(a4), "+" kind(a5), "+" kind(a6), "+" kind(a7), "+" kind(a8), "+" kind(a9), "+" kind(a10), "+" kind(a11))
+#define TWELVE(STEP) STEP(a0); STEP(a1); STEP(a2); STEP(a3); STEP(a4); STEP(a5); \
+    STEP(a6); STEP(a7); STEP(a8); STEP(a9); STEP(a10); STEP(a11)
+
+#define BF16_STEP(a) a = _mm512_dpbf16_ps(a, x, y)
+
+__attribute__((target("avx512f,avx512bf16"))) static double vdpbf16ps_rate(long n) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0;
+    __m512 a6 = a0, a7 = a0, a8 = a0, a9 = a0, a10 = a0, a11 = a0;
+    __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80), y = x;
+    double t = now();
+    for (long i = 0; i < n; i++) {
+        TWELVE(BF16_STEP);
+        BARRIER("v");
+    }
+    t = now() - t;
+    volatile float sink = _mm512_reduce_add_ps(_mm512_add_ps(a0, a11));
+    (void)sink;
+    return n * 12 / t;
+}
+
+/* The empty asm makes x look new at every step, so that the products are not shared. */
+#define AVX2_STEP(a) __asm__ volatile("" : "+x"(x)); \
+    a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), ones))
+
+__attribute__((target("avx2"))) static double avx2_rate(long n) {
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0;
+    __m256i a6 = a0, a7 = a0, a8 = a0, a9 = a0, a10 = a0, a11 = a0;
+    __m256i x = _mm256_set1_epi8(3), y = _mm256_set1_epi8(5), ones = _mm256_set1_epi16(1);
+    double t = now();
+    for (long i = 0; i < n; i++) {
+        TWELVE(AVX2_STEP);
+        BARRIER("x");
+    }
+    t = now() - t;
+    volatile int sink = _mm256_extract_epi32(_mm256_add_epi32(a0, a11), 0);
+    (void)sink;
+    return n * 12 / t;
+}
+
+int main(int argc, char **argv) {
+    const long n = 200000000;
+    int bf16 = argc > 1 && strcmp(argv[1], "vdpbf16ps") == 0;
+    if (argc < 2 || (!bf16 && strcmp(argv[1], "avx2") != 0)) {
+        fprintf(stderr, "usage: %s vdpbf16ps|avx2\n", argv[0]);
+        return 2;
+    }
+    /* the field names of the two benchmarks' earlier files, kept */
+    printf("{\"benchmark\": \"%s\", \"chains\": 12, \"runs\": [", bf16 ? "vdpbf16ps_rate" : "avx2_dot_rate");
+    for (int r = 0; r < 3; r++) {
+        double per_s = bf16 ? vdpbf16ps_rate(n) : avx2_rate(n);
+        printf("%s{\"%s\": %.4g, \"%s\": %.1f}", r ? ", " : "", bf16 ? "instructions_per_s" : "steps_per_s", per_s,
+               bf16 ? "gflops_one_core" : "gops_one_core", per_s * 64 / 1e9);
+    }
+    printf("]}\n");
+    return 0;
+}
