@@ -49,34 +49,35 @@ from two_builds import interleaved_us
 RESULTS = Path(__file__).parent / "results" / "template_sweep.json"
 
 
-def stored_best(db: TuningDatabase, workload_key: str, device_id: int | None, template: str) -> Point | None:
-    """The task's stored best record's point, where it is one of ``template``'s."""
+def stored_best(db: TuningDatabase, workload_key: str, device_id: int | None, space: TemplateSpace) -> Point | None:
+    """The task's stored best record's point, where it is a point of ``space`` (not one of
+    another template, nor one stored before the template gained a knob)."""
     best = db.best(workload_key, device_id, k=1) if device_id is not None else []
-    if not best:
+    point = json.loads(best[0].point) if best else {}
+    if point.get("kind") != space.kind or len(point["decisions"]) != len(space.knobs(0)):
         return None
-    point = json.loads(best[0].point)
-    return Point(0, tuple(point["decisions"])) if point.get("kind") == template else None
+    return Point(0, tuple(point["decisions"]))
 
 
-def retimed(space: TemplateSpace, points: list[dict], top: int, rounds: int, arrays: list, timing: str,
-            ) -> list[dict]:  # fmt: skip
-    """The ``top`` fastest points and the stored best, rebuilt and timed again in ``rounds``
-    interleaved rounds (order reversed every other round): a sweep's single timing of each
-    point meets whatever state the host is in, its minimum the fast moments."""
-    chosen = [r for r in points if r["ms"] is not None][:top]
-    chosen += [r for r in points if r["role"] == "best" and r["ms"] is not None and r not in chosen]
-    dev = tvm.cpu(0)
-    cold = TimingConfig.of_mode("cold")
-    timers, args_of = {}, {}
-    for i, r in enumerate(chosen):
-        point = Point(0, tuple(r["values"].values()))
-        lib = tvm.compile(space.apply(point).mod, target=space.target)
-        timers[i] = (cold.evaluator(lib.mod, "main", dev, cold.repeat) if timing == "cold"
-                     else lib.mod.time_evaluator("main", dev, number=20, repeat=5))  # fmt: skip
-        args_of[i] = arrays
-    us = interleaved_us(timers, args_of, rounds, alternate=True, median_of_repeats=True)
-    out = [{**chosen[i], "retimed_ms": us[i] / 1e3} for i in timers]
-    out.sort(key=lambda r: r["retimed_ms"])
+def timer(lib: tvm.runtime.Module, timing: str):
+    """``lib``'s timer: cold as a job times (``TimingConfig.of_mode("cold")``), or warm."""
+    if timing == "cold":
+        cold = TimingConfig.of_mode("cold")
+        return cold.evaluator(lib.mod, "main", tvm.cpu(0), cold.repeat)
+    return lib.mod.time_evaluator("main", tvm.cpu(0), number=20, repeat=5)
+
+
+def retimed(points: list[dict], libs: dict[int, tvm.runtime.Module], top: int, rounds: int, arrays: list,
+            timing: str) -> list[dict]:  # fmt: skip
+    """The ``top`` fastest points and the stored best (their builds in ``libs``, by index in
+    ``points``) timed again in ``rounds`` interleaved rounds (order reversed every other round):
+    a sweep's single timing of each point meets whatever state the host is in, its minimum the
+    fast moments."""
+    built = [i for i, r in enumerate(points) if r["ms"] is not None]
+    chosen = built[:top] + [i for i in built[top:] if points[i]["role"] == "best"]
+    timers = {i: timer(libs[i], timing) for i in chosen}
+    us = interleaved_us(timers, dict.fromkeys(chosen, arrays), rounds, alternate=True, median_of_repeats=True)
+    out = sorted(({**points[i], "retimed_ms": us[i] / 1e3} for i in chosen), key=lambda r: r["retimed_ms"])
     for r in out:
         print(f"  retimed {r['role']:6s} {tuple(r['values'].values())}: {r['retimed_ms']:.3f} ms (swept {r['ms']:.3f})")
     return out
@@ -94,7 +95,6 @@ def main() -> None:
     p.add_argument("--retime", type=int, default=0, help="the fastest points timed again with the stored best")
     p.add_argument("--rounds", type=int, default=15, help="interleaved rounds of --retime")
     args = p.parse_args()
-    cold = TimingConfig.of_mode("cold")
     preload_tensor_intrinsics()
     lowering.install()
     device = parse_device("cpu")
@@ -117,7 +117,7 @@ def main() -> None:
         except ValueError:
             continue  # the template does not apply to this task
         arrays = [tvm.runtime.tensor(a, dev) for a in random_args(arg_specs(mod), seed=0)]
-        best = stored_best(db, key, device_id, args.template)
+        best = stored_best(db, key, device_id, space)
         starts = space.starts()
         if args.sample is None:
             swept = list(space.enumerate())
@@ -126,23 +126,21 @@ def main() -> None:
             grid = [pt for pt in grid if space.static_violation(pt) is None]
             swept = [grid[i] for i in rng.permutation(len(grid))[: args.sample]]
         roles = {pt: "start" for pt in starts} | ({best: "best"} if best is not None else {})
-        points = []
+        swept_rows: list[tuple[dict, tvm.runtime.Module | None]] = []
         for point in [*roles, *(pt for pt in swept if pt not in roles)]:
-            values = dict(space.values(point))
-            row = {"values": values, "role": roles.get(point, "swept")}
+            row = {"values": dict(space.values(point)), "role": roles.get(point, "swept")}
             try:
                 lib = tvm.compile(space.apply(point).mod, target=target)
-                if args.timing == "cold":
-                    runs = cold.evaluator(lib.mod, "main", dev, cold.repeat)(*arrays).results
-                else:
-                    runs = lib.mod.time_evaluator("main", dev, number=20, repeat=5)(*arrays).results
-                points.append({**row, "ms": float(np.median(runs)) * 1e3})
+                runs = timer(lib, args.timing)(*arrays).results
+                swept_rows.append(({**row, "ms": float(np.median(runs)) * 1e3}, lib))
             except Exception as err:  # a point that fails to build is a datum of the sweep
-                points.append({**row, "ms": None, "error": f"{type(err).__name__}: {err}"[:200]})
-        points.sort(key=lambda r: r["ms"] if r["ms"] is not None else float("inf"))
+                swept_rows.append(({**row, "ms": None, "error": f"{type(err).__name__}: {err}"[:200]}, None))
+        swept_rows.sort(key=lambda rl: rl[0]["ms"] if rl[0]["ms"] is not None else float("inf"))
+        points = [r for r, _ in swept_rows]
+        built = {i: lib for i, (_, lib) in enumerate(swept_rows) if lib is not None}
         tasks[name] = {"flops": flops, "space_size": space.size(), "points": points}
         if args.retime:
-            tasks[name]["retimed"] = retimed(space, points, args.retime, args.rounds, arrays, args.timing)
+            tasks[name]["retimed"] = retimed(points, built, args.retime, args.rounds, arrays, args.timing)
         fastest = [(r["role"], tuple(r["values"].values())[:4], round(r["ms"], 3)) for r in points[:5] if r["ms"]]
         stored = [round(r["ms"], 3) for r in points if r["role"] == "best" and r["ms"]]
         print(
