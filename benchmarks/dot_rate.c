@@ -4,6 +4,10 @@
  *
  *   vdpbf16ps: one 512-bit vdpbf16ps a step (AVX512_BF16; 64 flops), the bf16 templates'
  *              instruction (benchmarks/README.md, "Zen 4: bf16 Winograd for every 3x3 conv");
+ *   fma:       one 512-bit vfmadd231ps a step (AVX-512F; 32 flops), the fp32 templates' instruction:
+ *              beside vdpbf16ps, whether bf16 has more arithmetic than fp32 on this CPU at all;
+ *   vpdpbusd:  one 512-bit vpdpbusd a step (AVX512_VNNI; 64 lanes of uint8 x int8, 128 ops),
+ *              the int8 templates' instruction where the CPU has VNNI;
  *   avx2:      vpmaddubsw into int16 pairs, vpmaddwd by ones, vpaddd (8 lanes of uint8 x int8
  *              quadruples; 64 ops), the int8 templates' dot product without VNNI
  *              (search_spaces/templates/intrin_x86.py, AVX2_DOT; "AVX2 Zen 3: the host's slow phases").
@@ -11,6 +15,7 @@
  *   gcc -O2 -o /tmp/dot_rate benchmarks/dot_rate.c
  *   /tmp/dot_rate vdpbf16ps > benchmarks/results/vdpbf16ps_rate_zen4.json
  *   /tmp/dot_rate avx2 > benchmarks/results/avx2_dot_rate_zen3.json
+ *   for k in vdpbf16ps fma vpdpbusd; do /tmp/dot_rate $k; done > benchmarks/results/dot_rates_emr_noamx.jsonl
  * Each kernel is compiled for its own instructions only, so the binary runs on a CPU without
  * AVX-512 as long as it is not asked for vdpbf16ps.
  */
@@ -48,6 +53,40 @@ __attribute__((target("avx512f,avx512bf16"))) static double vdpbf16ps_rate(long 
     return n * 12 / t;
 }
 
+#define FMA_STEP(a) a = _mm512_fmadd_ps(x, y, a)
+
+__attribute__((target("avx512f"))) static double fma_rate(long n) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0;
+    __m512 a6 = a0, a7 = a0, a8 = a0, a9 = a0, a10 = a0, a11 = a0;
+    __m512 x = _mm512_set1_ps(1.0f), y = x;
+    double t = now();
+    for (long i = 0; i < n; i++) {
+        TWELVE(FMA_STEP);
+        BARRIER("v");
+    }
+    t = now() - t;
+    volatile float sink = _mm512_reduce_add_ps(_mm512_add_ps(a0, a11));
+    (void)sink;
+    return n * 12 / t;
+}
+
+#define VNNI_STEP(a) a = _mm512_dpbusd_epi32(a, x, y)
+
+__attribute__((target("avx512f,avx512vnni"))) static double vpdpbusd_rate(long n) {
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0;
+    __m512i a6 = a0, a7 = a0, a8 = a0, a9 = a0, a10 = a0, a11 = a0;
+    __m512i x = _mm512_set1_epi8(3), y = _mm512_set1_epi8(5);
+    double t = now();
+    for (long i = 0; i < n; i++) {
+        TWELVE(VNNI_STEP);
+        BARRIER("v");
+    }
+    t = now() - t;
+    volatile int sink = _mm512_reduce_add_epi32(_mm512_add_epi32(a0, a11));
+    (void)sink;
+    return n * 12 / t;
+}
+
 /* The empty asm makes x look new at every step, so that the products are not shared. */
 #define AVX2_STEP(a) __asm__ volatile("" : "+x"(x)); \
     a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), ones))
@@ -67,19 +106,34 @@ __attribute__((target("avx2"))) static double avx2_rate(long n) {
     return n * 12 / t;
 }
 
+struct kernel {
+    const char *name, *benchmark, *rate_field, *ops_field;
+    double ops_per_step;
+    double (*rate)(long);
+};
+
+static const struct kernel KERNELS[] = {
+    /* the field names of the first two benchmarks' earlier files, kept */
+    {"vdpbf16ps", "vdpbf16ps_rate", "instructions_per_s", "gflops_one_core", 64, vdpbf16ps_rate},
+    {"avx2", "avx2_dot_rate", "steps_per_s", "gops_one_core", 64, avx2_rate},
+    {"fma", "fma_rate", "instructions_per_s", "gflops_one_core", 32, fma_rate},
+    {"vpdpbusd", "vpdpbusd_rate", "instructions_per_s", "gops_one_core", 128, vpdpbusd_rate},
+};
+
 int main(int argc, char **argv) {
     const long n = 200000000;
-    int bf16 = argc > 1 && strcmp(argv[1], "vdpbf16ps") == 0;
-    if (argc < 2 || (!bf16 && strcmp(argv[1], "avx2") != 0)) {
-        fprintf(stderr, "usage: %s vdpbf16ps|avx2\n", argv[0]);
+    const struct kernel *k = NULL;
+    for (unsigned i = 0; argc > 1 && i < sizeof KERNELS / sizeof KERNELS[0]; i++)
+        if (strcmp(argv[1], KERNELS[i].name) == 0) k = &KERNELS[i];
+    if (k == NULL) {
+        fprintf(stderr, "usage: %s vdpbf16ps|avx2|fma|vpdpbusd\n", argv[0]);
         return 2;
     }
-    /* the field names of the two benchmarks' earlier files, kept */
-    printf("{\"benchmark\": \"%s\", \"chains\": 12, \"runs\": [", bf16 ? "vdpbf16ps_rate" : "avx2_dot_rate");
+    printf("{\"benchmark\": \"%s\", \"chains\": 12, \"runs\": [", k->benchmark);
     for (int r = 0; r < 3; r++) {
-        double per_s = bf16 ? vdpbf16ps_rate(n) : avx2_rate(n);
-        printf("%s{\"%s\": %.4g, \"%s\": %.1f}", r ? ", " : "", bf16 ? "instructions_per_s" : "steps_per_s", per_s,
-               bf16 ? "gflops_one_core" : "gops_one_core", per_s * 64 / 1e9);
+        double per_s = k->rate(n);
+        printf("%s{\"%s\": %.4g, \"%s\": %.1f}", r ? ", " : "", k->rate_field, per_s, k->ops_field,
+               per_s * k->ops_per_step / 1e9);
     }
     printf("]}\n");
     return 0;

@@ -10,6 +10,10 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+# Tests of bf16 test its dot-product kernels wherever the CPU has vdpbf16ps, an Intel core
+# without AMX included, where `tune` computes bf16 on fp32 FMAs by default
+# (tuner.precision.bf16_arithmetic; its own tests unset this). Subprocesses inherit it.
+os.environ.setdefault("NIGHTSHIFT_BF16_ARITHMETIC", "bf16")
 PG_ADMIN_URL = os.environ.get("NIGHTSHIFT_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 LIGHT_RESNET50 = (
     Path(__import__("onnx").__file__).parent / "backend" / "test" / "data" / "light" / "light_resnet50.onnx"

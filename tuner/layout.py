@@ -965,7 +965,9 @@ def auto_layouts(target: tvm.target.Target, precision: str = "fp32") -> tuple[st
     preferred = LayoutPlan.for_target(target).default
     if preferred == NCHW or precision == "int8":
         return (preferred,)
-    if precision == "bf16":
+    from tuner.precision import bf16_arithmetic
+
+    if precision == "bf16" and bf16_arithmetic(target) == "bf16":
         from search_spaces.templates.intrin_amx import AMX_BF16, target_has_amx
         from search_spaces.templates.intrin_x86 import target_has_bf16_dot
         from tuner.winograd import DOT_TILE

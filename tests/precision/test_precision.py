@@ -18,7 +18,15 @@ from tuner.compile import compile_model
 from tuner.device import host_cpu_info, parse_device
 from tuner.errors import UserInputError
 from tuner.frontends import load_model
-from tuner.precision import UnsupportedPrecisionError, apply_precision, check_device, missing_feature
+from tuner.precision import (
+    BF16_ARITHMETIC_ENV,
+    UnsupportedPrecisionError,
+    apply_precision,
+    bf16_arithmetic,
+    check_device,
+    describe,
+    missing_feature,
+)
 from tuner.precision.accuracy import compare, measure_accuracy
 from tuner.precision.bf16 import bf16_summary, pack_weight, to_bf16
 from tuner.tasks import extract_tasks, workload_key
@@ -143,6 +151,56 @@ def test_bf16_model_runs_within_tolerance_of_fp32():
     acc = measure_accuracy(spec, device, fp32, bf16, num_inputs=4)
     assert 0.0 < acc.max_rel_error < 3e-2, acc
     assert acc.top1_agreement is not None and acc.top1_agreement >= 0.75
+
+
+def test_bf16_arithmetic_is_the_dot_product_where_it_does_more_flops_than_fp32_fmas(monkeypatch):
+    """AMX tiles and AMD's vdpbf16ps do more flops than fp32 FMAs; an Intel core's vdpbf16ps
+    does half (Emerald Rapids, benchmarks/dot_rate.c): there bf16 is computed on FMAs. The
+    environment chooses instead, and a wrong value is a clear error."""
+    monkeypatch.delenv(BF16_ARITHMETIC_ENV)
+    spr, zen4, zen5 = _llvm("sapphirerapids"), _llvm("znver4"), _llvm("znver5")
+    spr_no_amx = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids", "mattr": ["-amx-tile", "-amx-bf16"]})
+    cooperlake = _llvm("cooperlake")
+    assert [bf16_arithmetic(t) for t in (spr, zen4, zen5, spr_no_amx, cooperlake)] == ["bf16"] * 3 + ["fp32"] * 2
+    assert bf16_arithmetic(tvm.target.Target({"kind": "cuda", "arch": "sm_90"})) == "bf16"
+    monkeypatch.setenv(BF16_ARITHMETIC_ENV, "bf16")
+    assert bf16_arithmetic(spr_no_amx) == "bf16"
+    monkeypatch.setenv(BF16_ARITHMETIC_ENV, "fp16")
+    with pytest.raises(UserInputError, match="use bf16 or fp32"):
+        bf16_arithmetic(zen4)
+
+
+@needs_bf16
+def test_bf16_on_fp32_fmas_rounds_the_weights_and_keeps_fp32_operators(monkeypatch):
+    """Where bf16 is computed on FMAs, conv2d and matmul stay float32 operators (the float32
+    templates' tasks, no dot-product kernel) on weights rounded to bf16 at compile time, and
+    the model's outputs are within bf16's tolerance of fp32's, closer than the dot
+    products' (whose activations are rounded too)."""
+    monkeypatch.setenv(BF16_ARITHMETIC_ENV, "fp32")
+    spec, device = load_model("tiny"), parse_device("cpu")
+    bound = spec.bound()
+    mod = apply_precision(bound, "bf16", device.target)
+    calls = []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name in (
+                "relax.nn.conv2d", "relax.matmul"):  # fmt: skip
+            calls.append(expr)
+
+    relax.analysis.post_order_visit(mod["main"].body, visit)
+    assert calls and all(str(a.ty.dtype) == "float32" for c in calls for a in c.args)
+    weights = [c.args[1].value.numpy() for c in calls if isinstance(c.args[1], Constant)]
+    assert weights and all(np.array_equal(w, w.astype(ml_dtypes.bfloat16).astype(np.float32)) for w in weights)
+    assert "computed on fp32 FMAs" in describe(bound, "bf16", device.target)
+    tasks = extract_tasks(bound, device.target, precision="bf16")
+    assert tasks and not [t for t in tasks if "bfloat16" in t.mod.script() or "_dot" in t.name]
+    fp32 = compile_model(spec, device, None)
+    on_fmas = compile_model(spec, device, None, precision="bf16")
+    monkeypatch.setenv(BF16_ARITHMETIC_ENV, "bf16")
+    on_dots = compile_model(spec, device, None, precision="bf16")
+    fmas = measure_accuracy(spec, device, fp32, on_fmas, num_inputs=4)
+    dots = measure_accuracy(spec, device, fp32, on_dots, num_inputs=4)
+    assert 0.0 < fmas.max_rel_error < 3e-2 and fmas.max_rel_error <= dots.max_rel_error, (fmas, dots)
 
 
 def _two_convs() -> tvm.IRModule:

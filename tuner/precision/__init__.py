@@ -1,7 +1,8 @@
 """Reduced precision: which precisions a CPU can run, and the graph passes that apply them.
 
 ``fp32`` leaves a model as imported. ``bf16`` casts the inputs and weights of every conv2d
-and matmul to bfloat16 and accumulates in float32 (:mod:`tuner.precision.bf16`); ``int8``
+and matmul to bfloat16 and accumulates in float32 (:mod:`tuner.precision.bf16`), or rounds
+their weights to bf16 and computes in float32 where that is faster (:func:`bf16_arithmetic`); ``int8``
 rewrites a quantized (QDQ) model's dequantize -> conv2d/matmul -> quantize chains into
 integer operators (:mod:`tuner.precision.qdq`). The precision is part of every workload key
 (:func:`tuner.tasks.workload_key`), so records of one precision never serve another.
@@ -10,6 +11,7 @@ integer operators (:mod:`tuner.precision.qdq`). The precision is part of every w
 from __future__ import annotations
 
 import logging
+import os
 from typing import Literal
 
 import tvm
@@ -18,6 +20,7 @@ from tuner.errors import UserInputError
 
 logger = logging.getLogger(__name__)
 
+BF16_ARITHMETIC_ENV = "NIGHTSHIFT_BF16_ARITHMETIC"
 Precision = Literal["fp32", "bf16", "int8"]
 PRECISIONS: tuple[Precision, ...] = ("fp32", "bf16", "int8")
 
@@ -111,6 +114,34 @@ def check_device(precision: str, device) -> None:
             f"{device.arch} lacks")
 
 
+def bf16_arithmetic(target: tvm.target.Target | None) -> Literal["bf16", "fp32"]:
+    """The arithmetic ``--precision bf16`` computes conv2d and matmul in for ``target``.
+
+    ``bf16`` (dot products on ``vdpbf16ps`` or AMX tiles) where they do more flops than
+    float32 FMAs: AMX-BF16, and AMD's cores (a Zen 4 retired 218 GFLOP/s a core on
+    ``vdpbf16ps``, twice its FMAs). ``fp32`` (FMAs on weights rounded to bf16,
+    :mod:`tuner.precision.bf16`) on other cores with AVX512_BF16, Intel's: an Emerald Rapids
+    without AMX retired 88 GFLOP/s a core on ``vdpbf16ps`` against 182 on ``vfmadd231ps``
+    (``benchmarks/dot_rate.c``, ``benchmarks/results/dot_rates_emr_noamx.jsonl``), and
+    OpenVINO's bf16 ResNet-50 there ran 1.64x its float32.
+
+    ``NIGHTSHIFT_BF16_ARITHMETIC=bf16|fp32`` chooses instead (e.g. to time both on one CPU);
+    a database holds both apart, their operators' workload keys differ.
+    """
+    forced = os.environ.get(BF16_ARITHMETIC_ENV)
+    if forced:
+        if forced not in ("bf16", "fp32"):
+            raise UserInputError(f"{BF16_ARITHMETIC_ENV}={forced!r}: use bf16 or fp32")
+        return forced  # type: ignore[return-value]
+    if target is None or str(target.kind.name) != "llvm":
+        return "bf16"
+    from search_spaces.templates.intrin_amx import AMX_BF16, target_has_amx
+
+    if target_has_amx(target, AMX_BF16) or str(target.attrs.get("mcpu", "")).startswith("znver"):
+        return "bf16"
+    return "fp32"
+
+
 def _bf16_dots(target: tvm.target.Target | None) -> bool:
     """Whether int8's matmuls of two activations run on bf16 dot products for ``target``."""
     return target is not None and str(target.kind.name) == "llvm" and missing_feature("bf16", target) is None
@@ -132,7 +163,7 @@ def apply_precision(mod: tvm.IRModule, precision: str, target: tvm.target.Target
     if precision == "bf16":
         from tuner.precision.bf16 import to_bf16
 
-        return to_bf16(mod)
+        return to_bf16(mod, fp32_arithmetic=bf16_arithmetic(target) == "fp32")
     if precision == "int8":
         from tuner.precision.qdq import to_int8
 
@@ -155,5 +186,5 @@ def describe(mod: tvm.IRModule, precision: str, target: tvm.target.Target | None
     if precision == "bf16":
         from tuner.precision.bf16 import bf16_summary
 
-        return bf16_summary(mod)
+        return bf16_summary(mod, fp32_arithmetic=bf16_arithmetic(target) == "fp32")
     return None

@@ -17,6 +17,13 @@ block: its conv and the downsample conv), is rounded to bf16 once, where it is m
 an fp32 reader widens that copy (:func:`round_shared_activations`): the cast then fuses
 into the producing operator's epilogue, instead of a function of its own that reads the
 fp32 tensor back, and the residual is read at half the bytes.
+
+Where the CPU's ``vdpbf16ps`` does fewer flops than its float32 FMAs and it has no AMX
+(:func:`tuner.precision.bf16_arithmetic`: Intel cores; an Emerald Rapids retired 88 GFLOP/s
+a core on it against 182 on ``vfmadd231ps``, ``benchmarks/dot_rate.c``), bf16 arithmetic
+would be the slow choice: there the weights are rounded to bf16 and the operators stay
+float32 (``fp32_arithmetic``), so the float32 templates run them. The products of
+bf16-rounded weights are as a bf16 kernel's; the activations keep float32's precision.
 """
 
 from __future__ import annotations
@@ -113,9 +120,11 @@ def _const_value(expr: relax.Expr) -> np.ndarray | None:
 
 @relax.expr_functor.mutator
 class _ToBF16(relax.PyExprMutator):
-    def __init__(self, mod: tvm.IRModule) -> None:
+    def __init__(self, mod: tvm.IRModule, fp32_arithmetic: bool = False) -> None:
         super().__init__(mod)
-        self.converted = {"conv2d": 0, "conv2d with a zero input channel": 0, "matmul": 0, "packed matmul": 0,
+        self.fp32_arithmetic = fp32_arithmetic
+        self.converted = {"conv2d on bf16 weights": 0, "matmul on bf16 weights": 0, "conv2d": 0,
+                          "conv2d with a zero input channel": 0, "matmul": 0, "packed matmul": 0,
                           "packed activation matmul": 0}  # fmt: skip
         # The bf16 copy of each activation that packed matmuls read: BERT's query, key and
         # value projections read one layer-norm output, cast once instead of three times.
@@ -142,6 +151,8 @@ class _ToBF16(relax.PyExprMutator):
         if any(str(a.ty.dtype) != "float32" for a in call.args[:2]):
             return call
         a, b = call.args[0], call.args[1]
+        if self.fp32_arithmetic:
+            return self._rounded_weight(call)
         if call.op.name == "relax.nn.conv2d":
             at = call.attrs
             self.converted["conv2d"] += 1
@@ -173,6 +184,16 @@ class _ToBF16(relax.PyExprMutator):
             return self.builder_.call_te(packed_matmul, self._bf16_lhs(a), packed, primfunc_name_hint=PACKED_MATMUL)
         self.converted["matmul"] += 1
         return relax.op.matmul(self._bf16(a), self._bf16(b), out_dtype="float32")
+
+    def _rounded_weight(self, call: relax.Call) -> relax.Expr:
+        """``call`` with its constant weight rounded to bf16 and kept float32 (``fp32_arithmetic``)."""
+        weight = _const_value(call.args[1])
+        if weight is None:  # two activations (attention): float32 as they are
+            return call
+        kind = "conv2d" if call.op.name == "relax.nn.conv2d" else "matmul"
+        self.converted[f"{kind} on bf16 weights"] += 1
+        rounded = relax.const(weight.astype(ml_dtypes.bfloat16).astype(np.float32))
+        return relax.Call(call.op, [call.args[0], rounded, *call.args[2:]], call.attrs, call.ty_args)
 
     def _bf16_lhs(self, a: relax.Expr) -> relax.Var:
         """``a`` cast to bf16 and bound (call_te takes bound variables), once per variable."""
@@ -288,29 +309,34 @@ def round_shared_activations(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
     return relax.transform.DeadCodeElimination()(mutator.builder_.get()), len(shared)
 
 
-def to_bf16(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` (bound: weights as constants) with bf16 conv2d and matmul, float32 elsewhere."""
-    return _convert(mod)[0]
+def to_bf16(mod: tvm.IRModule, fp32_arithmetic: bool = False) -> tvm.IRModule:
+    """``mod`` (bound: weights as constants) with bf16 conv2d and matmul, float32 elsewhere;
+    with ``fp32_arithmetic``, float32 conv2d and matmul on weights rounded to bf16."""
+    return _convert(mod, fp32_arithmetic)[0]
 
 
-def bf16_summary(mod: tvm.IRModule) -> str:
+def bf16_summary(mod: tvm.IRModule, fp32_arithmetic: bool = False) -> str:
     """One line: what :func:`to_bf16` converts in ``mod``."""
-    counts = _convert(mod)[1]
+    counts = _convert(mod, fp32_arithmetic)[1]
     done = ", ".join(f"{n} {k}" for k, n in counts.items() if n) or "nothing converted"
+    if fp32_arithmetic:
+        return (f"bf16: {done}, computed on fp32 FMAs (this CPU's vdpbf16ps does fewer flops than its fp32 FMAs, "
+                "and it has no AMX); activations and every other operator in fp32")
     return f"bf16: {done}; every other operator in fp32"
 
 
-def _convert(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, int]]:
+def _convert(mod: tvm.IRModule, fp32_arithmetic: bool = False) -> tuple[tvm.IRModule, dict[str, int]]:
     from search_spaces.templates.intrin_x86 import register_intrinsics
 
     # Records of x86-dense-bf16 replay a tensorize by the intrinsic's name.
     register_intrinsics()
     mod = fold_constants(mod)  # weights reach the calls as constants (no permute_dims left)
-    mutator = _ToBF16(mod)
+    mutator = _ToBF16(mod, fp32_arithmetic)
     for gv, func in mod.functions_items():
         if isinstance(func, relax.Function):
             mutator.builder_.update_func(gv, mutator.visit_expr(func))
     out = relax.transform.DeadCodeElimination()(mutator.builder_.get())
-    out, mutator.converted["activations kept in bf16"] = round_shared_activations(out)
+    if not fp32_arithmetic:
+        out, mutator.converted["activations kept in bf16"] = round_shared_activations(out)
     logger.info("bf16: %s", ", ".join(f"{n} {k}" for k, n in mutator.converted.items()))
     return out, mutator.converted
