@@ -951,7 +951,9 @@ def auto_layouts(target: tvm.target.Target, precision: str = "fp32") -> tuple[st
     the time of a job without it (benchmarks/README.md, "bf16 Winograd F(2, 3) on the dot
     product"); on a Zen 5 for all 13, 0.939-0.945x in three runs ("The four
     reduced-precision rows on a Zen 5"). F(4, 3) is not weighed for bf16: rounded to bf16 it
-    errs 7.6-8.9x the direct conv (:mod:`tuner.winograd`).
+    errs 7.6-8.9x the direct conv (:mod:`tuner.winograd`). Where bf16 is computed on fp32
+    FMAs (:func:`tuner.precision.bf16_arithmetic`: Intel cores without AMX) its convs are
+    fp32 convs, and fp32's layouts are weighed.
 
     A bf16 model's 3x3 convs can also run by Winograd in float32 (``--layout NCHWc:w4``,
     :mod:`tuner.winograd`), but weighing it by default did not pay: on a Zen 4 (2026-11-26,
