@@ -36,56 +36,37 @@ static double now(void) {
 #define TWELVE(STEP) STEP(a0); STEP(a1); STEP(a2); STEP(a3); STEP(a4); STEP(a5); \
     STEP(a6); STEP(a7); STEP(a8); STEP(a9); STEP(a10); STEP(a11)
 
-#define BF16_STEP(a) a = _mm512_dpbf16_ps(a, x, y)
-
-__attribute__((target("avx512f,avx512bf16"))) static double vdpbf16ps_rate(long n) {
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0;
-    __m512 a6 = a0, a7 = a0, a8 = a0, a9 = a0, a10 = a0, a11 = a0;
-    __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80), y = x;
-    double t = now();
-    for (long i = 0; i < n; i++) {
-        TWELVE(BF16_STEP);
-        BARRIER("v");
+/* One kernel: twelve chains of vector type VEC from ZERO, operands declared by OPERANDS,
+ * STEP applied to each chain n times; SINK reduces two chains so that none is dead code. */
+#define RATE_KERNEL(NAME, TARGET, VEC, ZERO, OPERANDS, STEP, SINK_TYPE, SINK)                  \
+    __attribute__((target(TARGET))) static double NAME(long n) {                              \
+        VEC a0 = ZERO, a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0;                           \
+        VEC a6 = a0, a7 = a0, a8 = a0, a9 = a0, a10 = a0, a11 = a0;                           \
+        OPERANDS;                                                                             \
+        double t = now();                                                                     \
+        for (long i = 0; i < n; i++) {                                                        \
+            TWELVE(STEP);                                                                     \
+            BARRIER("v");                                                                     \
+        }                                                                                     \
+        t = now() - t;                                                                        \
+        volatile SINK_TYPE sink = SINK;                                                       \
+        (void)sink;                                                                           \
+        return n * 12 / t;                                                                    \
     }
-    t = now() - t;
-    volatile float sink = _mm512_reduce_add_ps(_mm512_add_ps(a0, a11));
-    (void)sink;
-    return n * 12 / t;
-}
+
+#define BF16_STEP(a) a = _mm512_dpbf16_ps(a, x, y)
+RATE_KERNEL(vdpbf16ps_rate, "avx512f,avx512bf16", __m512, _mm512_setzero_ps(),
+            __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80); __m512bh y = x, BF16_STEP,
+            float, _mm512_reduce_add_ps(_mm512_add_ps(a0, a11)))
 
 #define FMA_STEP(a) a = _mm512_fmadd_ps(x, y, a)
-
-__attribute__((target("avx512f"))) static double fma_rate(long n) {
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0;
-    __m512 a6 = a0, a7 = a0, a8 = a0, a9 = a0, a10 = a0, a11 = a0;
-    __m512 x = _mm512_set1_ps(1.0f), y = x;
-    double t = now();
-    for (long i = 0; i < n; i++) {
-        TWELVE(FMA_STEP);
-        BARRIER("v");
-    }
-    t = now() - t;
-    volatile float sink = _mm512_reduce_add_ps(_mm512_add_ps(a0, a11));
-    (void)sink;
-    return n * 12 / t;
-}
+RATE_KERNEL(fma_rate, "avx512f", __m512, _mm512_setzero_ps(), __m512 x = _mm512_set1_ps(1.0f); __m512 y = x,
+            FMA_STEP, float, _mm512_reduce_add_ps(_mm512_add_ps(a0, a11)))
 
 #define VNNI_STEP(a) a = _mm512_dpbusd_epi32(a, x, y)
-
-__attribute__((target("avx512f,avx512vnni"))) static double vpdpbusd_rate(long n) {
-    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0;
-    __m512i a6 = a0, a7 = a0, a8 = a0, a9 = a0, a10 = a0, a11 = a0;
-    __m512i x = _mm512_set1_epi8(3), y = _mm512_set1_epi8(5);
-    double t = now();
-    for (long i = 0; i < n; i++) {
-        TWELVE(VNNI_STEP);
-        BARRIER("v");
-    }
-    t = now() - t;
-    volatile int sink = _mm512_reduce_add_epi32(_mm512_add_epi32(a0, a11));
-    (void)sink;
-    return n * 12 / t;
-}
+RATE_KERNEL(vpdpbusd_rate, "avx512f,avx512vnni", __m512i, _mm512_setzero_si512(),
+            __m512i x = _mm512_set1_epi8(3); __m512i y = _mm512_set1_epi8(5), VNNI_STEP,
+            int, _mm512_reduce_add_epi32(_mm512_add_epi32(a0, a11)))
 
 /* The empty asm makes x look new at every step, so that the products are not shared. */
 #define AVX2_STEP(a) __asm__ volatile("" : "+x"(x)); \
