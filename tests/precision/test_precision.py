@@ -191,7 +191,7 @@ def test_bf16_on_fp32_fmas_rounds_the_weights_and_keeps_fp32_operators(monkeypat
     assert calls and all(str(a.ty.dtype) == "float32" for c in calls for a in c.args)
     weights = [c.args[1].value.numpy() for c in calls if isinstance(c.args[1], Constant)]
     assert weights and all(np.array_equal(w, w.astype(ml_dtypes.bfloat16).astype(np.float32)) for w in weights)
-    assert "computed on fp32 FMAs" in describe(bound, "bf16", device.target)
+    assert f"computed on fp32 FMAs ({BF16_ARITHMETIC_ENV}=fp32)" in describe(bound, "bf16", device.target)
     tasks = extract_tasks(bound, device.target, precision="bf16")
     assert tasks and not [t for t in tasks if "bfloat16" in t.mod.script() or "_dot" in t.name]
     fp32 = compile_model(spec, device, None)

@@ -186,5 +186,8 @@ def describe(mod: tvm.IRModule, precision: str, target: tvm.target.Target | None
     if precision == "bf16":
         from tuner.precision.bf16 import bf16_summary
 
-        return bf16_summary(mod, fp32_arithmetic=bf16_arithmetic(target) == "fp32")
+        forced = os.environ.get(BF16_ARITHMETIC_ENV)
+        why = f"{BF16_ARITHMETIC_ENV}={forced}" if forced else (
+            "this CPU's vdpbf16ps does fewer flops than its fp32 FMAs, and it has no AMX")
+        return bf16_summary(mod, fp32_arithmetic=bf16_arithmetic(target) == "fp32", why=why)
     return None

@@ -315,13 +315,13 @@ def to_bf16(mod: tvm.IRModule, fp32_arithmetic: bool = False) -> tvm.IRModule:
     return _convert(mod, fp32_arithmetic)[0]
 
 
-def bf16_summary(mod: tvm.IRModule, fp32_arithmetic: bool = False) -> str:
-    """One line: what :func:`to_bf16` converts in ``mod``."""
+def bf16_summary(mod: tvm.IRModule, fp32_arithmetic: bool = False, why: str = "") -> str:
+    """One line: what :func:`to_bf16` converts in ``mod`` (``why``: the reason for
+    ``fp32_arithmetic``)."""
     counts = _convert(mod, fp32_arithmetic)[1]
     done = ", ".join(f"{n} {k}" for k, n in counts.items() if n) or "nothing converted"
     if fp32_arithmetic:
-        return (f"bf16: {done}, computed on fp32 FMAs (this CPU's vdpbf16ps does fewer flops than its fp32 FMAs, "
-                "and it has no AMX); activations and every other operator in fp32")
+        return f"bf16: {done}, computed on fp32 FMAs ({why}); activations and every other operator in fp32"
     return f"bf16: {done}; every other operator in fp32"
 
 
