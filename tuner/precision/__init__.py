@@ -117,21 +117,21 @@ def check_device(precision: str, device) -> None:
 def bf16_arithmetic(target: tvm.target.Target | None) -> Literal["bf16", "fp32"]:
     """The arithmetic ``--precision bf16`` computes conv2d and matmul in for ``target``.
 
-    ``bf16`` (dot products on ``vdpbf16ps`` or AMX tiles) where they do more flops than
-    float32 FMAs: AMX-BF16, and AMD's cores (a Zen 4 retired 218 GFLOP/s a core on
-    ``vdpbf16ps``, twice its FMAs). ``fp32`` (FMAs on weights rounded to bf16,
-    :mod:`tuner.precision.bf16`) on other cores with AVX512_BF16, Intel's: an Emerald Rapids
-    without AMX retired 88 GFLOP/s a core on ``vdpbf16ps`` against 182 on ``vfmadd231ps``
-    (``benchmarks/dot_rate.c``, ``benchmarks/results/dot_rates_emr_noamx.jsonl``), and
-    OpenVINO's bf16 ResNet-50 there ran 1.64x its float32.
+    ``bf16`` (dot products on ``vdpbf16ps`` or AMX tiles) where they beat float32 FMAs:
+    AMX-BF16, and AMD's cores (on a Zen 4 and a Zen 5 OpenVINO's bf16 ResNet-50 ran 0.52x
+    and 0.53x the time of its f32, ``INFERENCE_PRECISION_HINT`` f32; benchmarks/README.md).
+    ``fp32`` (FMAs on weights rounded to bf16, :mod:`tuner.precision.bf16`) on other cores
+    with AVX512_BF16, Intel's: an Emerald Rapids without AMX retired 89-92 GFLOP/s a core on
+    ``vdpbf16ps`` against 183-188 on ``vfmadd231ps`` (``benchmarks/dot_rate.c``,
+    ``benchmarks/results/dot_rates_emr_noamx.jsonl``), and OpenVINO's bf16 default ran
+    ResNet-50 in 1.64x the time of its f32 (``INFERENCE_PRECISION_HINT`` f32). Other Intel
+    cores without AMX (Cooper Lake, Sapphire Rapids) are taken to be alike, not measured.
 
     ``NIGHTSHIFT_BF16_ARITHMETIC=bf16|fp32`` chooses instead (e.g. to time both on one CPU);
     a database holds both apart, their operators' workload keys differ.
     """
-    forced = os.environ.get(BF16_ARITHMETIC_ENV)
+    forced = _forced_bf16_arithmetic()
     if forced:
-        if forced not in ("bf16", "fp32"):
-            raise UserInputError(f"{BF16_ARITHMETIC_ENV}={forced!r}: use bf16 or fp32")
         return forced  # type: ignore[return-value]
     if target is None or str(target.kind.name) != "llvm":
         return "bf16"
@@ -140,6 +140,14 @@ def bf16_arithmetic(target: tvm.target.Target | None) -> Literal["bf16", "fp32"]
     if target_has_amx(target, AMX_BF16) or str(target.attrs.get("mcpu", "")).startswith("znver"):
         return "bf16"
     return "fp32"
+
+
+def _forced_bf16_arithmetic() -> str | None:
+    """``NIGHTSHIFT_BF16_ARITHMETIC`` when set (``bf16`` or ``fp32``), else None."""
+    forced = os.environ.get(BF16_ARITHMETIC_ENV)
+    if forced and forced not in ("bf16", "fp32"):
+        raise UserInputError(f"{BF16_ARITHMETIC_ENV}={forced!r}: use bf16 or fp32")
+    return forced or None
 
 
 def _bf16_dots(target: tvm.target.Target | None) -> bool:
@@ -186,7 +194,7 @@ def describe(mod: tvm.IRModule, precision: str, target: tvm.target.Target | None
     if precision == "bf16":
         from tuner.precision.bf16 import bf16_summary
 
-        forced = os.environ.get(BF16_ARITHMETIC_ENV)
+        forced = _forced_bf16_arithmetic()
         why = f"{BF16_ARITHMETIC_ENV}={forced}" if forced else (
             "this CPU's vdpbf16ps does fewer flops than its fp32 FMAs, and it has no AMX")
         return bf16_summary(mod, fp32_arithmetic=bf16_arithmetic(target) == "fp32", why=why)

@@ -19,8 +19,8 @@ into the producing operator's epilogue, instead of a function of its own that re
 fp32 tensor back, and the residual is read at half the bytes.
 
 Where the CPU's ``vdpbf16ps`` does fewer flops than its float32 FMAs and it has no AMX
-(:func:`tuner.precision.bf16_arithmetic`: Intel cores; an Emerald Rapids retired 88 GFLOP/s
-a core on it against 182 on ``vfmadd231ps``, ``benchmarks/dot_rate.c``), bf16 arithmetic
+(:func:`tuner.precision.bf16_arithmetic`: Intel cores; an Emerald Rapids retired 89-92
+GFLOP/s a core on it against 183-188 on ``vfmadd231ps``, ``benchmarks/dot_rate.c``), bf16 arithmetic
 would be the slow choice: there the weights are rounded to bf16 and the operators stay
 float32 (``fp32_arithmetic``), so the float32 templates run them. The products of
 bf16-rounded weights are as a bf16 kernel's; the activations keep float32's precision.
