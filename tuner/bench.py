@@ -162,6 +162,16 @@ class Entry:
         return float((q3 - q1) / max(float(np.median(self.samples_s)), 1e-12))
 
 
+@dataclass(frozen=True)
+class PairedRatio:
+    """An entry's latency over the fastest peer's in the same rounds: the median of the
+    rounds' ratios, and in how many of the ``rounds`` the entry ran faster."""
+
+    median: float
+    faster: int
+    rounds: int
+
+
 @dataclass
 class BenchResult:
     """Everything a benchmark measured; :meth:`to_json` is what ``--json`` writes."""
@@ -186,6 +196,19 @@ class BenchResult:
         if self.fastest_peer is None or entry.median_s is None:
             return None
         return entry.median_s / self.entry(self.fastest_peer).median_s  # type: ignore[operator]
+
+    def paired_ratio(self, entry: Entry) -> PairedRatio | None:
+        """``entry`` against the fastest f32 peer round by round: each round ran both once, so
+        the median of the rounds' ratios leaves out the host's swings that move both (on the
+        2-core cloud machines, a round's latencies swing 1.5-2x together; the ratio of the
+        two medians can pair a fast stretch of one with a slow one of the other)."""
+        if self.fastest_peer is None or not entry.samples_s:
+            return None
+        peer = self.entry(self.fastest_peer).samples_s
+        if len(peer) != len(entry.samples_s):
+            return None
+        ratios = [a / b for a, b in zip(entry.samples_s, peer, strict=True)]
+        return PairedRatio(float(np.median(ratios)), sum(r < 1 for r in ratios), len(ratios))
 
     @property
     def ok(self) -> bool:
@@ -215,11 +238,17 @@ class BenchResult:
                 {"key": e.key, "label": e.label, "kind": e.kind, "precision": e.precision, "status": e.status,
                  "reason": e.reason, "install": e.install, "note": e.note,
                  "median_ms": _ms(e.median_s), "min_ms": _ms(min(e.samples_s) if e.samples_s else None),
-                 "spread": e.spread, "ratio_to_fastest_peer": self.ratio(e), "max_error": e.max_error,
+                 "spread": e.spread, "ratio_to_fastest_peer": self.ratio(e),
+                 **_paired_json(self.paired_ratio(e)), "max_error": e.max_error,
                  "agrees": e.agrees, "samples_ms": [s * 1e3 for s in e.samples_s]}
                 for e in self.entries
             ],
         }  # fmt: skip
+
+
+def _paired_json(paired: PairedRatio | None) -> dict[str, Any]:
+    return {"per_round_ratio_to_fastest_peer": paired and paired.median,
+            "rounds_faster_than_fastest_peer": paired and paired.faster}  # fmt: skip
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -488,7 +517,8 @@ def _fmt_ms(ms: float) -> str:
 
 
 def render(result: BenchResult) -> Any:
-    """The result as a rich Table: median, spread, ratio to the fastest f32 peer, max error."""
+    """The result as a rich Table: median, spread, ratio to the fastest f32 peer (of the
+    medians, and the median of the rounds' ratios with the rounds the entry won), max error."""
     from rich.table import Table
 
     if result.fastest_peer:
@@ -498,20 +528,24 @@ def render(result: BenchResult) -> Any:
     table = Table(title=f"{result.model} on {result.device.name} ({result.device.arch}), {result.threads} threads, "
                         f"{result.config.rounds} interleaved rounds; {ratio}")  # fmt: skip
     for col, justify in (("runtime", "left"), ("precision", "left"), ("median ms", "right"), ("spread (IQR)", "right"),
-                         ("x fastest peer", "right"), ("max error", "right"), ("note", "left")):  # fmt: skip
+                         ("x fastest peer", "right"), ("per round (faster in)", "right"), ("max error", "right"),
+                         ("note", "left")):  # fmt: skip
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for e in result.entries:
         if e.status != "ok":
             note = f"{e.status}: {e.reason}" + (f" ({e.install})" if e.install and e.status == "skipped" else "")
-            table.add_row(e.label, "", "", "", "", "", note)
+            table.add_row(e.label, "", "", "", "", "", "", note)
             continue
         ratio = result.ratio(e)
         error = "" if e.max_error is None else ("reference" if e.key == result.reference else f"{e.max_error:.1e}")
         if e.agrees is False:
             error = f"[red]{error} MISMATCH[/]"
         median = "" if e.median_s is None else _fmt_ms(e.median_s * 1e3)
+        paired = result.paired_ratio(e)
+        per_round = "" if paired is None or e.key == result.fastest_peer else \
+            f"{paired.median:.2f}x ({paired.faster}/{paired.rounds})"
         table.add_row(e.label, e.precision, median, f"{(e.spread or 0) * 100:.0f}%",
-                      "" if ratio is None else f"{ratio:.2f}x", error, e.note)  # fmt: skip
+                      "" if ratio is None else f"{ratio:.2f}x", per_round, error, e.note)  # fmt: skip
     return table
 
 

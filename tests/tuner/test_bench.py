@@ -103,7 +103,8 @@ def test_json_fields(result, tmp_path):
     by_key = {e["key"]: e for e in doc["entries"]}
     row = by_key["onnxruntime"]
     for field in ("label", "kind", "precision", "status", "median_ms", "min_ms", "spread",
-                  "ratio_to_fastest_peer", "max_error", "agrees", "samples_ms"):  # fmt: skip
+                  "ratio_to_fastest_peer", "per_round_ratio_to_fastest_peer", "rounds_faster_than_fastest_peer",
+                  "max_error", "agrees", "samples_ms"):  # fmt: skip
         assert field in row
     assert row["kind"] == "peer" and len(row["samples_ms"]) == 3
     assert by_key[TVM_DB]["kind"] == "tvm" and by_key[TVM_DB]["median_ms"] > 0
@@ -113,6 +114,32 @@ def test_json_fields(result, tmp_path):
     assert str(table.title).endswith(f"ratio to {result.entry(result.fastest_peer).label}")
     # A run whose peers all ran at another precision (bf16 peers only) has no f32 peer to divide by.
     assert str(render(dataclasses.replace(result, fastest_peer=None)).title).endswith("no ratios: no f32 peer ran")
+
+
+def test_the_per_round_ratio_pairs_each_round_with_the_fastest_peers(result):
+    doc = result.to_json()
+    by_key = {e["key"]: e for e in doc["entries"]}
+    peer = by_key[doc["fastest_peer"]]
+    assert peer["per_round_ratio_to_fastest_peer"] == 1.0 and peer["rounds_faster_than_fastest_peer"] == 0
+    tvm = by_key[TVM_DB]
+    ratios = [a / b for a, b in zip(tvm["samples_ms"], peer["samples_ms"], strict=True)]
+    assert tvm["per_round_ratio_to_fastest_peer"] == pytest.approx(float(np.median(ratios)))
+    assert tvm["rounds_faster_than_fastest_peer"] == sum(r < 1 for r in ratios)
+    assert by_key["not-installed"]["per_round_ratio_to_fastest_peer"] is None
+    # Rounds that paired a fast stretch of one with a slow one of the other: the medians'
+    # ratio says 1.5x, each round says 1.0x.
+    swings = dataclasses.replace(result, entries=[
+        dataclasses.replace(e, samples_s=[0.010, 0.010, 0.020]) if e.key == result.fastest_peer
+        else dataclasses.replace(e, samples_s=[0.010, 0.015, 0.020]) if e.key == TVM_DB else e
+        for e in result.entries])  # fmt: skip
+    paired = swings.paired_ratio(swings.entry(TVM_DB))
+    assert swings.ratio(swings.entry(TVM_DB)) == pytest.approx(1.5)
+    assert paired is not None and paired.median == pytest.approx(1.0) and (paired.faster, paired.rounds) == (0, 3)
+    assert "1.00x (0/3)" in _cells(render(swings))
+
+
+def _cells(table) -> list[str]:
+    return [str(cell) for column in table.columns for cell in column._cells]
 
 
 class Recorder:
