@@ -47,6 +47,10 @@ def test_page_is_self_contained_and_has_every_section(report):
     # Before/after and the peer, from the artifact and the bench results.
     assert "untuned (TVM default)" in html and "tuned artifact" in html and "ONNX Runtime" in html
     assert "output verification passed against untuned TVM build" in html
+    bench = json.loads((report.parent / "bench.json").read_text())
+    tvm = next(e for e in bench["entries"] if e["key"] == "tvm")
+    assert (f"{tvm['per_round_ratio_to_fastest_peer']:.2f}x onnxruntime round by round, faster in "
+            f"{tvm['rounds_faster_than_fastest_peer']} of 2 rounds") in html
 
 
 def test_figures_are_the_databases(report):

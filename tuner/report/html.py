@@ -102,6 +102,11 @@ def _end_to_end(data: JobData, bench: list[dict[str, Any]], artifact: dict[str, 
             color = PALETTE[0] if e.get("kind") == "tvm" and e.get("key") == "tvm" else (
                 PALETTE[7] if e.get("kind") == "tvm" else PALETTE[3])
             rows.append((f"{e.get('label') or e.get('key')}{mark}", float(e["median_ms"]), color))
+            if e.get("kind") == "tvm" and e.get("per_round_ratio_to_fastest_peer") is not None:
+                notes.append(f"{escape(str(e.get('label') or e.get('key')))}: "
+                             f"{e['per_round_ratio_to_fastest_peer']:.2f}x {escape(str(result.get('fastest_peer')))} "
+                             f"round by round, faster in {e.get('rounds_faster_than_fastest_peer')} of "
+                             f"{result.get('rounds')} rounds")  # fmt: skip
         notes.append(f"nightshift bench: {escape(str(result.get('model')))}, {result.get('threads')} threads, "
                      f"medians of {result.get('rounds')} interleaved rounds")
     est_before, est_now = data.estimated_latency("before"), data.estimated_latency("now")
