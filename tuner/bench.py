@@ -247,8 +247,8 @@ class BenchResult:
 
 
 def _paired_json(paired: PairedRatio | None) -> dict[str, Any]:
-    return {"per_round_ratio_to_fastest_peer": paired and paired.median,
-            "rounds_faster_than_fastest_peer": paired and paired.faster}  # fmt: skip
+    return {"per_round_ratio_to_fastest_peer": None if paired is None else paired.median,
+            "rounds_faster_than_fastest_peer": None if paired is None else paired.faster}  # fmt: skip
 
 
 def _ms(seconds: float | None) -> float | None:
