@@ -47,7 +47,7 @@ from tuner.search.remote import trace_json
 
 sys.path.insert(0, str(Path(__file__).parent))
 from result_file import machine, write_result
-from tuned_tasks import tuned_tasks
+from tuned_tasks import add_copy_arguments, tuned_tasks
 
 RESULTS = Path(__file__).parent / "results" / "parallel_split.json"
 TEMPLATE = dot_template.NAME
@@ -70,10 +70,7 @@ def weight_bytes(mod: tvm.IRModule) -> int:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--db", required=True)
-    p.add_argument("--out-db", required=True, type=Path)
-    p.add_argument("--model", default="resnet50")
-    p.add_argument("--precision", default="int8", choices=["int8", "bf16"])
+    add_copy_arguments(p)
     p.add_argument("--min-pixels", type=int, default=28 * 28)
     p.add_argument("--max-weight-kib", type=int, default=256)
     p.add_argument("--rounds", type=int, default=10)

@@ -35,7 +35,7 @@ from tuner.rerank import record_program
 sys.path.insert(0, str(Path(__file__).parent))
 from in_model_choice import forced_copy
 from result_file import machine, write_result
-from tuned_tasks import tuned_tasks
+from tuned_tasks import add_copy_arguments, tuned_tasks
 
 console = Console()
 RESULTS = Path(__file__).parent / "results" / "register_spills.json"
@@ -57,10 +57,7 @@ def hot_block_spills(asm: str) -> tuple[int, int]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--db", required=True)
-    p.add_argument("--out-db", required=True, type=Path)
-    p.add_argument("--model", default="resnet50")
-    p.add_argument("--precision", default="int8", choices=["int8", "bf16"])
+    add_copy_arguments(p)
     p.add_argument("--candidates", type=int, default=12, help="best records per task looked at")
     p.add_argument("--within", type=float, default=0.15, help="a forced record's stored time over the best's, at most")
     p.add_argument("--out", type=Path, default=RESULTS)

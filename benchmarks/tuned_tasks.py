@@ -3,7 +3,9 @@ stored records again start from."""
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tuner.db import TuningDatabase
@@ -46,3 +48,12 @@ def tuned_tasks(db_path: str, model: str, top: int = 1, precision: str = "fp32")
     tuned = [t for t in tasks if rows[t.workload_key] and rows[t.workload_key][0].mean_sec]
     tuned.sort(key=lambda t: -t.weight * rows[t.workload_key][0].mean_sec)
     return Tuned(device, db, device_id, tuned, rows)
+
+
+def add_copy_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of a script that reads a database and writes a changed copy of it for
+    ``db_ab.py``: ``--db``, ``--out-db``, ``--model`` and a reduced ``--precision``."""
+    p.add_argument("--db", required=True)
+    p.add_argument("--out-db", required=True, type=Path)
+    p.add_argument("--model", default="resnet50")
+    p.add_argument("--precision", default="int8", choices=["int8", "bf16"])
