@@ -254,9 +254,10 @@ def profile_peers(onnx_path: Path, inputs: list[np.ndarray], threads: int, round
         # Asked for explicitly: OpenVINO's default is bf16 where the CPU has it. On an int8
         # file f32 is what precision_vs_peers.py asks for too (the file's int8 kernels run).
         hint = "bf16" if precision == "bf16" else "f32"
-        heavy, rest, ran_at = openvino_profile(onnx_path, inputs, threads, rounds, hint)
+        heavy, rest, ran_at, kernels = openvino_profile(onnx_path, inputs, threads, rounds, hint)
         out["openvino"] = {"label": f"OpenVINO {ov.__version__.split('-')[0]} ({ran_at})", "heavy_ms": heavy,
-                           "rest_ms": rest}  # fmt: skip
+                           "rest_ms": rest,
+                           "kernels_ms": dict(sorted(kernels.items(), key=lambda kv: -kv[1]))}  # fmt: skip
     except Exception as err:  # not installed, or it cannot load the file (BERT's QDQ file)
         out["openvino"] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}
     if torch_module is not None and precision != "int8":

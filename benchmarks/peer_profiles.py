@@ -177,9 +177,10 @@ def producers(onnx_path: Path) -> dict:
 
 
 def openvino_profile(onnx_path: Path, inputs: list[np.ndarray], threads: int, rounds: int,
-                     precision: str) -> tuple[dict[str, float], dict[str, float], str]:  # fmt: skip
+                     precision: str) -> tuple[dict[str, float], dict[str, float], str, dict[str, float]]:  # fmt: skip
     """OpenVINO's per-node times (``PERF_COUNT``), median over ``rounds`` inferences, in ms:
-    by heavy ONNX node, the rest by OpenVINO node type; and the precision it ran at.
+    by heavy ONNX node, the rest by OpenVINO node type; the precision it ran at; and all of
+    them by node type and kernel (``Convolution jit_avx2_I8``: its ``exec_type``).
     ``precision`` is its ``INFERENCE_PRECISION_HINT`` (``f32``, ``bf16``): always given,
     since its default is bf16 on CPUs with AVX512_BF16 or AMX."""
     import openvino as ov
@@ -191,20 +192,23 @@ def openvino_profile(onnx_path: Path, inputs: list[np.ndarray], threads: int, ro
     request = compiled.create_infer_request()
     request.infer(inputs)
     ops, producer = heavy_ops(onnx_path), producers(onnx_path)
-    per_round: list[tuple[dict[str, float], dict[str, float]]] = []
+    per_round: list[tuple[dict[str, float], dict[str, float], dict[str, float]]] = []
     for _ in range(rounds):
         request.infer(inputs)
         heavy: dict[str, float] = defaultdict(float)
         rest: dict[str, float] = defaultdict(float)
+        kernels: dict[str, float] = defaultdict(float)
         for p in request.get_profiling_info():
             ms = p.real_time.total_seconds() * 1e3
+            kernels[f"{p.node_type} {p.exec_type}"] += ms
             came_from = owner(p.node_name, ops, producer) if p.node_type not in ("Reorder", "Parameter") else None
             if came_from is not None:
                 heavy[came_from] += ms
             elif ms:
                 rest[p.node_type] += ms
-        per_round.append((heavy, rest))
-    return _median(r[0] for r in per_round), _median(r[1] for r in per_round), ran_at
+        per_round.append((heavy, rest, kernels))
+    return (_median(r[0] for r in per_round), _median(r[1] for r in per_round), ran_at,
+            _median(r[2] for r in per_round))  # fmt: skip
 
 
 def onnxruntime_profile(onnx_path: Path, inputs: list[np.ndarray], threads: int, rounds: int) -> dict[str, float]:
