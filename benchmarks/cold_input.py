@@ -149,20 +149,29 @@ class PoolProducer:
         self.copy(self.source, args[0])
 
 
-def split_of(task, point_json: str, target: tvm.target.Target) -> int | None:
-    """The ``split`` knob of a ``x86-conv2d-nchwc-dot`` point (0: by channels, 1: by pixels), else None."""
-    point = json.loads(point_json)
-    if point.get("kind") != dot_template.NAME:
-        return None
-    return knob_values(TemplateSpace(task.mod, target, dot_template.NAME), point["decisions"])["split"]
+class Splits:
+    """The ``split`` knob of a task's ``x86-conv2d-nchwc-dot`` points (0: by channels, 1: by
+    pixels; None for other points), its space built once."""
+
+    def __init__(self, task, target: tvm.target.Target) -> None:
+        self.task, self.target = task, target
+        self.space: TemplateSpace | None = None
+
+    def __call__(self, point_json: str) -> int | None:
+        point = json.loads(point_json)
+        if point.get("kind") != dot_template.NAME:
+            return None
+        if self.space is None:
+            self.space = TemplateSpace(self.task.mod, self.target, dot_template.NAME)
+        return knob_values(self.space, point["decisions"])["split"]
 
 
-def with_each_split(task, rows: list, tuned, target: tvm.target.Target, depth: int = 200) -> list:
+def with_each_split(task, rows: list, tuned, split_of: Splits, depth: int = 200) -> list:
     """``rows`` and, where missing, the task's fastest record of each ``split`` among its ``depth`` best."""
-    have = {split_of(task, r.point, target) for r in rows}
+    have = {split_of(r.point) for r in rows}
     out = list(rows)
     for row in tuned.db.best(task.workload_key, tuned.device_id, k=depth):
-        split = split_of(task, row.point, target)
+        split = split_of(row.point)
         if split is not None and split not in have:
             have.add(split)
             out.append(row)
@@ -208,7 +217,8 @@ def main() -> None:
     register_flush_all()
     register_tlb_cold()
     producer = Producer(threads)
-    pool_producers = [PoolProducer(ROWS, 2, device.target), PoolProducer(CHANNELS, 1, device.target)]
+    pool_producers = [PoolProducer(name, axis, device.target) for mode, name, axis in
+                      (("rows producer", ROWS, 2), ("channels producer", CHANNELS, 1)) if mode in modes]  # fmt: skip
     tuned = tuned_all.tasks
     load_before = os.getloadavg()
     out = []
@@ -220,7 +230,8 @@ def main() -> None:
         for pool_producer in pool_producers:
             pool_producer.prepare(data)
         records = []
-        for row in with_each_split(task, rows[task.workload_key], tuned_all, device.target) if args.each_split \
+        split_of = Splits(task, device.target)
+        for row in with_each_split(task, rows[task.workload_key], tuned_all, split_of) if args.each_split \
                 else rows[task.workload_key]:
             lib = tvm.compile(scheduled(task, row), target=device.target).mod
             times: dict[str, list[float]] = {m: [] for m in modes}
@@ -230,7 +241,7 @@ def main() -> None:
                                            f_preproc=preproc)  # fmt: skip
                     times[mode] += [float(s) for s in f(*arrays).results]
             records.append({"record_id": row.id, "stored_ms": 1e3 * row.mean_sec, "timing": row.timing,
-                            "split": split_of(task, row.point, device.target),
+                            "split": split_of(row.point),
                             **{m: 1e3 * statistics.median(v) for m, v in times.items()}})  # fmt: skip
             last = records[-1]
             console.print(f"  record {row.id} (split {last['split']}): stored {last['stored_ms']:.3f} ms, "
