@@ -232,7 +232,9 @@ def print_layout_choice(choice, layouts: Sequence[str]) -> None:
         table.add_row(str(c.index), c.shape, c.layout, *cells)
     out.print(table)
     source = "measured layout_transform tasks" if choice.bandwidth_measured else "no transform measured, assumed"
-    out.print(f"layout plan {choice.plan}: {choice.describe()}; a transform moves {choice.bandwidth / 1e9:.1f} "
+    # A per-conv plan spells out every conv; the table above already shows each one's layout.
+    label = "per conv (the table above)" if choice.plan.layouts else str(choice.plan)
+    out.print(f"layout plan {label}: {choice.describe()}; a transform moves {choice.bandwidth / 1e9:.1f} "
               f"GB/s ({source})", highlight=False, soft_wrap=True)  # fmt: skip
 
 

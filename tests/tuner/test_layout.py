@@ -456,7 +456,7 @@ def test_chooser_mixes_layouts_from_stored_records_and_the_model_stays_correct(t
     # The command's candidates are the target's (NCHW16c on AVX-512); tiny's 8 channels take
     # a block of 8 under either, so the stored NCHW8c records serve them.
     blocked_plan = auto_layouts(cpu_device.target)[0]
-    assert f"with NCHW,{blocked_plan}: convs: 1 NCHW, 1 {blocked_plan}, estimated" in printed
+    assert f"layout plan per conv (the table above): convs: 1 NCHW, 1 {blocked_plan}, estimated" in printed
     assert "output checked against the untuned build" in printed
 
 

@@ -119,7 +119,9 @@ def bf16_arithmetic(target: tvm.target.Target | None) -> Literal["bf16", "fp32"]
 
     ``bf16`` (dot products on ``vdpbf16ps`` or AMX tiles) where they beat float32 FMAs:
     AMX-BF16, and AMD's cores (on a Zen 4 and a Zen 5 OpenVINO's bf16 ResNet-50 ran 0.52x
-    and 0.53x the time of its f32, ``INFERENCE_PRECISION_HINT`` f32; benchmarks/README.md).
+    and 0.53x the time of its f32, ``INFERENCE_PRECISION_HINT`` f32; benchmarks/README.md; a
+    Zen 5 retired 490-498 GFLOP/s a core on ``vdpbf16ps`` against 267-268 on ``vfmadd231ps``,
+    ``benchmarks/results/dot_rates_zen5.jsonl``).
     ``fp32`` (FMAs on weights rounded to bf16, :mod:`tuner.precision.bf16`) on other cores
     with AVX512_BF16, Intel's: an Emerald Rapids without AMX retired 89-92 GFLOP/s a core on
     ``vdpbf16ps`` against 183-188 on ``vfmadd231ps`` (``benchmarks/dot_rate.c``,
