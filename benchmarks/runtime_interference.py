@@ -1,5 +1,7 @@
 """Does one runtime slow the next in interleaved rounds? TVM's int8 ResNet-50 and OpenVINO on
-the same QDQ file, with and without ONNX Runtime in the rotation, with and without a pause.
+the same QDQ file (``--precision bf16``: TVM's bf16 build and OpenVINO at its default precision,
+bf16 where the CPU has AVX512_BF16 or AMX, on the float model), with and without ONNX Runtime
+in the rotation, with and without a pause.
 
 The rounds are ``tuner.bench.interleave``'s (each runtime once per round, a warm-up run then a
 timed one, the start rotating), with ``--settle`` seconds of sleep before each warm-up; the
@@ -8,6 +10,10 @@ runtimes are the benchmark's own peers (``openvino-f32``: OpenVINO with
 AVX512_BF16 or AMX, and its int8 kernels where the file is quantized, as
 ``precision_vs_peers.py`` runs it; ``onnxruntime``). Each runtime's label and the precision it
 reports are recorded.
+With ``--antagonist`` this process runs on the first CPU (one thread a runtime) and a second
+process streams copies of 256 MB arrays on the second CPU, resumed for one half of each
+round's timings and stopped for the other: a repeatable stand-in for the host's slow phases,
+in which TVM slowed more than OpenVINO (benchmarks/README.md, "the host's slow phases").
 ``tuner.bench`` pauses 0.1 s since this script showed ONNX Runtime's threads slowing
 OpenVINO after it (benchmarks/README.md, "The interleaved rounds favoured TVM"). With
 ``--back-to-back N`` each runtime first runs alone, N timed runs in a row after three warm-ups,
@@ -20,6 +26,9 @@ benchmarks/results/runtime_interference.json (``--out``).
 from __future__ import annotations
 
 import argparse
+import os
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -53,42 +62,101 @@ def back_to_back(runner, inputs: list[np.ndarray], runs: int) -> float:
     return float(np.median(times)) * 1e3
 
 
+# Two 256 MB arrays copied back and forth: far beyond any L3, so every copy goes to DRAM.
+_STREAM = ("import numpy as np\na = np.ones(1 << 26, np.float32); b = np.empty_like(a)\n"
+           "while True: np.copyto(b, a); np.copyto(a, b)")
+
+
+def antagonist_rounds(runners: dict, inputs: list[np.ndarray], rounds: int, settle_s: float, cpu: int) -> dict:
+    """Each runner's milliseconds per round with the memory stream on ``cpu`` stopped
+    (``quiet``) and running (``streaming``); which state goes first alternates."""
+    stream = subprocess.Popen([sys.executable, "-c", _STREAM], preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+    times: dict = {"quiet": {k: [] for k in runners}, "streaming": {k: [] for k in runners}}
+    try:
+        time.sleep(2.0)  # the stream allocates and touches its arrays
+        for r in range(rounds):
+            for state in (("quiet", "streaming") if r % 2 == 0 else ("streaming", "quiet")):
+                stream.send_signal(signal.SIGSTOP if state == "quiet" else signal.SIGCONT)
+                time.sleep(0.3)
+                samples, _ = interleave(runners, inputs, rounds=1, settle_s=settle_s)
+                for k, v in samples.items():
+                    times[state][k].append(v[0] * 1e3)
+    finally:
+        stream.kill()
+    return times
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--db", required=True, help="an int8 ResNet-50 tuning database")
+    p.add_argument("--db", required=True, help="a ResNet-50 tuning database of --precision")
+    p.add_argument("--precision", choices=("int8", "bf16"), default="int8")
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--settle", type=float, default=0.0, help="seconds of sleep before each warm-up")
     p.add_argument("--with-onnxruntime", action="store_true", help="ONNX Runtime in the rotation too")
     p.add_argument("--back-to-back", type=int, default=0,
                    help="first time each runtime alone, this many runs in a row after three warm-ups")
+    p.add_argument("--antagonist", action="store_true",
+                   help="one CPU for the runtimes, a memory stream on another, on and off by turns")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     device = parse_device("cpu")
-    qdq = quantized_model(load_model("resnet50"), "resnet50", DEFAULT_CALIBRATION)
-    spec = load_model(str(qdq))
-    compiled = compile_model(spec, device, TuningDatabase(args.db), precision="int8")
-    model = peer_model(spec, str(qdq), Path(tempfile.mkdtemp()))
-    runners: dict = {"tvm": TvmRunner(compiled, device, "TVM, database", "int8")}
-    for name in (["onnxruntime"] if args.with_onnxruntime else []) + ["openvino-f32"]:
+    threads = int(device.target_config.get("num-cores") or 1)
+    cpus = sorted(os.sched_getaffinity(0))
+    if args.antagonist:  # before TVM's pool starts: it takes as many threads as CPUs it may use
+        if len(cpus) < 2:
+            sys.exit("--antagonist needs two CPUs: one for the runtimes, one for the memory stream")
+        os.sched_setaffinity(0, {cpus[0]})
+        threads = 1
+    if args.precision == "int8":
+        source = str(quantized_model(load_model("resnet50"), "resnet50", DEFAULT_CALIBRATION))
+        openvino = "openvino-f32"  # the QDQ file's int8 kernels, its float parts in f32
+    else:
+        source, openvino = "resnet50", "openvino"  # OpenVINO's default: bf16 on such CPUs
+    spec = load_model(source)
+    compiled = compile_model(spec, device, TuningDatabase(args.db), precision=args.precision)
+    model = peer_model(spec, source, Path(tempfile.mkdtemp()))
+    runners: dict = {"tvm": TvmRunner(compiled, device, "TVM, database", args.precision)}
+    for name in (["onnxruntime"] if args.with_onnxruntime else []) + [openvino]:
         peer = create(name)
-        peer.prepare(model, int(device.target_config.get("num-cores") or 1))  # as tuner.bench does
+        peer.prepare(model, threads)  # as tuner.bench does
         runners[name] = peer
     inputs = spec.random_inputs()
+    if args.antagonist:
+        times = antagonist_rounds(runners, inputs, args.rounds, args.settle, cpus[1])
+        report_antagonist(args, runners, openvino, times)
+        return
     alone = {k: back_to_back(r, inputs, args.back_to_back) for k, r in runners.items()} if args.back_to_back else {}
     samples, order = interleave(runners, inputs, rounds=args.rounds, settle_s=args.settle)
     times = {k: [t * 1e3 for t in v] for k, v in samples.items()}
     medians = {k: float(np.median(v)) for k, v in times.items()}
     for k, v in times.items():
         print(f"{runners[k].label:32s} median {medians[k]:7.2f} ms, range {min(v):.1f}-{max(v):.1f}")
-    print(f"TVM / OpenVINO: {medians['tvm'] / medians['openvino-f32']:.3f}")
+    print(f"TVM / OpenVINO: {medians['tvm'] / medians[openvino]:.3f}")
     if alone:
         print("back to back: " + ", ".join(f"{runners[k].label} {v:.2f} ms" for k, v in alone.items())
-              + f"; TVM / OpenVINO {alone['tvm'] / alone['openvino-f32']:.3f}")
+              + f"; TVM / OpenVINO {alone['tvm'] / alone[openvino]:.3f}")
     write_result(args.out, "runtime_interference", {
-        "db": args.db, "rounds": args.rounds, "settle_s": args.settle, "with_onnxruntime": args.with_onnxruntime,
+        "db": args.db, "precision": args.precision, "rounds": args.rounds, "settle_s": args.settle,
+        "with_onnxruntime": args.with_onnxruntime,
         "labels": {k: r.label for k, r in runners.items()},
         "precisions": {k: r.precision for k, r in runners.items()}, "medians_ms": medians, "samples_ms": times,
         "order": order, "back_to_back_runs": args.back_to_back, "back_to_back_medians_ms": alone,
+    })  # fmt: skip
+
+
+
+def report_antagonist(args: argparse.Namespace, runners: dict, openvino: str, times: dict) -> None:
+    """Print and write each runtime's medians without and with the memory stream."""
+    medians = {state: {k: float(np.median(v)) for k, v in by_key.items()} for state, by_key in times.items()}
+    for k, r in runners.items():
+        q, s = medians["quiet"][k], medians["streaming"][k]
+        print(f"{r.label:32s} quiet {q:7.2f} ms, streaming {s:7.2f} ms: {s / q:.3f}x")
+    for state, m in medians.items():
+        print(f"TVM / OpenVINO, {state}: {m['tvm'] / m[openvino]:.3f}")
+    write_result(args.out, "runtime_interference_antagonist", {
+        "db": args.db, "precision": args.precision, "rounds": args.rounds, "settle_s": args.settle,
+        "threads": 1, "labels": {k: r.label for k, r in runners.items()},
+        "precisions": {k: r.precision for k, r in runners.items()}, "medians_ms": medians, "samples_ms": times,
     })  # fmt: skip
 
 
