@@ -142,7 +142,8 @@ def write_artifact(
         "device": {"name": device.name, "kind": device.kind, "arch": device.arch, "fingerprint": device.fingerprint,
                    "target": device.target_config, "threads": int(device.target_config.get("num-cores", 0)),
                    "description": device.description},
-        "inputs": [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype} for i in spec.inputs],
+        "inputs": [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype}
+                   | ({"bounds": list(i.bounds)} if getattr(i, "bounds", None) else {}) for i in spec.inputs],
         "outputs": [{"shape": list(o.shape), "dtype": str(o.dtype)} for o in outputs],
         "operators": counts,
         "tasks": [{"name": t.name, "workload_key": t.workload_key, "weight": t.weight, "flops": t.flops,
@@ -224,7 +225,9 @@ def read_metadata(path: Path) -> dict[str, Any]:
 
 
 def check_inputs(metadata: dict[str, Any], arrays: Sequence[np.ndarray]) -> None:
-    """Raise :class:`UserInputError` unless ``arrays`` match the metadata's inputs: number, shapes, dtypes."""
+    """Raise :class:`UserInputError` unless ``arrays`` match the metadata's inputs: number, shapes,
+    dtypes, and for an input that indexes a table (token ids), its ``bounds``: TVM's gather
+    does not check them, and an index beyond the table crashes the process or reads garbage."""
     want = list(metadata.get("inputs", []))
     if len(arrays) != len(want):
         names = ", ".join(w["name"] for w in want)
@@ -233,6 +236,14 @@ def check_inputs(metadata: dict[str, Any], arrays: Sequence[np.ndarray]) -> None
         if list(a.shape) != list(w["shape"]) or str(a.dtype) != w["dtype"]:
             raise UserInputError(f"input {w['name']}: expected shape {tuple(w['shape'])} {w['dtype']}, "
                                  f"got {tuple(a.shape)} {a.dtype}")  # fmt: skip
+        if w.get("bounds") and a.size:
+            lo, hi = w["bounds"]
+            outside = np.argwhere((a < lo) | (a >= hi))
+            if len(outside):
+                at = tuple(int(i) for i in outside[0])
+                raise UserInputError(
+                    f"input {w['name']}: {a[at]} at {at} is outside [{lo}, {hi}): it indexes a table of {hi} "
+                    f"entries (e.g. a vocabulary); {len(outside)} value(s) out of range")
 
 
 def load_artifact(path: Path, *, threads: int | None = None) -> Artifact:

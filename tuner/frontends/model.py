@@ -18,6 +18,8 @@ class InputInfo:
     name: str
     shape: tuple[int, ...]
     dtype: str
+    # ``[lo, hi)``: the values an input may hold where it indexes a table (index_bounds).
+    bounds: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,8 @@ class ModelSpec:
         """The data inputs of ``main`` (the arguments not given by ``params``)."""
         args = list(self.mod["main"].params)
         data = args[: len(args) - len(self.params)]
-        return [_input_info(v) for v in data]
+        bounds = index_bounds(self.mod)
+        return [_input_info(v, bounds.get(v.name)) for v in data]
 
     def bound(self) -> tvm.IRModule:
         """The module as it is tuned and deployed: ``params`` bound as constants, batch norm
@@ -83,8 +86,65 @@ class ModelSpec:
         return out
 
 
-def _input_info(var: relax.Var) -> InputInfo:
+def _input_info(var: relax.Var, bounds: tuple[int, int] | None = None) -> InputInfo:
     # TVM 0.27 types Relax vars with ``ty`` (a TensorType); struct_info is gone.
     ty = var.ty
     shape = tuple(int(d) for d in ty.shape.values)
-    return InputInfo(name=var.name, shape=shape, dtype=str(ty.dtype))
+    return InputInfo(name=var.name, shape=shape, dtype=str(ty.dtype), bounds=bounds)
+
+
+# Ops an index passes through unchanged in value on its way from an input to a take.
+_SAME_VALUES = ("relax.reshape", "relax.astype", "relax.expand_dims", "relax.squeeze", "relax.flatten",
+                "relax.permute_dims")  # fmt: skip
+
+
+def index_bounds(mod: tvm.IRModule) -> dict[str, tuple[int, int]]:
+    """The values each input of ``main`` that indexes a table (``relax.take``) may hold: ``[lo, hi)``.
+
+    TVM lowers a take in its ``fast`` mode, which reads outside the table for an index out of
+    range (BERT's token id 30522 crashed ``nightshift run`` with a segfault), so the runners
+    check their inputs against these bounds. ``hi`` is the table's extent; ``lo`` is ``-hi``
+    where the index first goes through the ``where(i < 0, i + n, i)`` by which the ONNX
+    frontend wraps negative indices, else 0. An input that reaches a take through other
+    arithmetic is not bounded.
+    """
+    main = mod["main"]
+    params = {p for p in main.params}
+    values: dict = {}
+    body = main.body
+    for block in getattr(body, "blocks", ()):
+        for binding in block.bindings:
+            values[binding.var] = binding.value
+    bounds: dict[str, tuple[int, int]] = {}
+    for value in values.values():
+        if not _is_call(value, ("relax.take",)) or str(value.attrs.mode) != "fast":
+            continue
+        extent = _extent(value.args[0], value.attrs.axis)
+        index, lo = value.args[1], 0
+        while extent is not None and index not in params and index in values:
+            source = values[index]
+            if _is_call(source, _SAME_VALUES):
+                index = source.args[0]
+            elif _is_call(source, ("relax.where",)):
+                index, lo = source.args[2], -extent
+            else:
+                break
+        if extent is not None and index in params:
+            old_lo, old_hi = bounds.get(index.name, (lo, extent))
+            bounds[index.name] = (max(old_lo, lo), min(old_hi, extent))
+    return bounds
+
+
+def _is_call(expr: relax.Expr, ops: tuple[str, ...]) -> bool:
+    return isinstance(expr, relax.Call) and getattr(expr.op, "name", None) in ops
+
+
+def _extent(table: relax.Expr, axis) -> int | None:
+    """The number of entries a take over ``axis`` of ``table`` can index (None: not static)."""
+    try:
+        dims = [int(d) for d in table.ty.shape.values]
+    except (AttributeError, TypeError, ValueError):  # no static shape
+        return None
+    if axis is None:
+        return int(np.prod(dims))
+    return dims[int(axis)]
