@@ -75,12 +75,14 @@ class ModelSpec:
         return relax.transform.FoldConstant()(fold_constants(mod))
 
     def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
-        """Deterministic random data inputs (floats in [-1, 1), ints in [0, 100))."""
+        """Deterministic random data inputs (floats in [-1, 1), ints in [0, 100), or below the
+        size of the table an input indexes where that is smaller)."""
         rng = np.random.default_rng(seed)
         out = []
         for info in self.inputs:
             if np.dtype(info.dtype).kind in "iu":
-                out.append(rng.integers(0, 100, size=info.shape).astype(info.dtype))
+                high = min(100, info.bounds[1]) if info.bounds else 100
+                out.append(rng.integers(0, high, size=info.shape).astype(info.dtype))
             else:
                 out.append(rng.uniform(-1, 1, size=info.shape).astype(info.dtype))
         return out
