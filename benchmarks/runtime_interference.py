@@ -14,6 +14,9 @@ With ``--antagonist`` this process runs on the first CPU (one thread a runtime) 
 process streams copies of 256 MB arrays on the second CPU, resumed for one half of each
 round's timings and stopped for the other: a repeatable stand-in for the host's slow phases,
 in which TVM slowed more than OpenVINO (benchmarks/README.md, "the host's slow phases").
+With ``--dot-rate KERNEL`` every round also runs ``benchmarks/dot_rate.c`` (one core, e.g.
+``vdpbf16ps``): whether the rounds in which a runtime slows are rounds in which the core
+retires fewer instructions (lower clocks) or not.
 ``tuner.bench`` pauses 0.1 s since this script showed ONNX Runtime's threads slowing
 OpenVINO after it (benchmarks/README.md, "The interleaved rounds favoured TVM"). With
 ``--back-to-back N`` each runtime first runs alone, N timed runs in a row after three warm-ups,
@@ -26,6 +29,7 @@ benchmarks/results/runtime_interference.json (``--out``).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -86,6 +90,37 @@ def antagonist_rounds(runners: dict, inputs: list[np.ndarray], rounds: int, sett
     return times
 
 
+def dot_rate_binary(kernel: str) -> Path:
+    """``benchmarks/dot_rate.c`` built with gcc in a temporary folder, checked on ``kernel``."""
+    binary = Path(tempfile.mkdtemp()) / "dot_rate"
+    subprocess.run(["gcc", "-O2", "-o", str(binary), str(Path(__file__).parent / "dot_rate.c")], check=True)
+    return binary
+
+
+def dot_rate(binary: Path, kernel: str) -> float:
+    """The median of dot_rate's three runs of ``kernel``: instructions a second on one core."""
+    out = subprocess.run([str(binary), kernel], check=True, capture_output=True, text=True).stdout
+    return float(np.median([r["instructions_per_s"] for r in json.loads(out)["runs"]]))
+
+
+def rounds_with_dot_rate(runners: dict, inputs: list[np.ndarray], args: argparse.Namespace) -> tuple:
+    """``interleave``'s rounds (the start rotating), each followed by a dot_rate run: the samples
+    (seconds), the order, and the rate of each round."""
+    binary = dot_rate_binary(args.dot_rate)
+    keys = list(runners)
+    samples: dict = {k: [] for k in keys}
+    order, rates = [], []
+    for r in range(args.rounds):
+        start = r % len(keys)
+        turn = {k: runners[k] for k in keys[start:] + keys[:start]}
+        got, _ = interleave(turn, inputs, rounds=1, settle_s=args.settle)
+        for k, v in got.items():
+            samples[k].append(v[0])
+        order.append(list(turn))
+        rates.append(dot_rate(binary, args.dot_rate))
+    return samples, order, rates
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--db", required=True, help="a ResNet-50 tuning database of --precision")
@@ -97,6 +132,8 @@ def main() -> None:
                    help="first time each runtime alone, this many runs in a row after three warm-ups")
     p.add_argument("--antagonist", action="store_true",
                    help="one CPU for the runtimes, a memory stream on another, on and off by turns")
+    p.add_argument("--dot-rate", choices=("vdpbf16ps", "fma", "vpdpbusd", "avx2"),
+                   help="run benchmarks/dot_rate.c with this kernel after every round (needs gcc)")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     device = parse_device("cpu")
@@ -126,12 +163,22 @@ def main() -> None:
         report_antagonist(args, runners, openvino, times)
         return
     alone = {k: back_to_back(r, inputs, args.back_to_back) for k, r in runners.items()} if args.back_to_back else {}
-    samples, order = interleave(runners, inputs, rounds=args.rounds, settle_s=args.settle)
+    rates: list[float] = []
+    if args.dot_rate:
+        samples, order, rates = rounds_with_dot_rate(runners, inputs, args)
+    else:
+        samples, order = interleave(runners, inputs, rounds=args.rounds, settle_s=args.settle)
     times = {k: [t * 1e3 for t in v] for k, v in samples.items()}
     medians = {k: float(np.median(v)) for k, v in times.items()}
     for k, v in times.items():
         print(f"{runners[k].label:32s} median {medians[k]:7.2f} ms, range {min(v):.1f}-{max(v):.1f}")
     print(f"TVM / OpenVINO: {medians['tvm'] / medians[openvino]:.3f}")
+    correlation = {}
+    if rates:
+        correlation = {k: float(np.corrcoef(v, rates)[0, 1]) for k, v in times.items()}
+        print(f"{args.dot_rate} on one core: {min(rates):.3g}-{max(rates):.3g} a second "
+              f"(median {np.median(rates):.3g}); correlation of each round's time with it: "
+              + ", ".join(f"{runners[k].label} {c:+.2f}" for k, c in correlation.items()))
     if alone:
         print("back to back: " + ", ".join(f"{runners[k].label} {v:.2f} ms" for k, v in alone.items())
               + f"; TVM / OpenVINO {alone['tvm'] / alone[openvino]:.3f}")
@@ -141,6 +188,7 @@ def main() -> None:
         "labels": {k: r.label for k, r in runners.items()},
         "precisions": {k: r.precision for k, r in runners.items()}, "medians_ms": medians, "samples_ms": times,
         "order": order, "back_to_back_runs": args.back_to_back, "back_to_back_medians_ms": alone,
+        "dot_rate_kernel": args.dot_rate, "dot_rate_per_round": rates, "correlation_with_dot_rate": correlation,
     })  # fmt: skip
 
 
