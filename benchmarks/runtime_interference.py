@@ -14,7 +14,7 @@ With ``--antagonist`` this process runs on the first CPU (one thread a runtime) 
 process streams copies of 256 MB arrays on the second CPU, resumed for one half of each
 round's timings and stopped for the other: a repeatable stand-in for the host's slow phases,
 in which TVM slowed more than OpenVINO (benchmarks/README.md, "the host's slow phases").
-With ``--dot-rate KERNEL`` every round also runs ``benchmarks/dot_rate.c`` (one core, e.g.
+With ``--dot-rate KERNEL`` ``benchmarks/dot_rate.c`` runs before every round (one core, e.g.
 ``vdpbf16ps``): whether the rounds in which a runtime slows are rounds in which the core
 retires fewer instructions (lower clocks) or not.
 ``tuner.bench`` pauses 0.1 s since this script showed ONNX Runtime's threads slowing
@@ -72,26 +72,27 @@ _STREAM = ("import numpy as np\na = np.ones(1 << 26, np.float32); b = np.empty_l
 
 
 def antagonist_rounds(runners: dict, inputs: list[np.ndarray], rounds: int, settle_s: float, cpu: int) -> dict:
-    """Each runner's milliseconds per round with the memory stream on ``cpu`` stopped
-    (``quiet``) and running (``streaming``); which state goes first alternates."""
+    """Each runner's milliseconds with the memory stream on ``cpu`` stopped (``quiet``) and
+    running (``streaming``): ``rounds`` of ``interleave``'s rounds in each state, the states
+    going quiet, streaming, streaming, quiet, ... so that each runner starts as often in each."""
     stream = subprocess.Popen([sys.executable, "-c", _STREAM], preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
-    times: dict = {"quiet": {k: [] for k in runners}, "streaming": {k: [] for k in runners}}
+    states = [("quiet", "streaming")[(r + r // 2) % 2] for r in range(2 * rounds)]
+
+    def switch(r: int) -> None:
+        stream.send_signal(signal.SIGSTOP if states[r] == "quiet" else signal.SIGCONT)
+        time.sleep(0.3)
+
     try:
         time.sleep(2.0)  # the stream allocates and touches its arrays
-        for r in range(rounds):
-            for state in (("quiet", "streaming") if r % 2 == 0 else ("streaming", "quiet")):
-                stream.send_signal(signal.SIGSTOP if state == "quiet" else signal.SIGCONT)
-                time.sleep(0.3)
-                samples, _ = interleave(runners, inputs, rounds=1, settle_s=settle_s)
-                for k, v in samples.items():
-                    times[state][k].append(v[0] * 1e3)
+        samples, _ = interleave(runners, inputs, rounds=2 * rounds, settle_s=settle_s, before_round=switch)
     finally:
         stream.kill()
-    return times
+    return {state: {k: [t * 1e3 for t, s in zip(v, states, strict=True) if s == state] for k, v in samples.items()}
+            for state in ("quiet", "streaming")}  # fmt: skip
 
 
-def dot_rate_binary(kernel: str) -> Path:
-    """``benchmarks/dot_rate.c`` built with gcc in a temporary folder, checked on ``kernel``."""
+def dot_rate_binary() -> Path:
+    """``benchmarks/dot_rate.c`` built with gcc in a temporary folder."""
     binary = Path(tempfile.mkdtemp()) / "dot_rate"
     subprocess.run(["gcc", "-O2", "-o", str(binary), str(Path(__file__).parent / "dot_rate.c")], check=True)
     return binary
@@ -101,24 +102,6 @@ def dot_rate(binary: Path, kernel: str) -> float:
     """The median of dot_rate's three runs of ``kernel``: instructions a second on one core."""
     out = subprocess.run([str(binary), kernel], check=True, capture_output=True, text=True).stdout
     return float(np.median([r["instructions_per_s"] for r in json.loads(out)["runs"]]))
-
-
-def rounds_with_dot_rate(runners: dict, inputs: list[np.ndarray], args: argparse.Namespace) -> tuple:
-    """``interleave``'s rounds (the start rotating), each followed by a dot_rate run: the samples
-    (seconds), the order, and the rate of each round."""
-    binary = dot_rate_binary(args.dot_rate)
-    keys = list(runners)
-    samples: dict = {k: [] for k in keys}
-    order, rates = [], []
-    for r in range(args.rounds):
-        start = r % len(keys)
-        turn = {k: runners[k] for k in keys[start:] + keys[:start]}
-        got, _ = interleave(turn, inputs, rounds=1, settle_s=args.settle)
-        for k, v in got.items():
-            samples[k].append(v[0])
-        order.append(list(turn))
-        rates.append(dot_rate(binary, args.dot_rate))
-    return samples, order, rates
 
 
 def main() -> None:
@@ -133,7 +116,7 @@ def main() -> None:
     p.add_argument("--antagonist", action="store_true",
                    help="one CPU for the runtimes, a memory stream on another, on and off by turns")
     p.add_argument("--dot-rate", choices=("vdpbf16ps", "fma", "vpdpbusd", "avx2"),
-                   help="run benchmarks/dot_rate.c with this kernel after every round (needs gcc)")
+                   help="run benchmarks/dot_rate.c with this kernel before every round (needs gcc)")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     device = parse_device("cpu")
@@ -164,10 +147,11 @@ def main() -> None:
         return
     alone = {k: back_to_back(r, inputs, args.back_to_back) for k, r in runners.items()} if args.back_to_back else {}
     rates: list[float] = []
+    read_rate = None
     if args.dot_rate:
-        samples, order, rates = rounds_with_dot_rate(runners, inputs, args)
-    else:
-        samples, order = interleave(runners, inputs, rounds=args.rounds, settle_s=args.settle)
+        binary = dot_rate_binary()
+        read_rate = lambda r: rates.append(dot_rate(binary, args.dot_rate))  # noqa: E731
+    samples, order = interleave(runners, inputs, rounds=args.rounds, settle_s=args.settle, before_round=read_rate)
     times = {k: [t * 1e3 for t in v] for k, v in samples.items()}
     medians = {k: float(np.median(v)) for k, v in times.items()}
     for k, v in times.items():

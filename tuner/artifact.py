@@ -143,7 +143,7 @@ def write_artifact(
                    "target": device.target_config, "threads": int(device.target_config.get("num-cores", 0)),
                    "description": device.description},
         "inputs": [{"name": i.name, "shape": list(i.shape), "dtype": i.dtype}
-                   | ({"bounds": list(i.bounds)} if getattr(i, "bounds", None) else {}) for i in spec.inputs],
+                   | ({"bounds": list(i.bounds)} if i.bounds else {}) for i in spec.inputs],
         "outputs": [{"shape": list(o.shape), "dtype": str(o.dtype)} for o in outputs],
         "operators": counts,
         "tasks": [{"name": t.name, "workload_key": t.workload_key, "weight": t.weight, "flops": t.flops,

@@ -271,10 +271,13 @@ def scaled_max_error(reference: Sequence[np.ndarray], outputs: Sequence[np.ndarr
 
 
 def interleave(
-    runners: dict[str, Runner], inputs: list[np.ndarray], *, rounds: int, warmup: int = 1, settle_s: float = 0.0
+    runners: dict[str, Runner], inputs: list[np.ndarray], *, rounds: int, warmup: int = 1, settle_s: float = 0.0,
+    before_round: Callable[[int], None] | None = None,
 ) -> tuple[dict[str, list[float]], list[list[str]]]:
     """Time every runner once per round, rotating which one starts each round; ``settle_s``
     seconds of sleep before each runner's warm-up let the previous runtime's threads go idle.
+    ``before_round(r)``, when given, runs before round ``r`` (a benchmark changing or reading
+    the machine's state between rounds).
 
     Returns:
         the latencies (seconds) of each runner in round order, and the keys in the order they
@@ -286,6 +289,8 @@ def interleave(
     for r in range(rounds):
         start = r % len(keys) if keys else 0
         this_round = keys[start:] + keys[:start]
+        if before_round is not None:
+            before_round(r)
         for key in this_round:
             runner = runners[key]
             time.sleep(settle_s)

@@ -181,8 +181,10 @@ def test_interleave_lets_the_previous_runtime_settle():
             self.calls.append((self.key, time.perf_counter()))
 
     calls: list[tuple[str, float]] = []
-    interleave({k: Clock(calls, k) for k in ("a", "b")}, [], rounds=2, warmup=1, settle_s=0.05)
-    assert [k for k, _ in calls] == ["a", "a", "b", "b", "b", "b", "a", "a"]
+    interleave({k: Clock(calls, k) for k in ("a", "b")}, [], rounds=2, warmup=1, settle_s=0.05,
+               before_round=lambda r: calls.append((f"round {r}", time.perf_counter())))  # fmt: skip
+    assert [k for k, _ in calls] == ["round 0", "a", "a", "b", "b", "round 1", "b", "b", "a", "a"]
+    calls = [c for c in calls if not c[0].startswith("round")]
     for (before, t0), (after, t1) in itertools.pairwise(calls):
         if before != after:
             assert t1 - t0 >= 0.05

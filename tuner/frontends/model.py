@@ -111,7 +111,7 @@ def index_bounds(mod: tvm.IRModule) -> dict[str, tuple[int, int]]:
     arithmetic is not bounded.
     """
     main = mod["main"]
-    params = {p for p in main.params}
+    params = set(main.params)
     values: dict = {}
     body = main.body
     for block in getattr(body, "blocks", ()):
