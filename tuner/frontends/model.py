@@ -72,7 +72,7 @@ class ModelSpec:
             relax.transform.CanonicalizeBindings(),
         ])(mod)  # fmt: skip
         # The scaled weights and biases, computed once here, not in every build.
-        return relax.transform.FoldConstant()(fold_constants(mod))
+        return clip_takes(relax.transform.FoldConstant()(fold_constants(mod)))
 
     def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
         """Deterministic random data inputs (floats in [-1, 1), ints in [0, 100), or below the
@@ -103,9 +103,10 @@ _SAME_VALUES = ("relax.reshape", "relax.astype", "relax.expand_dims", "relax.squ
 def index_bounds(mod: tvm.IRModule) -> dict[str, tuple[int, int]]:
     """The values each input of ``main`` that indexes a table (``relax.take``) may hold: ``[lo, hi)``.
 
-    TVM lowers a take in its ``fast`` mode, which reads outside the table for an index out of
-    range (BERT's token id 30522 crashed ``nightshift run`` with a segfault), so the runners
-    check their inputs against these bounds. ``hi`` is the table's extent; ``lo`` is ``-hi``
+    A take in ``fast`` mode reads outside the table for an index out of range (BERT's token
+    id 30522 crashed ``nightshift run`` with a segfault), one in ``clip`` mode
+    (:func:`clip_takes`, as deployed) silently reads the nearest entry, so the runners check
+    their inputs against these bounds. ``hi`` is the table's extent; ``lo`` is ``-hi``
     where the index first goes through the ``where(i < 0, i + n, i)`` by which the ONNX
     frontend wraps negative indices, else 0. An input that reaches a take through other
     arithmetic is not bounded.
@@ -119,7 +120,7 @@ def index_bounds(mod: tvm.IRModule) -> dict[str, tuple[int, int]]:
             values[binding.var] = binding.value
     bounds: dict[str, tuple[int, int]] = {}
     for value in values.values():
-        if not _is_call(value, ("relax.take",)) or str(value.attrs.mode) != "fast":
+        if not _is_call(value, ("relax.take",)) or str(value.attrs.mode) not in ("fast", "clip"):
             continue
         extent = _extent(value.args[0], value.attrs.axis)
         index, lo = value.args[1], 0
@@ -135,6 +136,31 @@ def index_bounds(mod: tvm.IRModule) -> dict[str, tuple[int, int]]:
             old_lo, old_hi = bounds.get(index.name, (lo, extent))
             bounds[index.name] = (max(old_lo, lo), min(old_hi, extent))
     return bounds
+
+
+def clip_takes(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with every ``relax.take`` in ``clip`` mode instead of ``fast``.
+
+    The deployed library then never reads outside a table, whoever calls it: ``fast`` reads
+    past it for an index out of range (a segfault, or another tensor's memory). Nightshift's
+    own runners refuse such an index first (:func:`index_bounds`, with a clear error);
+    a program that calls the library through TVM's runtime gets the nearest entry. The cost
+    is a min and a max per index (128 for BERT-base), against the table's rows it copies.
+    """
+    from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+    def clipped(call: relax.Call, _matches: dict) -> relax.Expr:
+        if str(call.attrs.mode) != "fast":
+            return call
+        axis = call.attrs.axis
+        return relax.op.take(call.args[0], call.args[1], None if axis is None else int(axis), mode="clip")
+
+    funcs = {}
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            func = rewrite_call(is_op("relax.take")(wildcard(), wildcard()), clipped, func)
+        funcs[gv] = func
+    return tvm.IRModule(funcs, attrs=mod.attrs)
 
 
 def _is_call(expr: relax.Expr, ops: tuple[str, ...]) -> bool:
