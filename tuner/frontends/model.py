@@ -47,9 +47,9 @@ class ModelSpec:
         return [_input_info(v, bounds.get(v.name)) for v in data]
 
     def bound(self) -> tvm.IRModule:
-        """The module as it is tuned and deployed: ``params`` bound as constants, batch norm
-        folded into the preceding conv, and the remaining training-mode ops decomposed for
-        inference.
+        """The module as it is tuned and deployed: every take in ``clip`` mode (:func:`clip_takes`),
+        ``params`` bound as constants, batch norm folded into the preceding conv, and the
+        remaining training-mode ops decomposed for inference.
 
         A batch norm whose conv weight and statistics are constants (the zoo's after binding,
         ONNX's and PyTorch's as imported) becomes a scaled weight and a bias add, so the conv
@@ -57,7 +57,7 @@ class ModelSpec:
         the rest before fusion lets it fuse into its producer and keeps float16 batch norm in
         float16, as TVM's own ``static_shape_tuning_pipeline`` does.
         """
-        mod = self.mod
+        mod = clip_takes(self.mod)
         if self.params:
             tensors = {k: tvm.runtime.tensor(v) for k, v in self.params.items()}
             mod = relax.transform.BindParams("main", tensors)(mod)
@@ -72,7 +72,7 @@ class ModelSpec:
             relax.transform.CanonicalizeBindings(),
         ])(mod)  # fmt: skip
         # The scaled weights and biases, computed once here, not in every build.
-        return clip_takes(relax.transform.FoldConstant()(fold_constants(mod)))
+        return relax.transform.FoldConstant()(fold_constants(mod))
 
     def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
         """Deterministic random data inputs (floats in [-1, 1), ints in [0, 100), or below the
