@@ -639,20 +639,30 @@ def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) ->
         return 130
 
 
+def build_parser(prog: str = "nightshift") -> argparse.ArgumentParser:
+    """The ``nightshift`` command line's parser (every command and option)."""
+    return _parser(prog)
+
+
+def build_tune_parser() -> argparse.ArgumentParser:
+    """The ``tune`` command line's parser."""
+    parser = argparse.ArgumentParser(prog="tune", description="Run a Nightshift tuning job.")
+    _add_tune_args(parser)
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``nightshift``."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = _parser("nightshift").parse_args(argv)
+    args = build_parser("nightshift").parse_args(argv)
     args.argv = argv
     return _run(args.func, args)
 
 
 def tune_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``tune`` (same as ``nightshift tune``)."""
-    parser = argparse.ArgumentParser(prog="tune", description="Run a Nightshift tuning job.")
-    _add_tune_args(parser)
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(argv)
+    args = build_tune_parser().parse_args(argv)
     args.argv = ["tune", *argv]
     return _run(cmd_tune, args)
 
