@@ -90,6 +90,9 @@ def _add_tune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray-address", default=None,
                    help="existing Ray cluster: auto (on a node of it), or http://HEAD:8265 to submit the job to "
                         "the head (Ray's Jobs API); default: start one locally")
+    p.add_argument("--measurer", choices=("ray", "inline"), default=None,
+                   help="what builds and times the candidates: ray (default), a Ray cluster with build and run "
+                        "timeouts; inline, this process without Ray (no timeouts, no isolation: for a laptop)")
     p.add_argument("-o", "--output", type=Path, default=None,
                    help="write the verified artifact: X.so (+ X.json) or a folder (nightshift run runs it)")
     p.add_argument("--no-verify", action="store_true", default=None,
@@ -293,8 +296,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
         strategy=args.strategy,
         measure=MeasureConfig(build_timeout_s=args.build_timeout, timing=TimingConfig.of_mode(timing)),
         name=args.job or f"{spec.name}-{device.name}", fresh=args.fresh, skip_after=args.skip_after,
-        rerank_top=args.rerank_top,
+        rerank_top=args.rerank_top, measurer=args.measurer,
     )  # fmt: skip
+    if args.measurer == "inline" and (args.ray_address is not None or device.kind != "cpu"):
+        raise UserInputError("--measurer inline times on this machine's CPU: drop --ray-address, use --device cpu")
     if device.kind == "cuda":
         device = _gpu_worker_device(device, args.ray_address)
     log = None
@@ -311,8 +316,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     _print_precision(spec, args.precision, device.target)
     console.print(f"[bold]{spec.name}[/] ({args.precision}): {len(tasks)} tasks on {device.name} ({device.arch}, "
                   f"fingerprint {device.fingerprint}); database {redact(db.url)}")
-    with console.status("starting Ray"):
-        connect(args.ray_address)  # already connected for a CUDA device
+    if args.measurer == "ray":
+        with console.status("starting Ray"):
+            connect(args.ray_address)  # already connected for a CUDA device
     view = LiveView(console, quiet=args.quiet)
 
     def on_event(ev: dict) -> None:
@@ -334,7 +340,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     idle = "" if summary.device_idle_fraction is None else f"; device idle {summary.device_idle_fraction:.0%}"
     console.print(f"job {summary.name} (#{summary.job_id}) {summary.state}: {summary.reason}; {summary.trials} "
                   f"trials in {summary.elapsed_s:.0f} s; failed candidates: {summary.errors or 'none'}{idle}")
-    if args.ray_address is None:
+    if args.ray_address is None and args.measurer == "ray":
         import ray
 
         # The local cluster's processes (its device actor's TVM thread pool included) would

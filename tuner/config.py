@@ -146,6 +146,7 @@ OPTIONS: dict[str, Callable[[Any], Any]] = {
     "skip_after": _nonneg_int,
     "rerank_top": _nonneg_int,
     "ray_address": _str,
+    "measurer": _choice("ray", "inline"),
     "output": _str,
     "no_verify": _bool,
     "quiet": _bool,
@@ -158,7 +159,7 @@ DEFAULTS: dict[str, Any] = {
     "device": "cpu", "batch_size": 1, "dtype": "float32", "trials_per_batch": 16, "build_timeout": 60.0,
     "seed": 0, "strategy": "evolutionary", "skip_after": 512, "rerank_top": 4, "fresh": False, "no_verify": False,
     "quiet": False, "verbose": False, "precision": "fp32", "accuracy_inputs": 8,
-    "calibration": 32,
+    "calibration": 32, "measurer": "ray",
 }  # fmt: skip
 
 _PATHS = ("output", "log_json")

@@ -33,7 +33,8 @@ from tuner.db.database import measured_results
 from tuner.db.validate import trace_rejection
 from tuner.device import Device
 from tuner.errors import DatabaseError, UserInputError
-from tuner.measure.ray_measure import MeasureConfig, MeasureError, RayMeasurer, device_resource
+from tuner.measure import base as measure
+from tuner.measure.base import MeasureConfig, MeasureError, Measurer
 from tuner.measure.results import ErrorClass
 from tuner.progress import EventSink, event
 from tuner.rerank import rerank_task
@@ -110,6 +111,9 @@ class TuneConfig:
     rerank_top: int = 0
     #: Rounds of the re-ranking: every record is timed once per round.
     rerank_rounds: int = 10
+    #: What builds and times the candidates (``tuner.measure.base.create``): ``ray``, a Ray
+    #: cluster (connected before the job runs); ``inline``, this process, without Ray.
+    measurer: str = "ray"
 
     def __post_init__(self) -> None:
         if self.trials is None and self.time_budget_s is None:
@@ -131,6 +135,10 @@ class TuneConfig:
                                  f"{self.rerank_top} and {self.rerank_rounds}")  # fmt: skip
         if self.propose_on not in ("cluster", "driver"):
             raise UserInputError(f"propose_on must be cluster or driver, got {self.propose_on!r}")
+        if self.propose_on == "cluster" and self.measurer != "ray":
+            raise UserInputError("propose_on cluster runs proposals as Ray tasks: it needs the ray measurer")
+        if self.measurer not in measure.MEASURERS:
+            raise UserInputError(f"--measurer must be one of {', '.join(measure.MEASURERS)}, got {self.measurer!r}")
         if self.strategy not in search.strategies():
             raise UserInputError(f"--strategy must be one of {', '.join(search.strategies())}, got {self.strategy!r}")
 
@@ -265,7 +273,7 @@ class TuningJob:
         self.device_id: int | None = None
         self.job_id: int | None = None
         self.resumed = False
-        self.measurer: RayMeasurer | None = None
+        self.measurer: Measurer | None = None
         #: Tuning seconds of the job's earlier runs.
         self.elapsed_before = 0.0
         #: Per task: ``new``, ``warm``, ``skip`` or ``fresh`` (see tuner.reuse.rule).
@@ -328,7 +336,7 @@ class TuningJob:
         db, config = self.db, self.config
         # Builds target the device as the timing nodes see it, and records are keyed by their
         # fingerprint (not the driver's host: the driver may be on a node that does not time).
-        self.measurer = RayMeasurer(self.device, config.measure)
+        self.measurer = measure.create(config.measurer, self.device, config.measure)
         self.device = self.measurer.device
         try:
             self.device_id = db.device_id(self.device)
@@ -446,15 +454,12 @@ class TuningJob:
         time for the device."""
         if self.config.rerank_top < 2 or self.device.kind != "cpu":
             return
-        node_id = self._timing_node()
-        if node_id is None:
-            logger.info("records not re-ranked: no device actor of this job times on the driver's node")
+        lease = self.measurer.timing_lease()
+        if lease is None:
+            logger.info("records not re-ranked: this process cannot time for the device")
             return
-        from tuner.measure.quiet import TimingLease
-
         assert self.device_id is not None
         self.device.use_threads()
-        lease = TimingLease(node_id)
         # What each task adds to the model's latency; layouts the model does not run add nothing.
         weighted = {j: c for j in range(len(self.tasks))
                     if self.scheduler.in_model(j) and (c := self.scheduler.contribution(j)) is not None}  # fmt: skip
@@ -477,18 +482,6 @@ class TuningJob:
                        elapsed_s=self.elapsed_s)  # fmt: skip
         # A Ctrl-C during the last task's rounds stops the job too (the next run re-ranks again).
         self._check_interrupt()
-
-    def _timing_node(self) -> str | None:
-        """The driver's Ray node, if one of the job's device actors times there."""
-        import ray
-
-        try:
-            here = ray.get_runtime_context().get_node_id()
-            nodes = {info["node_id"] for info in self.measurer.devices_info()}
-        except Exception as err:  # a lost actor or cluster: nothing to re-rank with
-            logger.warning("records not re-ranked: %s", err)
-            return None
-        return here if here in nodes else None
 
     def _finish_job(self, state: str, reason: str) -> None:
         """Record the job's end: its state, tuning time and trials (counted from its records,
@@ -735,14 +728,14 @@ class TuningJob:
         assert self.measurer is not None
         try:
             results = [f.result() for f in batch.futures]
-            if not all(m.error_class == ErrorClass.LOST for m in results) or self._ray_alive():
+            if not all(m.error_class == ErrorClass.LOST for m in results) or self.measurer.alive():
                 return results
             cause: BaseException = RuntimeError(results[0].error_msg or "every candidate lost")
         except MeasureError as err:
             cause = err
         deadline = time.monotonic() + self.config.retry_s
         delay, attempt = 1.0, 0
-        while not self._ray_alive():
+        while not self.measurer.alive():
             attempt += 1
             if time.monotonic() + delay > deadline:
                 raise MeasureError(f"Ray cluster lost ({cause}) and not back after {self.config.retry_s:.0f} s; "
@@ -752,22 +745,13 @@ class TuningJob:
             delay = min(delay * 2, 30.0)
         logger.warning("Ray cluster back after loss (%s); measuring the batch again", cause)
         self.measurer.close()
-        self.measurer = RayMeasurer(self.device, self.config.measure)
+        self.measurer = measure.create(self.config.measurer, self.device, self.config.measure)
         mods = [c.mod for c in batch.candidates]
         again = self.measurer.submit(self.tasks[batch.task], mods)
         # Batches proposed before the loss were submitted to the old measurer: submit them again.
         for other in self.inflight:
             other.futures = self.measurer.submit(self.tasks[other.task], [c.mod for c in other.candidates])
         return [f.result() for f in again]
-
-    def _ray_alive(self) -> bool:
-        """Whether the Ray cluster answers and still offers the device."""
-        import ray
-
-        try:
-            return ray.is_initialized() and device_resource(self.device) in ray.cluster_resources()
-        except Exception:
-            return False
 
     def _complete(self, batch: _Batch) -> None:
         """Wait for a batch, store it, and tell the strategy, model, bandit and scheduler."""

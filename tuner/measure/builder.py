@@ -16,6 +16,7 @@ from search_spaces import lowering
 from tuner.measure.cuda import CudaToolchainError, kernel_formats, prepare_cuda_build
 from tuner.measure.quiet import cpu_work
 from tuner.measure.results import BuildResult, ErrorClass
+from tuner.measure.runner import ArgSpec
 
 logger = logging.getLogger(__name__)
 
@@ -114,3 +115,21 @@ def build_task(mod_json: str, target_config: dict) -> Iterator[str | BuildPause 
 def _short(err: BaseException, limit: int = 2000) -> str:
     text = f"{type(err).__name__}: {err}"
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def entry_name(mod: tvm.IRModule) -> str:
+    """The symbol a task module's built library exports its ``main`` as."""
+    func = mod["main"]
+    if func.attrs and "global_symbol" in func.attrs:
+        return str(func.attrs["global_symbol"])
+    return "main"
+
+
+def arg_specs(mod: tvm.IRModule) -> list[ArgSpec]:
+    """Shapes and dtypes of a task module's arguments (what its reference is run on)."""
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    return [
+        ArgSpec(tuple(int(d) for d in info.shape), str(info.dtype))
+        for info in ArgInfo.from_prim_func(mod["main"])
+    ]

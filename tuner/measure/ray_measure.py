@@ -46,88 +46,18 @@ from ray.exceptions import (
 )
 
 from tuner.device import Device
-from tuner.errors import NightshiftError, UserInputError
+from tuner.errors import UserInputError
 from tuner.measure import device_actor
+from tuner.measure.base import MeasureConfig, MeasureError, MeasureStats
 from tuner.measure.builder import BuildPause, build_task
+from tuner.measure.builder import arg_specs as _arg_specs
+from tuner.measure.builder import entry_name as _entry
 from tuner.measure.cuda import gpu_archs, reference_module
 from tuner.measure.results import BuildResult, ErrorClass, Measurement, RunResult
-from tuner.measure.runner import ArgSpec, Reference, TimingConfig
+from tuner.measure.runner import ArgSpec, Reference
 from tuner.tasks import Task
 
 logger = logging.getLogger(__name__)
-
-
-class MeasureError(NightshiftError):
-    """The measurement infrastructure itself failed (not a candidate)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class MeasureConfig:
-    """Limits and timing policy of one measurer.
-
-    Attributes:
-        build_timeout_s: time a build may run, from when it holds its CPU (and its node's
-            lease, see ``quiet_builds``) until its artifact is ready.
-        run_timeout_s: time the device actor may spend on one candidate.
-        timing: how a candidate is timed.
-        max_builds_in_flight: concurrent builds; default: every CPU of the cluster.
-        timing_depth: candidates queued at each device actor at once (2 overlaps transfers).
-        timing_batch: on a device whose timings make its node's builds wait (a CPU node that
-            builds too, with no core to spare), built candidates are sent in batches of this
-            many, timed back to back under one hold of the node: fewer switches between builds
-            and timings, each of which leaves cores idle while the running build stages end.
-            A batch goes early when no build is left in flight or its oldest candidate has
-            waited ``timing_batch_wait_s``. 1: no batching.
-        quiet_builds: keep builds and this node's search off a CPU device's node while it times
-            (a per-node lease, see ``tuner.measure.quiet``); default: for CPU devices.
-        device_wait_s: how long timings wait for a device actor that restarts or whose node
-            is gone before the candidates are marked ``LOST``.
-        build_retries: Ray retries of a build whose worker or node died.
-        build_start_timeout_s: how long a build may wait for a CPU and a worker process (a
-            cold worker imports TVM for seconds) before ``build_timeout_s`` starts counting.
-        node_scan_s: how often, while it has work, the measurer looks for nodes that joined the
-            cluster with the device's resource; their device actors take timings once they
-            answer with the fingerprint the measurer times on.
-    """
-
-    build_timeout_s: float = 60.0
-    run_timeout_s: float = 60.0
-    timing: TimingConfig = field(default_factory=TimingConfig)
-    max_builds_in_flight: int | None = None
-    timing_depth: int = 2
-    timing_batch: int = 8
-    timing_batch_wait_s: float = 5.0
-    quiet_builds: bool | None = None
-    device_wait_s: float = 60.0
-    build_retries: int = 1
-    build_start_timeout_s: float = 300.0
-    node_scan_s: float = 5.0
-
-
-@dataclass
-class MeasureStats:
-    """Counters of a measurer since its creation or its last ``reset_stats``."""
-
-    candidates: int = 0
-    built: int = 0
-    timed: int = 0
-    errors: dict[str, int] = field(default_factory=dict)
-    build_s: float = 0.0
-    device_busy_s: float = 0.0
-    first_submit: float | None = None
-    last_done: float | None = None
-
-    @property
-    def wall_s(self) -> float:
-        """From the first submission to the last result."""
-        if self.first_submit is None or self.last_done is None:
-            return 0.0
-        return self.last_done - self.first_submit
-
-    @property
-    def device_idle_fraction(self) -> float:
-        """Share of the wall time the device actor was not checking or timing a candidate."""
-        return 1.0 - self.device_busy_s / self.wall_s if self.wall_s > 0 else 1.0
 
 
 def device_resource(device: Device) -> str:
@@ -376,6 +306,29 @@ class RayMeasurer:
             node_id = None
         with cpu_work(node_id):
             yield
+
+    def alive(self) -> bool:
+        """Whether the Ray cluster answers and still offers the device."""
+        try:
+            return ray.is_initialized() and self.resource in ray.cluster_resources()
+        except Exception:
+            return False
+
+    def timing_lease(self) -> Any | None:
+        """The driver's node's :class:`~tuner.measure.quiet.TimingLease`, if one of this
+        measurer's device actors times there; else None (said in the log)."""
+        from tuner.measure.quiet import TimingLease
+
+        try:
+            here = ray.get_runtime_context().get_node_id()
+            nodes = {info["node_id"] for info in self.devices_info()}
+        except Exception as err:  # a lost actor or cluster: nothing to time with
+            logger.warning("no timing lease on the driver's node: %s", err)
+            return None
+        if here not in nodes:
+            logger.info("no device actor of this measurer times on the driver's node")
+            return None
+        return TimingLease(here)
 
     def close(self) -> None:
         """Stop the engine and mark unfinished candidates ``LOST``; the device actors stay for
@@ -863,19 +816,3 @@ def _choose(device: Device, devs: list[_Dev], infos: list[dict[str, Any] | None]
 def _short(err: BaseException, limit: int = 1000) -> str:
     text = f"{type(err).__name__}: {err}"
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _entry(mod: tvm.IRModule) -> str:
-    func = mod["main"]
-    if func.attrs and "global_symbol" in func.attrs:
-        return str(func.attrs["global_symbol"])
-    return "main"
-
-
-def _arg_specs(mod: tvm.IRModule) -> list[ArgSpec]:
-    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
-
-    return [
-        ArgSpec(tuple(int(d) for d in info.shape), str(info.dtype))
-        for info in ArgInfo.from_prim_func(mod["main"])
-    ]

@@ -180,12 +180,11 @@ class CandidateRunner:
 
     def info(self) -> dict[str, Any]:
         """Where the actor runs: Ray node id, pid, whether TVM's compiler library is loaded."""
-        import ray
         from tvm import base
 
         maps = Path("/proc/self/maps")
         compiler = "libtvm_compiler" in maps.read_text() if maps.exists() else None
-        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
+        return {"node_id": self._node_id(), "pid": os.getpid(),
                 "runtime_only": bool(base._RUNTIME_ONLY), "compiler_loaded": compiler, "device": str(self.dev)}
 
     def has_reference(self, task_key: str) -> bool:
