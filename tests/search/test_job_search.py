@@ -65,19 +65,21 @@ def builtin_templates_only(monkeypatch):
     monkeypatch.setattr(registry, "_REGISTRY", shipped)
 
 
-def test_second_job_seeds_from_the_first_and_never_remeasures(ray_cluster, cpu_device, tmp_path,
+def test_second_job_seeds_from_the_first_and_never_remeasures(cpu_device, tmp_path,
                                                               builtin_templates_only, caplog):
     caplog.set_level(logging.INFO, logger="tuner.job")
     db_path = tmp_path / "t.db"
     db = TuningDatabase(f"sqlite:///{db_path}")
     tasks = [search_tasks.task("matmul"), search_tasks.task("conv")]
-    first = TuningJob(tasks, cpu_device, db, TuneConfig(trials=8, batch_size=4, seed=0), model_name="t")
+    first = TuningJob(tasks, cpu_device, db, TuneConfig(trials=8, batch_size=4, seed=0, measurer="inline"),
+                      model_name="t")
     s1 = first.run()
     assert s1.trials == 8
     job1 = _records(db_path)
     assert len(job1) == 8
 
-    second = TuningJob(tasks, cpu_device, db, TuneConfig(trials=8, batch_size=4, seed=0), model_name="t")
+    second = TuningJob(tasks, cpu_device, db, TuneConfig(trials=8, batch_size=4, seed=0, measurer="inline"),
+                       model_name="t")
     s2 = second.run()
     assert s2.trials == 8
     rows = _records(db_path)
