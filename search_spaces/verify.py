@@ -135,7 +135,7 @@ def sweep_tasks(model: str, tasks: list, target: tvm.target.Target, *, points: i
 
     Args:
         model: a label for the results.
-        tasks: ``tuner.tasks.Task`` objects.
+        tasks: ``tuner.graph.tasks.Task`` objects.
         target: where to build (a CPU target: the points are also run here).
         points: points per task and kind.
         seed: seeds the sampling.

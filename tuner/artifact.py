@@ -121,7 +121,7 @@ def write_artifact(
         untuned_latency_s: TVM's default build's latency, if measured.
         job: the tuning job (``{"id": ..., "name": ...}``).
         source: what ``--model`` said (zoo name, ONNX path, factory).
-        tasks: the model's tasks (:class:`tuner.tasks.Task`), for their weights in the report.
+        tasks: the model's tasks (:class:`tuner.graph.tasks.Task`), for their weights in the report.
         outputs: the tuned build's outputs on the verification input (their shapes and dtypes).
 
     Returns:

@@ -63,13 +63,13 @@ class BenchConfig:
         tolerance: largest scaled error (max |a - ref| / max |ref|) of an f32 entry.
         low_precision_tolerance: the same for entries a runtime ran in bf16/f16.
         seed: seed of the random input.
-        plan: the layout plan both TVM builds use (a :class:`tuner.layout.LayoutPlan`; None:
+        plan: the layout plan both TVM builds use (a :class:`tuner.graph.layout.plan.LayoutPlan`; None:
             the target's default), as in the tuning job.
         precision: the TVM builds' precision (``fp32``, ``bf16``, ``int8``; see
             :mod:`tuner.precision`); other than fp32, their accuracy against TVM's fp32
             build is measured on ``accuracy_inputs`` inputs (0: not here; the caller does).
         layout_choice: how ``--layout auto`` chose ``plan`` (a
-            :class:`tuner.layout.PlanChoice`), recorded in the JSON; None for a fixed plan.
+            :class:`tuner.graph.layout.choose.PlanChoice`), recorded in the JSON; None for a fixed plan.
         reference_spec: the float model a quantized model was made from
             (:mod:`tuner.precision.quantize`): the accuracy reference instead of the quantized
             graph run in fp32.

@@ -155,7 +155,7 @@ def _quantized(args: argparse.Namespace, spec, device):
 def _auto_layouts(args: argparse.Namespace, device) -> tuple[str, ...] | None:
     """The layouts ``--layout auto`` tunes and chooses between for this device, or None where
     it is a fixed plan (an explicit --layout, or one candidate layout: a reduced precision)."""
-    from tuner.layout import auto_layouts
+    from tuner.graph.layout.plan import auto_layouts
 
     if (getattr(args, "layout", None) or "auto") != "auto":
         return None
@@ -165,7 +165,7 @@ def _auto_layouts(args: argparse.Namespace, device) -> tuple[str, ...] | None:
 
 def _extract(args: argparse.Namespace, device, spec):
     """The tasks to tune: with a measured ``--layout auto``, every conv in each candidate layout."""
-    from tuner.tasks import extract_layout_tasks, extract_tasks
+    from tuner.graph.tasks import extract_layout_tasks, extract_tasks
 
     layouts = _auto_layouts(args, device)
     if layouts is not None:
@@ -175,9 +175,9 @@ def _extract(args: argparse.Namespace, device, spec):
 
 def _plan(args: argparse.Namespace, device, db=None, spec=None):
     """The layout plan of ``--layout``; for ``auto`` with a database, the per-conv plan its
-    measurements favour (:func:`tuner.layout.choose_from_database`), chosen once per command
+    measurements favour (:func:`tuner.graph.layout.choose.choose_from_database`), chosen once per command
     and printed with the measured costs behind it."""
-    from tuner.layout import LayoutPlan
+    from tuner.graph.layout.plan import LayoutPlan
 
     if db is None or spec is None or _auto_layouts(args, device) is None:
         return LayoutPlan.parse(getattr(args, "layout", None) or "auto", device.target)
@@ -189,9 +189,9 @@ def _plan(args: argparse.Namespace, device, db=None, spec=None):
 
 
 def choose_layout(spec, device, db, layouts: Sequence[str], precision: str = "fp32"):
-    """:func:`tuner.layout.choose_from_database` on ``db``'s best records for ``device``
+    """:func:`tuner.graph.layout.choose.choose_from_database` on ``db``'s best records for ``device``
     (same-architecture records where the device has none, as the compiler uses them)."""
-    from tuner.layout import choose_from_database
+    from tuner.graph.layout.choose import choose_from_database
     from tuner.precision import apply_precision
 
     dev_id = db.find_device_id(device)
@@ -211,7 +211,7 @@ def measured_plan(spec, device, db, precision: str = "fp32", *, show: bool = Fal
     """What ``--layout auto`` compiles ``spec`` with from ``db``: the :func:`choose_layout`
     choice where the device weighs several layouts at ``precision``, else None (the target's
     default plan). ``show`` prints the choice as ``tune`` does."""
-    from tuner.layout import auto_layouts
+    from tuner.graph.layout.plan import auto_layouts
 
     layouts = auto_layouts(device.target, precision)
     if len(layouts) < 2:

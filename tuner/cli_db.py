@@ -259,7 +259,7 @@ def cmd_coverage(args: argparse.Namespace) -> int:
     from tuner.cli import out
     from tuner.db.tvm_adapter import replays_cleanly
     from tuner.frontends import load_model
-    from tuner.tasks import extract_tasks
+    from tuner.graph.tasks import extract_tasks
 
     db = _open(args)
     device = _device(args)

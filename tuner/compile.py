@@ -35,8 +35,9 @@ from tuner.db.database import FallbackPolicy
 from tuner.db.tvm_adapter import DEFAULT_LOWERING, Decision, MetaScheduleDatabase
 from tuner.device import Device
 from tuner.frontends import ModelSpec
-from tuner.layout import LayoutPlan, prepare
-from tuner.tasks import fuse_passes
+from tuner.graph.layout.plan import LayoutPlan
+from tuner.graph.layout.rewrites import prepare
+from tuner.graph.tasks import fuse_passes
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ def compile_model(
         fallback: give untuned operators the fallback schedule (else TVM's default lowering;
             on GPUs they always get the CUDA pipeline's default schedules).
         plan: each conv's data layout, as the tasks were extracted with (default
-            :meth:`LayoutPlan.for_target`, as :func:`tuner.tasks.extract_tasks`'s).
+            :meth:`LayoutPlan.for_target`, as :func:`tuner.graph.tasks.extract_tasks`'s).
         precision: the model's precision (:func:`tuner.precision.apply_precision`), as the
             tasks were extracted in; records of another precision are never used.
     """
@@ -144,7 +145,7 @@ def compile_model(
 
 
 def compile_with_database(database: ms.Database, mod: tvm.IRModule, target: tvm.target.Target) -> relax.VMExecutable:
-    """``meta_schedule.relax_integration.compile_relax`` with :func:`tuner.tasks.fuse_passes`
+    """``meta_schedule.relax_integration.compile_relax`` with :func:`tuner.graph.tasks.fuse_passes`
     as its fusion: the functions it looks ``database`` up for are the ones the tasks were
     extracted as (TVM's own sequence would not fold the bf16 pads into their producers)."""
     from tvm.relax import pipeline as relax_pipeline
@@ -309,7 +310,7 @@ def verify_wanted(mode: str, spec: ModelSpec, device: Device) -> bool:
         return mode == "on"
     if not device.present:
         return False
-    from tuner.tasks import extract_tasks
+    from tuner.graph.tasks import extract_tasks
 
     flops = sum(t.weight * t.flops for t in extract_tasks(spec.bound(), device.target))
     return flops <= VERIFY_AUTO_MAX_FLOPS

@@ -33,6 +33,7 @@ from tuner.db.database import measured_results
 from tuner.db.validate import trace_rejection
 from tuner.device import Device
 from tuner.errors import DatabaseError, UserInputError
+from tuner.graph.tasks import Task
 from tuner.measure import base as measure
 from tuner.measure.base import MeasureConfig, MeasureError, Measurer
 from tuner.measure.results import ErrorClass
@@ -42,7 +43,6 @@ from tuner.reuse import SEED_POINTS, TaskHistory, job_points, other_mode, seed_l
 from tuner.reuse import rule as reuse_rule
 from tuner.search import Candidate, NoTaskAvailable, Result, SearchStrategy, SpaceBandit, TaskScheduler
 from tuner.search.remote import Applier, SpaceSpec
-from tuner.tasks import Task
 
 logger = logging.getLogger(__name__)
 

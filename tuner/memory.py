@@ -2,7 +2,7 @@
 
 numpy advises transparent huge pages (``madvise(MADV_HUGEPAGE)``) for every array of 4 MiB
 or more. A model's weights pass through numpy on their way into TVM (the zoo's random
-weights, ONNX initializers, ``tuner.fold``, the packed layouts), and when those arrays are
+weights, ONNX initializers, ``tuner.graph.fold``, the packed layouts), and when those arrays are
 freed their address ranges keep the advice, which TVM's allocations can reuse; ``khugepaged``
 then moves what lies there onto 2 MiB pages a few seconds into a run (with the advice off, a
 process that compiles and runs a model holds no huge page at all; which of its buffers held

@@ -14,7 +14,7 @@ bitcasts them and calls the intrinsic.
 
 A third intrinsic reads its A operand as uint16 bits of bfloat16 values
 (``dot_16x2_bf16bits_avx512_local``): a buffer that a function allocates itself (Winograd's
-transformed data, :mod:`tuner.winograd`) is stored float32 when declared bfloat16, so it
+transformed data, :mod:`tuner.graph.winograd`) is stored float32 when declared bfloat16, so it
 holds the rounded bits instead.
 """
 
@@ -184,7 +184,7 @@ def _bf16_dot_16x2(scope: str):
 
 def _bf16_bits_dot_16x2(scope: str):
     """``vdpbf16ps`` with an A of bfloat16 bits in uint16 (a buffer a function allocates:
-    TVM would store a bfloat16 one as float32; Winograd's ``data_pack``, :mod:`tuner.winograd`),
+    TVM would store a bfloat16 one as float32; Winograd's ``data_pack``, :mod:`tuner.graph.winograd`),
     widened by :func:`bf16_value`."""
     desc = _dot_desc(2, "uint16", "bfloat16", "float32", scope, bf16_value)
     return desc, _bf16_dot_impl(scope, "uint16")

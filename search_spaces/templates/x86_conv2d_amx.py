@@ -18,7 +18,7 @@ fine for AMX, each row of A is one step of the tile multiply), so no tile is par
 multiply costs the same cycles whatever part of the row it uses
 (``benchmarks/amx_conv_steps.py``): a conv whose input is padded by another function reads
 it in a wide block that fills the row, 32 bf16 or 64 uint8 channels
-(:func:`tuner.layout.wide_blocks`), and so does half (a quarter of) the tile multiplies; so
+(:func:`tuner.graph.layout.plan.wide_blocks`), and so does half (a quarter of) the tile multiplies; so
 does a stride-1 1x1 conv whose input nothing else reads, written so by its producer.
 
 Strides other than 1 and 2, and rows that none of the tile heights divide, stay on the

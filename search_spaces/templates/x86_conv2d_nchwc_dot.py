@@ -4,7 +4,7 @@ The register tile of ``x86-conv2d-nchwc`` with its FMA replaced by an instructio
 multiplies ``n`` adjacent input channels into each of 16 output lanes and adds them:
 ``vdpbf16ps`` for bfloat16 (``n = 2``, float32 sums) and ``vpdpbusd`` for uint8 x int8
 (``n = 4``, int32 sums); on AVX2, 8 output lanes of uint8 x int8 by ``vpmaddubsw`` and
-``vpmaddwd`` (exact for the weights ``tuner.layout.dot_elements`` lets through). For each
+``vpmaddwd`` (exact for the weights ``tuner.graph.layout.plan.dot_elements`` lets through). For each
 step of the reduction, the ``n`` input channels of one pixel are one 32-bit lane,
 broadcast, and each of the tile's ``tile_oc`` weight registers holds 16 (8) output
 channels x ``n`` input channels (one 512-bit, 256-bit load).
@@ -29,14 +29,14 @@ forced to split by pixels ran 0.95x and 1.01x the time in two runs, and a job's 
 by pixels 0.94x the same job's model without them (benchmarks/README.md, "AVX2 Zen 3: the
 host's slow phases hit TVM's large-activation convs; convs split by pixels").
 
-The task is what :func:`tuner.layout.prepare` makes of such a conv (``dot_elements``):
-``tuner.layout.conv2d_nchwc_dot`` (TOPI's ``conv2d_NCHWc_int8`` compute), block
+The task is what :func:`tuner.graph.layout.rewrites.prepare` makes of such a conv (``dot_elements``):
+``tuner.graph.layout.ops.conv2d_nchwc_dot`` (TOPI's ``conv2d_NCHWc_int8`` compute), block
 ``conv2d_NCHWc_dot`` with spatial iters (n, oc_chunk, oh, ow, oc_block) and reduce iters
 (kh, kw, ic_chunk, ic_group, ic_lane), weights packed ``OIHW{i/n}i16o{n}i`` (``8o`` on AVX2) at compile
 time; an optional ``data_pad`` block before it (uint8 on AMX targets; always its own pass:
 a padded load cannot feed the instruction); elementwise epilogue blocks after it (bias,
 residual, relu, requantize). The last of them may be ``padded_output``, the copy into the
-interior of the next conv's padded input (``tuner.pad_fusion``): the tile is stored at its
+interior of the next conv's padded input (``tuner.graph.pad_fusion``): the tile is stored at its
 offset there, and the border is zeroed by a function of its own.
 """
 
@@ -76,7 +76,7 @@ logger = logging.getLogger(__name__)
 NAME = "x86-conv2d-nchwc-dot"
 _CONV_PREFIX = "conv2d_NCHWc_dot"
 # The block that copies a dot conv's input into the interior of its padded shape
-# (tuner.pad_fusion): it can end the producing conv's epilogue, elementwise over its output.
+# (tuner.graph.pad_fusion): it can end the producing conv's epilogue, elementwise over its output.
 PADDED_OUTPUT = "padded_output"
 
 
@@ -119,7 +119,7 @@ def _knobs(mod: tvm.IRModule, target: tvm.target.Target, limits: Limits) -> tupl
         return None
     if dot.dtypes[0] == "bfloat16" and _has_pad(sch):
         # TVM computes a bfloat16 buffer that a function allocates in float32, which
-        # vdpbf16ps cannot read: tuner.layout pads bfloat16 data in a function of its own.
+        # vdpbf16ps cannot read: tuner.graph.layout pads bfloat16 data in a function of its own.
         return None
     _, oc_chunks, oh, ow, _, _, kw, _, groups, _ = (int(sch.get(loop).extent) for loop in sch.get_loops(conv))
     max_pixels = min(dot_budget(limits), oh * ow)

@@ -1,6 +1,6 @@
 """``x86-conv2d-winograd``: a Winograd F(m, 3) conv in NCHW[x]c (+ fused epilogue) for x86.
 
-The task is :func:`tuner.winograd.conv2d_nchwc_winograd`'s compute followed by the conv's
+The task is :func:`tuner.graph.winograd.conv2d_nchwc_winograd`'s compute followed by the conv's
 elementwise epilogue. Four passes, each parallel over the threads:
 
 1. ``data_pack``: each input tile's transform ``B^T d B``, its row half (``wino_rows``)
@@ -12,7 +12,7 @@ elementwise epilogue. Four passes, each parallel over the threads:
 3. ``inverse``: each output tile's ``A^T M A``, vectorized along the output channel block.
 4. The output put back in ``NCHW[x]c`` order with the epilogue applied.
 
-A bf16 model's F(2, 3) (:func:`tuner.winograd.transform_weight_dot`) runs its GEMMs on
+A bf16 model's F(2, 3) (:func:`tuner.graph.winograd.transform_weight_dot`) runs its GEMMs on
 ``vdpbf16ps``: the same register tile, each step a pair of input channels (one broadcast
 32-bit lane of ``data_pack``'s bf16 bits) times 16 output channels' pairs (one 512-bit load),
 ``tile_ci`` pairs unrolled.

@@ -16,7 +16,7 @@ partial tile (6 x 16 on three of four) took 0.90-1.01x the time of the best divi
 The task is what Relax legalizes ``matmul`` to (attention's batched products): a block
 ``matmul*`` with spatial iters (batch..., m, n) and one reduce iter k, reading A[..., m, k]
 and B[..., k, n] (B's rows contiguous along n), then elementwise epilogue blocks over C. A
-dense layer's constant weight comes packed (``tuner.layout.matmul_packed``: B[n // nb, k,
+dense layer's constant weight comes packed (``tuner.graph.layout.ops.matmul_packed``: B[n // nb, k,
 n % nb]); a panel is then one packed block, contiguous, and nothing is copied at run time.
 """
 
@@ -50,7 +50,7 @@ _MAX_UNROLLED_FMAS = 512
 
 def _last_index_var(region: Any) -> Any:
     """The variable of the last (innermost) index of a read region, or None. A packed B
-    (:func:`tuner.layout.matmul_packed`: ``B[n // nb, k, n % nb]``) counts as indexed by n."""
+    (:func:`tuner.graph.layout.ops.matmul_packed`: ``B[n // nb, k, n % nb]``) counts as indexed by n."""
     last = region.region[-1].min
     if isinstance(last, tvm.tirx.FloorMod) and isinstance(last.b, tvm.tirx.IntImm):
         last = last.a

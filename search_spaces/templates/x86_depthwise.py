@@ -9,7 +9,7 @@ per channel and row, and applies the epilogue to the tile in registers. The op i
 bound, so the knobs are mostly about how many input rows a tile shares (``tile_h``) and
 how wide its vector loads are.
 
-In the blocked layout (``tuner.layout.depthwise_conv2d_nchwc``: block
+In the blocked layout (``tuner.graph.layout.ops.depthwise_conv2d_nchwc``: block
 ``depthwise_conv2d_NCHWc``, iters n, chunk, oh, ow, lane; reduce kh, kw) the channel block
 is the vector: no broadcasts, one weight vector per chunk and window position FMA'd into a
 tile of ``tile_c`` chunks x ``tile_h`` rows x ``tile_w`` columns of accumulators. That is

@@ -1,5 +1,5 @@
 """``x86-row-taps``: the copy of an image into the rows of kernel taps an AMX stem reads
-(:func:`tuner.layout.row_taps`), with the input's cast, channel pad and layout transform
+(:func:`tuner.graph.layout.ops.row_taps`), with the input's cast, channel pad and layout transform
 inlined, vectorized over each channel's taps.
 
 The task is a few elementwise blocks (ResNet-50 bf16: the float32 image's cast, its fourth,
@@ -9,7 +9,7 @@ padding. Every element is bounds-checked, so the sketch space's vectorized candi
 evaluate the check lane by lane: on an Emerald Rapids ResNet-50's was the slowest function
 outside the convs, 0.84 ms against 0.40 for the stem conv it feeds, and a scalar loop took
 0.21. Here the column loop is partitioned (``loop_partition``) into the columns whose every
-slot lies inside the image (the block's annotation :data:`tuner.layout.ROW_TAPS_ATTR`) and
+slot lies inside the image (the block's annotation :data:`tuner.graph.layout.plan.ROW_TAPS_ATTR`) and
 the edges; inside, the check holds for every lane, TVM's simplifier removes it and a
 channel's ``t'`` slots are one vector: ``t'`` neighbouring image columns, cast and stored
 (0.10 ms on that Emerald Rapids). The edges stay scalar, unrolled over the slots.
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 NAME = "x86-row-taps"
 _BLOCK = "row_taps"
-_ATTR = "nightshift.row_taps"  # tuner.layout.ROW_TAPS_ATTR (search_spaces does not import tuner)
+_ATTR = "nightshift.row_taps"  # tuner.graph.layout.plan.ROW_TAPS_ATTR (search_spaces does not import tuner)
 
 
 def _row_taps(sch: Schedule) -> tuple[Any, tuple[int, int, int]] | None:

@@ -2,7 +2,7 @@
 vectorized (:mod:`.rows`).
 
 The task is TOPI's softmax as ``tune`` legalizes it (``fast_softmax``,
-:func:`tuner.layout._legalize_softmax`; TVM's own ``exp`` where the input is not float32):
+:func:`tuner.graph.layout.legalize._legalize_softmax`; TVM's own ``exp`` where the input is not float32):
 the blocks ``T_softmax_maxelem`` (the row's max), ``T_softmax_delta``, ``T_fast_exp``
 (``T_softmax_exp``, which reads the input itself), ``T_softmax_expsum`` (the row's sum),
 over the last axis ``T_softmax_rcp`` (the sum's reciprocal, one value per row, computed under
@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 NAME = "x86-softmax"
 _MAX, _DELTA, _SUM, _NORM = "T_softmax_maxelem", "T_softmax_delta", "T_softmax_expsum", "T_softmax_norm"
-_RCP = "T_softmax_rcp"  # the row sum's reciprocal (tuner.layout.fast_softmax_last_axis)
+_RCP = "T_softmax_rcp"  # the row sum's reciprocal (tuner.graph.layout.ops.fast_softmax_last_axis)
 _EXPS = ("T_fast_exp", "T_softmax_exp")
 
 

@@ -16,7 +16,7 @@ import search_spaces
 from cost_models.dataset import load_dataset
 from tuner.db import NewRecord, TuningDatabase
 from tuner.device import Device
-from tuner.tasks import workload_key
+from tuner.graph.keys import workload_key
 
 
 def _matmul(n: int = 32) -> tvm.IRModule:

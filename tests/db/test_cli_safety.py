@@ -12,7 +12,7 @@ from tuner import cli
 from tuner.compile import compile_model, fallback_record, verify_model
 from tuner.db import NewRecord, TuningDatabase, redact
 from tuner.frontends import load_model
-from tuner.tasks import extract_tasks
+from tuner.graph.tasks import extract_tasks
 
 PW = "hunter2"
 

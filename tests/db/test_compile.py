@@ -11,7 +11,7 @@ from tuner import cli
 from tuner.compile import FALLBACK_DESCRIPTION, compile_model, fallback_schedule, run_model
 from tuner.db import TuningDatabase
 from tuner.frontends import load_model
-from tuner.tasks import extract_tasks
+from tuner.graph.tasks import extract_tasks
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ def _writer(url: str, index: int, barrier, errors) -> None:
 
         from tuner.db import NewRecord, TuningDatabase
         from tuner.device import parse_device
-        from tuner.tasks import workload_key
+        from tuner.graph.keys import workload_key
 
         barrier.wait(timeout=120)
         # Every process races to create the schema, the device and the workloads.

@@ -15,7 +15,7 @@ from tuner.db import NewRecord, TuningDatabase, database_url, migrate, redact
 from tuner.db.database import PruneResult
 from tuner.db.tvm_adapter import MetaScheduleDatabase
 from tuner.errors import DatabaseError, UserInputError
-from tuner.tasks import workload_key
+from tuner.graph.keys import workload_key
 
 # The smallest record the trace allow-list accepts: an empty trace.
 EMPTY_RECORD = "[[[], []], null, null, null]"

@@ -14,7 +14,7 @@ from tuner import cli
 from tuner.db import NewRecord, TuningDatabase
 from tuner.db.interop import RECORD_FILE, WORKLOAD_FILE, export_json, import_json, trace_point
 from tuner.errors import UserInputError
-from tuner.tasks import workload_key
+from tuner.graph.keys import workload_key
 
 
 def _fill(db: TuningDatabase, device, *, per_workload: int = 4) -> dict[str, list[float]]:

@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 from dbtest_utils import add_mod
 
 from tuner.db import NewRecord, TuningDatabase
-from tuner.tasks import workload_key
+from tuner.graph.keys import workload_key
 
 
 def test_job_by_name_budget_and_heartbeat(db_url, cpu_device):

@@ -9,7 +9,7 @@ from dbtest_utils import add_mod, fake_cpu, matmul_mod
 from tuner.db import NewRecord, TuningDatabase, database_url, migrate
 from tuner.db.database import create_engine
 from tuner.db.keys import record_key, record_key_v2
-from tuner.tasks import workload_key
+from tuner.graph.keys import workload_key
 
 NOW = "2026-01-01 00:00:00"
 
@@ -184,7 +184,7 @@ def test_metaschedule_records_carry_the_program_hash(db, cpu_device):
 
     from tuner.compile import fallback_schedule
     from tuner.db.tvm_adapter import MetaScheduleDatabase
-    from tuner.tasks import program_hash
+    from tuner.graph.keys import program_hash
 
     mod = matmul_mod(32)
     sch = fallback_schedule(mod, cpu_device.target)
@@ -202,7 +202,7 @@ def test_an_operator_tuned_in_an_older_form_is_found_by_name_and_shapes(db, cpu_
     from tvm import te
 
     from tuner.db.database import workload_summary
-    from tuner.layout import matmul_packed
+    from tuner.graph.layout.ops import matmul_packed
 
     def dense(packed: bool, n: int = 32) -> tvm.IRModule:
         a = te.placeholder((1, 4, 8), name="A")

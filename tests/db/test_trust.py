@@ -20,7 +20,7 @@ from tuner.db.database import IMPLAUSIBLE
 from tuner.db.interop import RECORD_FILE, WORKLOAD_FILE, import_json
 from tuner.db.tvm_adapter import MetaScheduleDatabase
 from tuner.db.validate import device_peak_flops, record_rejection, stored_target_has_amx, timing_rejection
-from tuner.tasks import workload_key
+from tuner.graph.keys import workload_key
 
 EVIL_IR = "; ModuleID = 'evil'\ndefine void @owned() {\n  call void @system()\n  ret void\n}\n"
 

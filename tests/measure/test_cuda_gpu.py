@@ -22,7 +22,8 @@ def gpu_device():
 
 
 def _task(mod):
-    from tuner.tasks import Task, workload_key
+    from tuner.graph.keys import workload_key
+    from tuner.graph.tasks import Task
 
     return Task("gpu", mod, 1, 1.0, workload_key(mod))
 

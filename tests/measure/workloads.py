@@ -12,7 +12,8 @@ from tvm import te
 from tvm.s_tir import Schedule
 from tvm.script import tirx as T
 
-from tuner.tasks import Task, workload_key
+from tuner.graph.keys import workload_key
+from tuner.graph.tasks import Task
 
 N = 64
 

@@ -18,6 +18,8 @@ from tuner.compile import compile_model
 from tuner.device import host_cpu_info, parse_device
 from tuner.errors import UserInputError
 from tuner.frontends import load_model
+from tuner.graph.keys import workload_key
+from tuner.graph.tasks import extract_tasks
 from tuner.precision import (
     BF16_ARITHMETIC_ENV,
     UnsupportedPrecisionError,
@@ -29,7 +31,6 @@ from tuner.precision import (
 )
 from tuner.precision.accuracy import compare, measure_accuracy
 from tuner.precision.bf16 import bf16_summary, pack_weight, to_bf16
-from tuner.tasks import extract_tasks, workload_key
 
 HAS_BF16 = "avx512_bf16" in host_cpu_info()["isa_flags"] or "amx_bf16" in host_cpu_info()["isa_flags"]
 needs_bf16 = pytest.mark.skipif(not HAS_BF16, reason="this CPU has no AVX512_BF16 (or AMX-BF16)")
@@ -242,11 +243,12 @@ def test_bf16_convs_take_packed_weights_in_the_blocked_layout():
     """In NCHW16c a bf16 conv is conv2d_NCHWc_dot with OIHW8i16o2i weights (what
     vdpbf16ps reads), its padding outside its function: written by the function that makes
     its input (the first conv's by the input's cast and layout transform, the second's by
-    the first conv, tuner.pad_fusion). On an AMX CPU a conv with 32 input channels reads
+    the first conv, tuner.graph.pad_fusion). On an AMX CPU a conv with 32 input channels reads
     them in one block of 32 (OIHW16i16o2i weights: a whole tile row,
-    tuner.layout.wide_blocks), which the first conv writes. It computes what fp32 does."""
+    tuner.graph.layout.plan.wide_blocks), which the first conv writes. It computes what fp32 does."""
     from search_spaces.verify import arg_specs
-    from tuner.layout import LayoutPlan, prepare, wide_blocks
+    from tuner.graph.layout.plan import LayoutPlan, wide_blocks
+    from tuner.graph.layout.rewrites import prepare
 
     mod, target = _two_convs(), parse_device("cpu").target
     plan = LayoutPlan("NCHW16c")
@@ -275,7 +277,8 @@ def test_a_strided_1x1_conv_on_amx_reads_a_wide_copy_of_its_pixels():
     OIHW16i16o2i weights; elsewhere the strided conv reads its NCHW16c input. Computes what
     fp32 does, on the host's target."""
     from search_spaces.verify import arg_specs
-    from tuner.layout import LayoutPlan, prepare, wide_blocks
+    from tuner.graph.layout.plan import LayoutPlan, wide_blocks
+    from tuner.graph.layout.rewrites import prepare
 
     rng = np.random.default_rng(6)
     mod, plan = _one_conv(rng, (1, 32, 8, 8), (16, 32, 1, 1), relu_input=True, strides=2), LayoutPlan("NCHW16c")
@@ -456,7 +459,8 @@ def test_bf16_rounds_a_shared_activation_once_where_it_is_made():
     input is cast, blocked and padded in one), and the bf16-dot template takes the conv with
     the residual."""
     from search_spaces import applicable_kinds
-    from tuner.layout import LayoutPlan, prepare
+    from tuner.graph.layout.plan import LayoutPlan
+    from tuner.graph.layout.rewrites import prepare
 
     mod, target = _residual_block(), parse_device("cpu").target
     assert "2 activations kept in bf16" in bf16_summary(mod)
@@ -480,7 +484,8 @@ def test_bf16_rounds_a_shared_activation_once_where_it_is_made():
 def test_bf16_gives_an_rgb_conv_a_zero_channel_for_the_dot_instruction():
     """A conv over 3 channels (ResNet's stem) reads 4, the fourth zero in data and weights:
     vdpbf16ps adds channel pairs. It becomes a conv2d_NCHWc_dot and computes what fp32 does."""
-    from tuner.layout import LayoutPlan, prepare, wide_blocks
+    from tuner.graph.layout.plan import LayoutPlan, wide_blocks
+    from tuner.graph.layout.rewrites import prepare
 
     rng = np.random.default_rng(8)
     mod = _one_conv(rng, (1, 3, 16, 16), (16, 3, 7, 7), strides=2, padding=3)

@@ -13,10 +13,10 @@ from tuner.compile import compile_model
 from tuner.db import TuningDatabase
 from tuner.device import host_cpu_info, parse_device
 from tuner.frontends import load_model
-from tuner.layout import LayoutPlan
+from tuner.graph.layout.plan import LayoutPlan
+from tuner.graph.tasks import extract_tasks
 from tuner.precision.accuracy import run_outputs
 from tuner.precision.qdq import ACTIVATION_MATMUL, qdq_as_elementwise, quantize_weight, to_int8
-from tuner.tasks import extract_tasks
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -201,7 +201,7 @@ def test_quantize_weight_recovers_reduced_range_weights():
 def test_int8_convs_read_uint8_in_the_blocked_layout(tmp_path):
     """Both convs become uint8 x int8 convs in a blocked layout with OIHW{i/4}i16o4i weights
     (what vpdpbusd reads). conv2 reads relu's output (zero point 0), its input padded (18x18)
-    by conv1's function (tuner.pad_fusion). conv1 reads the model's input (3 channels, a
+    by conv1's function (tuner.graph.pad_fusion). conv1 reads the model's input (3 channels, a
     zero point other than 0): a fourth zero-weight channel, the border padded with the zero
     point before it, the zero point's sum taken out after it. Quantize/dequantize follow the
     layout (no transform around them), and the model still matches ONNX Runtime's int8."""
@@ -383,7 +383,7 @@ def _residual_model(path: Path) -> None:
 def test_an_amx_1x1_conv_whose_input_the_residual_reads_too_reads_a_wide_copy(tmp_path):
     """On AMX a stride-1 1x1 uint8 conv whose input something else reads too (the residual
     add) reads a copy of it in blocks of 64 channels (``subsample_NCHWc`` at stride 1: a
-    quarter of the tile multiplies of 16-channel blocks, tuner.layout.SHARED_COPY_GAIN);
+    quarter of the tile multiplies of 16-channel blocks, tuner.graph.layout.legalize.SHARED_COPY_GAIN);
     the add reads the original. Extraction builds nothing, so that part runs on any host;
     where the CPU has AMX-INT8 the model is compiled and matches ONNX Runtime's int8."""
     src, path = tmp_path / "fp32.onnx", tmp_path / "qdq.onnx"

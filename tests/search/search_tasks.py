@@ -8,7 +8,8 @@ import tvm
 from tvm import te, topi
 
 import search_spaces
-from tuner.tasks import Task, workload_key
+from tuner.graph.keys import workload_key
+from tuner.graph.tasks import Task
 
 
 def matmul_mod(n: int = 64) -> tvm.IRModule:

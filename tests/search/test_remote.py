@@ -164,8 +164,8 @@ def test_a_job_stores_records_that_replay_to_the_measured_program(ray_cluster, c
     from tvm.s_tir import meta_schedule as ms
 
     from tuner.db import TuningDatabase
+    from tuner.graph.keys import trace_program_hash
     from tuner.job import TuneConfig, TuningJob
-    from tuner.tasks import trace_program_hash
 
     db_path = tmp_path / "t.db"
     db = TuningDatabase(f"sqlite:///{db_path}")

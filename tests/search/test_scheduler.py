@@ -14,8 +14,8 @@ import pytest
 import tvm
 from tvm import te
 
+from tuner.graph.tasks import Task
 from tuner.search.scheduler import NoTaskAvailable, TaskScheduler, op_kind
-from tuner.tasks import Task
 
 Curve = Callable[[int], float | None]
 

@@ -18,9 +18,9 @@ from tvm.s_tir import Schedule
 
 from search_spaces import Point, SearchSpace
 from tuner import search
+from tuner.graph.keys import program_hash
 from tuner.search import Result, SearchStrategy
 from tuner.search import base as search_base
-from tuner.tasks import program_hash
 
 STRATEGIES = search.strategies()
 # Spaces every strategy is run on: (space kind, task).

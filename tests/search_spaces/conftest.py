@@ -66,7 +66,7 @@ def _extracted(x_shape: tuple[int, ...], layer: Callable, name: str | tuple[str,
     fused) at ``precision``."""
     from tvm import relax
 
-    from tuner.tasks import extract_tasks
+    from tuner.graph.tasks import extract_tasks
 
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType(x_shape, "float32"))
@@ -97,7 +97,7 @@ def conv_nchwc_relax(precision: str = "fp32") -> tvm.IRModule:
 def conv_padded_output_bf16() -> tvm.IRModule:
     """A bf16 conv 1x1 + bias + relu whose output a conv 3x3 (pad 1) reads, as ``tune``
     extracts it: the function ends by copying each tile into the padded shape
-    (``tuner.pad_fusion``); the copy's offset is what a candidate must get right."""
+    (``tuner.graph.pad_fusion``); the copy's offset is what a candidate must get right."""
     op = tvm.relax.op
     return _extracted((1, 32, 14, 14), lambda x: op.nn.conv2d(
         op.nn.relu(op.add(op.nn.conv2d(x, _const(32, 32, 1, 1)), _const(1, 32, 1, 1))), _const(32, 32, 3, 3),
@@ -108,7 +108,7 @@ def conv_padded_output_u8() -> tvm.IRModule:
     """The int8 counterpart of :func:`conv_padded_output_bf16`, as ``tune`` extracts it from
     a QDQ graph: a uint8 x int8 conv 1x1 (input quantized with zero point 0) + requantize +
     relu + quantize, whose uint8 output a conv 3x3 (pad 1) reads; the function ends by
-    copying each tile into the padded shape (``tuner.pad_fusion``)."""
+    copying each tile into the padded shape (``tuner.graph.pad_fusion``)."""
     import numpy as np
 
     op = tvm.relax.op
@@ -166,9 +166,9 @@ def dense(batch: tuple[int, ...] = (1,), m: int = 32, k: int = 64, n: int = 48, 
 
 
 def dense_packed(m: int = 32, k: int = 64, n: int = 64, block: int = 32) -> tvm.IRModule:
-    """A dense layer as ``tuner.layout`` legalizes it on CPUs: the weight packed [n/block, k,
+    """A dense layer as ``tuner.graph.layout`` legalizes it on CPUs: the weight packed [n/block, k,
     block] (block ``matmul``), + bias + relu."""
-    from tuner.layout import matmul_packed
+    from tuner.graph.layout.ops import matmul_packed
 
     a = te.placeholder((1, m, k), name="A")
     w = te.placeholder((n // block, k, block), name="W")
@@ -198,9 +198,9 @@ def depthwise(stride: int = 1) -> tvm.IRModule:
 
 
 def depthwise_nchwc(stride: int = 1, block: int = 8, channels: int = 32) -> tvm.IRModule:
-    """The same depthwise conv in the blocked layout, as ``tuner.layout`` legalizes it for an
+    """The same depthwise conv in the blocked layout, as ``tuner.graph.layout`` legalizes it for an
     NCHW{block}c plan (block ``depthwise_conv2d_NCHWc``), + bias + relu."""
-    from tuner.layout import depthwise_conv2d_nchwc
+    from tuner.graph.layout.ops import depthwise_conv2d_nchwc
 
     chunks = channels // block
     data = te.placeholder((1, chunks, 14, 14, block), name="data")
@@ -250,18 +250,18 @@ def dense_u8s8(m: int = 32, k: int = 64, n: int = 48) -> tvm.IRModule:
 
 def conv_nchwc_dot(dtype: str = "bfloat16", stride: int = 1, residual: bool = False, channels: int = 32,
                    block: int = 16, lanes: int = 16) -> tvm.IRModule:  # fmt: skip
-    """A 3x3 conv (pad 1), 32 -> ``channels`` channels, in NCHW16c as ``tuner.layout``
+    """A 3x3 conv (pad 1), 32 -> ``channels`` channels, in NCHW16c as ``tuner.graph.layout``
     legalizes one that fits a dot-product instruction: ``conv2d_NCHWc_dot`` with weights
     ``OIHW{16/n}i16o{n}i``, bfloat16 (n 2, float32 sums) or uint8 x int8 (n 4, int32 sums),
     + bias + relu; ``residual`` adds a dequantized input computed before the conv, as int8
     ResNets fuse it. A ``block`` above 16 reads ``block`` input channels (64 for uint8) in
-    one chunk, already padded: the wide block of an AMX target (``tuner.layout.wide_blocks``).
+    one chunk, already padded: the wide block of an AMX target (``tuner.graph.layout.plan.wide_blocks``).
     ``lanes`` 8: AVX2's blocks (NCHW8c, 8 output channels a weight vector)."""
-    from tuner.layout import conv2d_nchwc_dot
+    from tuner.graph.layout.ops import conv2d_nchwc_dot
 
     n = 2 if dtype == "bfloat16" else 4
     acc = "float32" if dtype == "bfloat16" else "int32"
-    # bfloat16 data comes padded by a function of its own (see tuner.layout._legalize_conv2d).
+    # bfloat16 data comes padded by a function of its own (see tuner.graph.layout.legalize._legalize_conv2d).
     pad = 0 if n == 2 or block > 16 else 1
     block = min(block, lanes) if block == 16 else block
     chunks = max(32, block) // block
@@ -282,10 +282,10 @@ def conv_nchwc_dot(dtype: str = "bfloat16", stride: int = 1, residual: bool = Fa
 
 
 def row_taps(h: int = 20, w: int = 22) -> tvm.IRModule:
-    """What an AMX stem reads (``tuner.layout.row_taps``), as ResNet-50 bf16's task makes it:
+    """What an AMX stem reads (``tuner.graph.layout.ops.row_taps``), as ResNet-50 bf16's task makes it:
     a float32 image of 3 channels cast to bfloat16, given a fourth, zero channel and laid
     out NCHW4c, then copied into rows of 7 taps (pad 3, stride 2) in blocks of 32."""
-    from tuner.layout import row_taps as taps
+    from tuner.graph.layout.ops import row_taps as taps
 
     x = te.placeholder((1, 3, h, w), name="x")
     cast = topi.cast(x, "bfloat16")
@@ -297,12 +297,12 @@ def row_taps(h: int = 20, w: int = 22) -> tvm.IRModule:
 
 def conv_winograd(c: int = 32, hw: int = 14, o: int = 32, m: int = 4, block: int = 16, *,
                   epilogue: bool = True, dtype: str = "float32", dot: bool = False) -> tvm.IRModule:
-    """A 3x3 conv (pad 1) by Winograd F(m, 3) in NCHW{block}c, as ``tuner.layout`` legalizes
+    """A 3x3 conv (pad 1) by Winograd F(m, 3) in NCHW{block}c, as ``tuner.graph.layout`` legalizes
     one under an ``NCHW{block}c:w{m}`` plan (weights transformed), + bias + relu (without
     ``epilogue``, the bare conv). ``dtype`` bfloat16: a bf16 model's, its data and output
     (the epilogue's cast) bf16, the weights float32, or with ``dot`` bf16 pairs for
-    ``vdpbf16ps`` (``tuner.winograd.transform_weight_dot``)."""
-    from tuner.winograd import DOT_PAIR, conv2d_nchwc_winograd
+    ``vdpbf16ps`` (``tuner.graph.winograd.transform_weight_dot``)."""
+    from tuner.graph.winograd import DOT_PAIR, conv2d_nchwc_winograd
 
     data = te.placeholder((1, c // block, hw, hw, block), name="data", dtype=dtype)
     if dot:

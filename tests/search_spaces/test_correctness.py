@@ -12,7 +12,7 @@ import search_spaces
 from search_spaces.verify import check_point, reference, sweep_tasks
 from tuner.device import host_cpu_info
 from tuner.frontends import load_model
-from tuner.tasks import extract_tasks
+from tuner.graph.tasks import extract_tasks
 
 
 @pytest.mark.parametrize(("kind", "task_name"), [("sketch", "matmul"), ("sketch", "conv"), ("sketch", "relu"),

@@ -123,7 +123,7 @@ def test_int8_templates_use_the_instruction_and_compute_exactly(kind, task_name)
 def test_avx2_int8_sums_pairs_in_int16_where_exact_for_says_so():
     """vpmaddubsw saturates a pair's int16 sum: 255 x 127 twice is 64,770, which it cannot
     hold. ``exact_for`` says which weights are safe (each pair's positive and negative parts
-    at most 128: every 7-bit weight); tuner.layout and tuner.precision.qdq let only those
+    at most 128: every 7-bit weight); tuner.graph.layout and tuner.precision.qdq let only those
     reach the instruction (tests/precision)."""
     from search_spaces.templates.intrin_x86 import AVX2_DOT, VNNI_DOT, exact_for
 

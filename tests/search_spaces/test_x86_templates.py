@@ -263,10 +263,10 @@ def test_partial_row_tiles_need_a_serial_row_loop(kind, task_name, defaults):
 
 def test_row_taps_vectorize_the_columns_that_read_no_padding():
     """``x86-row-taps`` partitions the columns at the ones whose every slot lies inside the
-    image (the annotation ``tuner.layout.row_taps`` computes: columns 2-8 of 11 for 22
+    image (the annotation ``tuner.graph.layout.ops.row_taps`` computes: columns 2-8 of 11 for 22
     image columns, pad 3, stride 2, 8 slots a channel); there a channel's 8 slots load 8
     neighbouring image columns as one vector, which an element-wise bounds check prevents."""
-    from tuner.layout import ROW_TAPS_ATTR
+    from tuner.graph.layout.plan import ROW_TAPS_ATTR
 
     sp = space("x86-row-taps", "row_taps", "llvm")
     assert dict((k.name, k.choices) for k in sp.knobs(0))["vector"] == (1, 0)

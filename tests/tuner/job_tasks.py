@@ -5,7 +5,8 @@ from __future__ import annotations
 import tvm
 from tvm import te
 
-from tuner.tasks import Task, workload_key
+from tuner.graph.keys import workload_key
+from tuner.graph.tasks import Task
 
 
 def matmul_task(n: int) -> Task:

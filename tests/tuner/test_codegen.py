@@ -64,7 +64,8 @@ def test_a_module_with_a_private_function_stays_whole():
 
 
 def test_split_model_build_computes_what_the_single_module_computes(cpu_device, tmp_path):
-    from tuner.layout import LayoutPlan, prepare
+    from tuner.graph.layout.plan import LayoutPlan
+    from tuner.graph.layout.rewrites import prepare
 
     spec = load_model("tiny")
     inputs = spec.random_inputs(seed=0)

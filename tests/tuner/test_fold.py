@@ -7,7 +7,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from tuner.fold import fold_constants
+from tuner.graph.fold import fold_constants
 
 
 def _calls(mod: tvm.IRModule) -> list[str]:

@@ -20,10 +20,11 @@ from tvm import te
 
 from tuner.db import NewRecord, TuningDatabase
 from tuner.errors import DatabaseError
+from tuner.graph.keys import workload_key
+from tuner.graph.tasks import Task
 from tuner.job import NothingMeasurable, TuneConfig, TuningJob
 from tuner.measure.ray_measure import MeasureConfig
 from tuner.measure.results import ErrorClass
-from tuner.tasks import Task, workload_key
 
 
 class Proxy:

@@ -9,11 +9,11 @@ import json
 from job_tasks import matmul_task
 
 from tuner.db import TuningDatabase
+from tuner.graph.tasks import Task
 from tuner.job import TuneConfig, TuningJob
 from tuner.measure.ray_measure import MeasureConfig
 from tuner.measure.runner import TimingConfig
 from tuner.report.data import job_data, list_jobs
-from tuner.tasks import Task
 
 
 def _run(db: TuningDatabase, device, task: Task, mode: str, **kwargs) -> TuningJob:

@@ -16,24 +16,12 @@ from tuner.cli import choose_layout
 from tuner.db import TuningDatabase
 from tuner.frontends import ModelSpec, load_model
 from tuner.frontends.zoo import BatchNorm2d
-from tuner.layout import (
-    LayoutPlan,
-    auto_layouts,
-    choose_from_database,
-    choose_layouts,
-    conv2d_nchwc_dot,
-    conv_calls,
-    conv_task_keys,
-    pack_dot_weight,
-    prepare,
-    row_tap_weight,
-    row_taps,
-    row_taps_fit,
-    simplify_sums,
-    stored_layouts,
-    vector_lanes,
-)
-from tuner.tasks import Task, extract_layout_tasks, extract_tasks
+from tuner.graph.layout.choose import choose_from_database, choose_layouts, conv_task_keys, stored_layouts
+from tuner.graph.layout.ops import conv2d_nchwc_dot, row_taps
+from tuner.graph.layout.packing import pack_dot_weight, row_tap_weight
+from tuner.graph.layout.plan import LayoutPlan, auto_layouts, conv_calls, row_taps_fit, vector_lanes
+from tuner.graph.layout.rewrites import prepare, simplify_sums
+from tuner.graph.tasks import Task, extract_layout_tasks, extract_tasks
 
 
 def _run(mod: tvm.IRModule, target: tvm.target.Target, inputs: list[np.ndarray]) -> np.ndarray:
@@ -286,7 +274,7 @@ def test_resnet50_conv_tasks_carry_no_batch_norm(cpu_device, request):
 def test_gelu_on_cpu_uses_fast_erf_and_matches_exact_gelu() -> None:
     import math
 
-    from tuner.layout import prepare
+    from tuner.graph.layout.rewrites import prepare
 
     target = tvm.target.Target({"kind": "llvm"})
     bb = relax.BlockBuilder()
@@ -308,7 +296,7 @@ def test_gelu_on_cpu_uses_fast_erf_and_matches_exact_gelu() -> None:
 def test_softmax_on_cpu_uses_fast_exp_and_matches_exact_softmax(axis) -> None:
     """Over the last axis, each row's sum is inverted once (``T_softmax_rcp``) and no element
     is divided; over another axis TOPI's ``fast_softmax`` divides."""
-    from tuner.layout import prepare
+    from tuner.graph.layout.rewrites import prepare
 
     target = tvm.target.Target({"kind": "llvm"})
     bb = relax.BlockBuilder()
@@ -340,7 +328,7 @@ def test_layout_transforms_fuse_with_the_casts_and_pads_beside_them(dtype) -> No
     legalization leaves the transform opaque, alone in its function."""
     import ml_dtypes
 
-    from tuner.tasks import fuse
+    from tuner.graph.tasks import fuse
 
     target = tvm.target.Target({"kind": "llvm"})
     bb = relax.BlockBuilder()
@@ -491,7 +479,7 @@ def test_a_conv_measured_in_no_layout_leaves_the_choice_to_the_others(tiny, cpu_
 def test_layout_choice_is_printed_only_for_a_model_with_convs(capsys):
     """BERT has no conv: ``tune`` and ``compile`` print no empty layout table for it."""
     from tuner.cli import print_layout_choice
-    from tuner.layout import ConvDecision, PlanChoice
+    from tuner.graph.layout.choose import ConvDecision, PlanChoice
 
     def choice(convs: list[ConvDecision]) -> PlanChoice:
         return PlanChoice(LayoutPlan("NCHW8c"), 1e-3, {"NCHW8c": 1e-3}, convs, 10e9, False)
@@ -508,7 +496,8 @@ def test_layout_choice_is_printed_only_for_a_model_with_convs(capsys):
 def test_dense_weights_are_packed_at_compile_time_and_compute_the_same(n, packed) -> None:
     """A float32 matmul by a constant weight reads it as [N/b, K, b] with b four vectors
     (a weight whose columns b does not divide stays [K, N]); either way it computes x @ W."""
-    from tuner.layout import dense_block, prepare
+    from tuner.graph.layout.plan import dense_block
+    from tuner.graph.layout.rewrites import prepare
 
     target = tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})  # 8 lanes: b = 32
     rng = np.random.default_rng(0)
@@ -542,7 +531,7 @@ def _constants(mod: tvm.IRModule) -> list[Constant]:
 def test_a_conv_over_row_taps_is_the_conv(channels, stride):
     """A few-channel conv (ResNet's 7x7 stem) over row_taps, its kernel rows alone with
     row_tap_weight, computes the padded conv over the data: what an AMX stem runs
-    (tuner.layout.wide_blocks; float32 here, so it builds and runs on any CPU)."""
+    (tuner.graph.layout.plan.wide_blocks; float32 here, so it builds and runs on any CPU)."""
     from tvm import te
 
     rng = np.random.default_rng(3)

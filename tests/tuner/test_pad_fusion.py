@@ -1,4 +1,5 @@
-"""A conv's padded input (bf16, and uint8 in int8), written by the function that produces it (tuner.pad_fusion)."""
+"""A conv's padded input (bf16, and uint8 in int8), written by the function that produces it
+(tuner.graph.pad_fusion)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from tuner.compile import compile_model, run_model
 from tuner.db import TuningDatabase
 from tuner.device import host_cpu_info, parse_device
 from tuner.frontends import ModelSpec
-from tuner.pad_fusion import PAD_ATTR, pad_interior, zero_border
-from tuner.tasks import extract_tasks
+from tuner.graph.pad_fusion import PAD_ATTR, pad_interior, zero_border
+from tuner.graph.tasks import extract_tasks
 
 needs_bf16 = pytest.mark.skipif("avx512_bf16" not in host_cpu_info()["isa_flags"],
                                 reason="this CPU has no AVX512_BF16")  # fmt: skip
@@ -116,7 +117,7 @@ def test_amx_convs_read_wide_blocks_that_their_producer_writes():
     """On AMX a 3x3 conv over 32 bf16 channels reads them in one block of 32 (a whole tile
     row): the 1x1 conv before it stores each tile into the padded NCHW32c buffer; a Zen 4
     target keeps 16. Extraction builds nothing, so this runs on any host."""
-    from tuner.layout import wide_blocks
+    from tuner.graph.layout.plan import wide_blocks
 
     zen4 = parse_device("cpu", target_arch="znver4").target
     amx = parse_device("cpu", target_arch="sapphirerapids").target

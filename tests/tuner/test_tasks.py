@@ -1,5 +1,6 @@
 from tuner.frontends import load_model
-from tuner.tasks import extract_tasks, workload_key
+from tuner.graph.keys import workload_key
+from tuner.graph.tasks import extract_tasks
 
 
 def test_light_resnet50_tasks(cpu_device, light_resnet50):

@@ -8,21 +8,21 @@ import tvm
 from tvm import relax, te, topi
 
 import search_spaces
-from tuner.layout import (
+from tuner.graph.layout.choose import choose_layouts
+from tuner.graph.layout.plan import (
     LayoutPlan,
     auto_layouts,
     block_of,
     check_layout,
-    choose_layouts,
     data_layout,
-    prepare,
     useful_layouts,
     vector_lanes,
     winograd,
     winograd_tile,
 )
-from tuner.tasks import extract_layout_tasks, extract_tasks
-from tuner.winograd import conv2d_nchwc_winograd, matrices, transform_weight, transform_weight_dot
+from tuner.graph.layout.rewrites import prepare
+from tuner.graph.tasks import extract_layout_tasks, extract_tasks
+from tuner.graph.winograd import conv2d_nchwc_winograd, matrices, transform_weight, transform_weight_dot
 
 
 def _build(args: list[te.Tensor]):
@@ -109,7 +109,7 @@ def test_auto_layouts_weigh_winograd_on_x86(cpu_device):
 def test_auto_layouts_of_reduced_precisions(cpu_device):
     """int8 convs run on the dot product in the blocked layout alone. bf16 weighs Winograd
     F(2, 3) on vdpbf16ps beside it where the CPU has vdpbf16ps and no AMX tiles (which do 4x
-    its work a step); F(4, 3) never (tuner.winograd: its bf16 rounding)."""
+    its work a step); F(4, 3) never (tuner.graph.winograd: its bf16 rounding)."""
     blocked = f"NCHW{vector_lanes(cpu_device.target)}c"
     assert auto_layouts(cpu_device.target, "int8") == (blocked,)
     zen4, spr, skx = (tvm.target.Target({"kind": "llvm", "mcpu": cpu, "num-cores": 2})
@@ -235,7 +235,7 @@ def test_the_chooser_gives_a_bf16_conv_winograd_where_it_was_measured_faster(cpu
     """bf16 candidates: the 3x3 stride-1 conv measured faster by Winograd F(4, 3) than on the
     dot product, the others with one (blocked) variant: the plan runs that conv by Winograd
     and the others blocked, and the model computes what its fp32 build does."""
-    from tuner.layout import choose_from_database
+    from tuner.graph.layout.choose import choose_from_database
     from tuner.precision import apply_precision
 
     target = cpu_device.target

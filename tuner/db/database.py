@@ -70,7 +70,7 @@ RETRIED_ERRORS: tuple[str, ...] = (ErrorClass.LOST.value,)
 class NewRecord:
     """A measurement to store; ``mean_sec`` is None when ``error_class`` is set.
 
-    ``program_hash`` is :func:`tuner.tasks.program_hash` of the scheduled module: give it,
+    ``program_hash`` is :func:`tuner.graph.tasks.program_hash` of the scheduled module: give it,
     so that later jobs skip other points that give the same program.
     """
 
@@ -997,11 +997,11 @@ def _best_stmt(workload_id: int, device_ids: list[int], origin: str | None, timi
 
 def workload_summary(name: str, mod: tvm.IRModule) -> str:
     """``name(float32[1, 64, 56, 56], ...)``: a readable one-liner of a PrimFunc workload;
-    a conv's ends with its data layout, `` layout=NCHW8c`` (what :func:`tuner.layout.
+    a conv's ends with its data layout, `` layout=NCHW8c`` (what :func:`tuner.graph.layout.
     stored_layouts` and ``summary LIKE '% layout=NCHW8c'`` read)."""
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
-    from tuner.layout import task_layout
+    from tuner.graph.layout.plan import task_layout
 
     try:
         layout = task_layout(mod)

@@ -20,7 +20,7 @@ from tvm.s_tir.meta_schedule.database import JSONDatabase, TuningRecord, Workloa
 from tuner.db.database import ImportSource, NewRecord, TuningDatabase
 from tuner.db.validate import record_rejection
 from tuner.errors import UserInputError
-from tuner.tasks import trace_program_hash, workload_key
+from tuner.graph.keys import trace_program_hash, workload_key
 from tuner.trace_json import record_as_json
 
 logger = logging.getLogger(__name__)

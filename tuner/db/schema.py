@@ -130,7 +130,7 @@ class RecordRow(Base):
     device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"))
     job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id"), nullable=True)
     point: Mapped[str] = mapped_column(Text)
-    # Structural hash of the scheduled program (tuner.tasks.program_hash): different points
+    # Structural hash of the scheduled program (tuner.graph.tasks.program_hash): different points
     # can give the same program. NULL for records written before schema 3.
     program_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     # MetaSchedule's TuningRecord.as_json(): trace, run_secs, target, args_info.

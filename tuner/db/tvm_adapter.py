@@ -25,7 +25,7 @@ from tvm.s_tir.meta_schedule.database import PyDatabase, TuningRecord, Workload
 from tuner.db.database import FallbackPolicy, NewRecord, TuningDatabase, workload_summary
 from tuner.db.schema import RecordRow
 from tuner.db.validate import record_rejection
-from tuner.tasks import trace_program_hash, workload_key
+from tuner.graph.keys import trace_program_hash, workload_key
 from tuner.trace_json import record_as_json
 
 logger = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class MetaScheduleDatabase(PyDatabase):
             workload is left to TVM's default lowering.
         read_only: do not store workloads TVM commits (compiling must not write).
         precision: the model's precision, part of every workload key
-            (:func:`tuner.tasks.workload_key`).
+            (:func:`tuner.graph.tasks.workload_key`).
         untuned: what a workload with neither record nor fallback gets, as the compile
             table says it (on GPUs, the pipeline's dlight rules schedule it).
     """
@@ -143,7 +143,7 @@ class MetaScheduleDatabase(PyDatabase):
         self._query_name = workload_name
         func = next(iter(mod.functions.values()))
         if func.attrs is not None and func.attrs.get("tirx.is_scheduled", False):
-            return None  # written scheduled (tuner.pad_fusion.zero_border): no task, no decision
+            return None  # written scheduled (tuner.graph.pad_fusion.zero_border): no task, no decision
         if not self.has_workload(mod):
             return None
         records = self.get_top_k(self.commit_workload(mod), 1)

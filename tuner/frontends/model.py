@@ -8,7 +8,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tuner.fold import fold_constants
+from tuner.graph.fold import fold_constants
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class ModelSpec:
             mod = relax.transform.BindParams("main", tensors)(mod)
         # FoldBatchnormToConv2D needs the weights as constants (ONNX files may compute them,
         # e.g. ConstantOfShape) and the batch_norm op itself (before decomposing). Weight
-        # arithmetic is folded in numpy first (tuner.fold): TVM's FoldConstant builds every
+        # arithmetic is folded in numpy first (tuner.graph.fold): TVM's FoldConstant builds every
         # constant call with LLVM, ~320 builds on ResNet-50; it only folds what numpy left.
         mod = relax.transform.FoldConstant()(fold_constants(mod))
         mod = tvm.transform.Sequential([

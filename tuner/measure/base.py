@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import tvm
 
     from tuner.device import Device
-    from tuner.tasks import Task
+    from tuner.graph.tasks import Task
 
 MeasurerName = Literal["ray", "inline"]
 MEASURERS: tuple[str, ...] = ("ray", "inline")

@@ -29,12 +29,12 @@ from typing import Any
 import tvm
 
 from tuner.device import Device
+from tuner.graph.tasks import Task
 from tuner.measure.base import MeasureConfig, MeasureError, MeasureStats
 from tuner.measure.builder import arg_specs, build_candidate, entry_name
 from tuner.measure.cuda import reference_module
 from tuner.measure.results import BuildResult, ErrorClass, Measurement, RunResult
 from tuner.measure.runner import ArgSpec, CandidateRunner
-from tuner.tasks import Task
 
 logger = logging.getLogger(__name__)
 

@@ -47,6 +47,7 @@ from ray.exceptions import (
 
 from tuner.device import Device
 from tuner.errors import UserInputError
+from tuner.graph.tasks import Task
 from tuner.measure import device_actor
 from tuner.measure.base import MeasureConfig, MeasureError, MeasureStats
 from tuner.measure.builder import BuildPause, build_task
@@ -55,7 +56,6 @@ from tuner.measure.builder import entry_name as _entry
 from tuner.measure.cuda import gpu_archs, reference_module
 from tuner.measure.results import BuildResult, ErrorClass, Measurement, RunResult
 from tuner.measure.runner import ArgSpec, Reference
-from tuner.tasks import Task
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ and matmul to bfloat16 and accumulates in float32 (:mod:`tuner.precision.bf16`),
 their weights to bf16 and computes in float32 where that is faster (:func:`bf16_arithmetic`); ``int8``
 rewrites a quantized (QDQ) model's dequantize -> conv2d/matmul -> quantize chains into
 integer operators (:mod:`tuner.precision.qdq`). The precision is part of every workload key
-(:func:`tuner.tasks.workload_key`), so records of one precision never serve another.
+(:func:`tuner.graph.tasks.workload_key`), so records of one precision never serve another.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from numpy.typing import DTypeLike
 from tvm import relax, te
 from tvm.ir.expr import Constant
 
-from tuner.fold import fold_constants
+from tuner.graph.fold import fold_constants
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ whose values are not ``int8 x scale`` is left alone). The bias add and the next
 ``quantize`` stay as they are and fuse into the operator's task: the requantize epilogue.
 Operands fit int16 (``uint8 - zero_point`` and int8), so the sums are exact in int32. A
 conv (one group) whose activation is uint8 reads ``q`` and ``w_q`` as they are, uint8 x
-int8, which the blocked layout hands to ``vpdpbusd`` (``tuner.layout.dot_elements``,
+int8, which the blocked layout hands to ``vpdpbusd`` (``tuner.graph.layout.plan.dot_elements``,
 template ``x86-conv2d-nchwc-dot``): with zero point 0 (every conv after a ReLU) directly,
 with another (ResNet's stem) as ``conv2d(pad(q, zero_point), w_q) - zero_point * sum(w_q)``
 (:meth:`_ToInt8._uint8_conv`). A matmul by a constant weight does too, whatever the zero
@@ -257,7 +257,7 @@ class _ToInt8(relax.PyExprMutator):
 
     def _uint8_conv(self, q: relax.Expr, wq: np.ndarray, zx: int, attrs) -> relax.Expr:
         """``conv2d(q - zx, wq)`` in int32 as uint8 x int8, what ``vpdpbusd`` takes
-        (``tuner.layout.dot_elements``, template ``x86-conv2d-nchwc-dot``).
+        (``tuner.graph.layout.plan.dot_elements``, template ``x86-conv2d-nchwc-dot``).
 
         Input channels that are not a multiple of the instruction's 4 (an RGB stem) get zero
         weights. A zero point other than 0 (the stem, whose input is not a ReLU's) is taken
@@ -302,7 +302,7 @@ class _ToInt8(relax.PyExprMutator):
 def _pairs_exact(wq: np.ndarray, axis: int) -> bool:
     """Whether AVX2's int8 dot product sums ``wq`` exactly along its reduction ``axis``
     (``intrin_x86.exact_for``). A conv's input channels are paired as its blocks pair them;
-    ``tuner.layout.dot_elements`` checks the packed weights again."""
+    ``tuner.graph.layout.plan.dot_elements`` checks the packed weights again."""
     from search_spaces.templates.intrin_x86 import AVX2_DOT, exact_for
 
     return exact_for(AVX2_DOT, wq, axis)
@@ -510,7 +510,7 @@ def fold_scales(mod: tvm.IRModule) -> tvm.IRModule:
 
 def _read_once(func: relax.Function, op_name: str) -> list[relax.Call]:
     """The calls of ``op_name`` in ``func`` whose bound variable is read exactly once."""
-    from tuner.pad_fusion import var_reads
+    from tuner.graph.pad_fusion import var_reads
 
     counts = var_reads(func)
     return [b.value for block in func.body.blocks for b in block.bindings

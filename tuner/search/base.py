@@ -78,10 +78,10 @@ class Candidate:
 
     @functools.cached_property
     def program_hash(self) -> str:
-        """``tuner.tasks.program_hash`` of the scheduled module."""
+        """``tuner.graph.tasks.program_hash`` of the scheduled module."""
         if self.applied is not None:
             return self.applied.program_hash
-        from tuner.tasks import program_hash
+        from tuner.graph.keys import program_hash
 
         return program_hash(self.mod)
 

@@ -107,8 +107,8 @@ def apply_points(spec: SpaceSpec, points: Sequence[str] = (), seeds: Sequence[in
 
     from cost_models import extract_features
     from search_spaces import InvalidPointError, Point
+    from tuner.graph.keys import program_hash
     from tuner.measure.quiet import cpu_work
-    from tuner.tasks import program_hash
 
     node_id = ray.get_runtime_context().get_node_id()
     with cpu_work(node_id):

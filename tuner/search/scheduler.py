@@ -5,7 +5,7 @@ High-Performance Tensor Programs for Deep Learning", OSDI 2020, section 6), writ
 Nightshift's batches of unequal size, with four additions: a small first batch for tasks
 that carry a negligible share of the model's FLOPs, a per-task convergence stop, a cap on
 tasks that have never produced a working schedule, and alternatives: the layout variants of
-a conv (:attr:`tuner.tasks.Task.choice`), of which the model runs only the best.
+a conv (:attr:`tuner.graph.tasks.Task.choice`), of which the model runs only the best.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import statistics
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from tuner.layout import io_bytes
-from tuner.tasks import Task
+from tuner.graph.layout.plan import io_bytes
+from tuner.graph.tasks import Task
 
 logger = logging.getLogger(__name__)
 
@@ -97,11 +97,11 @@ class TaskScheduler:
             by half of it: its few trials say little of what its layout can do.
         seed: seed of the epsilon-greedy choice.
 
-    Alternatives. Tasks sharing a :attr:`~tuner.tasks.Task.choice` compute the same convs in
+    Alternatives. Tasks sharing a :attr:`~tuner.graph.tasks.Task.choice` compute the same convs in
     different layouts, and the model runs one of them: their contribution to the objective
     is ``weight x min(best + transforms)``, where ``transforms`` is what running the conv
     outside the layout the model prefers (the one whose alternatives sum lowest) costs: its
-    input and output moved twice each (:attr:`~tuner.tasks.Task.io_bytes`) at the bandwidth
+    input and output moved twice each (:attr:`~tuner.graph.tasks.Task.io_bytes`) at the bandwidth
     of the model's measured ``layout_transform`` tasks. The leading alternative's gradient is
     as above; a trailing one's counts only the part of its expected gain over its next batch
     that exceeds its margin behind the leader, so a clearly losing layout gets no trials
@@ -340,7 +340,7 @@ class TaskScheduler:
 
     def _bandwidth(self) -> float:
         """Bytes/s of the model's measured layout transforms (median), else a default."""
-        from tuner.layout import DEFAULT_BANDWIDTH
+        from tuner.graph.layout.choose import DEFAULT_BANDWIDTH
 
         rates = sorted(m / b for m, b in zip(self._moved, self.best_sec, strict=True) if m and b)
         return rates[len(rates) // 2] if rates else DEFAULT_BANDWIDTH

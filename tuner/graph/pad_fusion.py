@@ -6,16 +6,16 @@ read, so the padding cannot be a block of the conv's own function. Until 2026-11
 function of its own that read the producer's whole output back and wrote it again. A uint8
 conv on ``vpdpbusd`` (zero point 0, so its border is 0) could pad in its own function, but
 that too is a pass over the data before the sums; it is padded the same way
-(:data:`tuner.layout.PAD_APART`).
+(:data:`tuner.graph.layout.legalize.PAD_APART`).
 
-:func:`emit_padded` (called by :mod:`tuner.layout` for such a conv) pads in two functions:
+:func:`emit_padded` (called by :mod:`tuner.graph.layout` for such a conv) pads in two functions:
 :func:`pad_interior` copies the data into the interior of the padded shape, and
 :func:`zero_border` zeroes the border in place. Between ``FuseOps`` and ``FuseTIR``,
 :func:`fold_pad_into_producer` moves the copy into the fused function that produced the
 data when the copy is its only reader (ResNet-50: the 1x1 conv + bias + relu + cast, or
 requantize, before each 3x3 conv), where ``x86-conv2d-nchwc-dot`` and ``x86-conv2d-amx``
 store each register tile at its offset in the padded output (in the wide block of an AMX
-conv's input too, :func:`tuner.layout.wide_blocks`). :func:`tuner.tasks.fuse_passes` runs it.
+conv's input too, :func:`tuner.graph.layout.plan.wide_blocks`). :func:`tuner.graph.tasks.fuse_passes` runs it.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def pad_interior(shape: Sequence[int], padding: Sequence[int], dtype: str, block
 
     With ``block`` (a multiple of ``b``), the padded copy is ``NCHW{block}c``: ``block / b``
     neighbouring chunks side by side in each pixel, the wide rows an AMX conv reads
-    (:func:`tuner.layout.wide_blocks`).
+    (:func:`tuner.graph.layout.plan.wide_blocks`).
 
     Two functions, not one: a block that writes a buffer another block writes too is not
     "complete" to TIR's schedule, and the conv template moves the copy into its register tile.

@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import tvm
-import tvm_ffi
 from tvm import relax
 from tvm.relax import pipeline as relax_pipeline
-from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.analysis import estimate_tir_flops
-from tvm.s_tir.schedule import Trace
 
-from tuner.layout import LayoutPlan, conv_calls, prepare, task_layout, useful_layouts
-from tuner.pad_fusion import fold_pad_into_producer
+from tuner.graph.keys import workload_key
+from tuner.graph.layout.plan import LayoutPlan, conv_calls, task_layout, useful_layouts
+from tuner.graph.layout.rewrites import prepare
+from tuner.graph.pad_fusion import fold_pad_into_producer
 
 logger = logging.getLogger(__name__)
 
@@ -55,49 +53,11 @@ class Task:
     io_bytes: int = 0
 
 
-def workload_key(mod: tvm.IRModule, precision: str = "fp32") -> str:
-    """Stable key of a PrimFunc module: TVM's structural hash, as hex.
-
-    A reduced ``precision`` (``bf16``, ``int8``) is part of the key of every task of a model
-    compiled in it, float32 epilogues included, so records of one precision never serve a
-    lookup of another; fp32 keys are the plain hash.
-    """
-    text = str(tvm_ffi.structural_hash(mod))
-    if precision != "fp32":
-        text += f"/{precision}"
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-def program_hash(mod: tvm.IRModule) -> str:
-    """Key of a scheduled program: TVM's structural hash of ``sch.mod``, as 16 hex digits.
-
-    Equal programs get equal keys whatever knobs produced them (names of loop variables do
-    not count, structure does), in any process: what the database uses to never measure the
-    same program twice on one device.
-    """
-    return f"{tvm_ffi.structural_hash(mod) & 0xFFFF_FFFF_FFFF_FFFF:016x}"
-
-
-def trace_program_hash(trace: Trace, mod: tvm.IRModule) -> str | None:
-    """:func:`program_hash` of the program a MetaSchedule trace makes of ``mod``.
-
-    The trace is replayed with its postprocessing, as MetaSchedule stored it; a record from
-    MetaSchedule then dedupes against Nightshift's candidates. None if it does not replay.
-    """
-    sch = Schedule(mod, seed=1)
-    try:
-        trace.apply_to_schedule(sch, remove_postproc=False)
-    except (RuntimeError, ValueError, TypeError) as err:  # tvm.error.TVMError is a RuntimeError
-        logger.debug("trace does not replay: %s", err)
-        return None
-    return program_hash(sch.mod)
-
-
 def fuse_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
     """The graph passes that turn a Relax model into fused TIR functions.
 
     The sequence of ``meta_schedule.relax_integration.compile_relax`` plus
-    :func:`tuner.pad_fusion.fold_pad_into_producer`; :func:`tuner.compile.compile_model` runs
+    :func:`tuner.graph.pad_fusion.fold_pad_into_producer`; :func:`tuner.compile.compile_model` runs
     the same, so the tasks tuned here are exactly the functions it looks up.
     """
     try:
@@ -126,7 +86,7 @@ def extract_tasks(
 ) -> list[Task]:
     """Fused-operator tasks of a bound Relax module, heaviest (weight x FLOPs) first.
 
-    ``plan`` sets each conv's data layout (:func:`tuner.layout.prepare`; default
+    ``plan`` sets each conv's data layout (:func:`tuner.graph.layout.rewrites.prepare`; default
     :meth:`LayoutPlan.for_target`); ``precision`` the model's precision
     (:func:`tuner.precision.apply_precision`); compile with the same plan and precision.
     Identical workloads (same PrimFunc structure) are merged into one task whose weight is
@@ -190,7 +150,7 @@ def extract_layout_tasks(
     identical across plans (dense, softmax, a conv that stays NCHW) is one task, with the
     weight it has in one plan. The variants of a conv in the different layouts share a
     :attr:`Task.choice` id, so the scheduler treats them as alternatives; after tuning,
-    :func:`tuner.layout.choose_plan` picks each conv's layout from their measurements.
+    :func:`tuner.graph.layout.choose_plan` picks each conv's layout from their measurements.
     Heaviest first, as :func:`extract_tasks`.
     """
     from tuner.precision import apply_precision

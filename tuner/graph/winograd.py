@@ -38,7 +38,7 @@ In a bf16 model (:mod:`tuner.precision.bf16`) a 3x3 conv runs here in one of two
 - F(4, 3) in float32 (an explicit ``--layout NCHWc:w4``): it reads the same bf16-rounded
   activation and weights, transformed from their bf16 values and kept float32, so it rounds
   no more than the bf16 direct conv does. Measured on a Zen 4, it did not pay
-  (:func:`tuner.layout.auto_layouts`).
+  (:func:`tuner.graph.layout.plan.auto_layouts`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,183 @@
+"""Graph rewrites around the layout plan, and :func:`prepare`, which applies the plan to a model."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import tvm
+from tvm import relax
+from tvm.relax import pipeline as relax_pipeline
+
+from tuner.graph.fold import fold_constants
+from tuner.graph.layout.legalize import (
+    PAD_APART,
+    _legalize_conv2d,
+    _legalize_erf,
+    _legalize_gelu,
+    _legalize_layout_transform,
+    _legalize_matmul,
+    _legalize_softmax,
+    _static_shape,
+)
+from tuner.graph.layout.plan import (
+    _CONV2D,
+    _ERF,
+    _GELU,
+    _LAYOUT_TRANSFORM,
+    _MATMUL,
+    _SOFTMAX,
+    NCHW,
+    LayoutPlan,
+    block_of,
+    conv_calls,
+    conv_layouts,
+    vector_lanes,
+    wide_blocks,
+    winograd_fits,
+    winograd_tile,
+)
+from tuner.graph.pad_fusion import var_reads
+
+logger = logging.getLogger(__name__)
+
+
+def simplify_sums(mod: tvm.IRModule) -> tvm.IRModule:
+    """Rewrite ``sum(stack([a, b, ...]), axis=stacked)`` as ``a + b + ...`` and drop
+    ``broadcast_to`` onto a tensor's own shape.
+
+    ONNX's importer writes every ``Sum`` node (ResNet's residual adds) that way; the 5-D
+    stacked tensor has no layout ``ConvertLayout`` can carry a blocked layout through (it
+    fails with "Invalid SLayout"), and an add fuses into the conv before it.
+    """
+    from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+    def same_shape_broadcast(expr: relax.Expr, matches: dict) -> relax.Expr:
+        src = expr.args[0]
+        return src if _static_shape(src) is not None and _static_shape(src) == _static_shape(expr) else expr
+
+    stack = is_op("relax.stack")(wildcard())
+    summed = is_op("relax.sum")(stack)
+
+    def sum_of_stack(expr: relax.Expr, matches: dict) -> relax.Expr:
+        stacked = matches[stack]
+        parts = stacked.args[0]
+        axis = int(stacked.attrs.axis)
+        if not isinstance(parts, relax.Tuple) or expr.attrs.keepdims or [int(a) for a in expr.attrs.axis] != [axis]:
+            return expr
+        out = parts.fields[0]
+        for part in parts.fields[1:]:
+            out = relax.op.add(out, part)
+        return out
+
+    funcs = {}
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            func = rewrite_call(is_op("relax.broadcast_to")(wildcard(), wildcard()), same_shape_broadcast, func)
+            func = rewrite_call(summed, sum_of_stack, func)
+        funcs[gv] = func
+    return tvm.IRModule(funcs, attrs=mod.attrs)
+
+
+def clip_as_min_max(mod: tvm.IRModule) -> tvm.IRModule:
+    """Rewrite ``clip(x, lo, hi)`` (ReLU6) as ``minimum(maximum(x, lo), hi)``.
+
+    Relax registers no layout inference for ``clip``, so ``ConvertLayout`` brings its input
+    back to NCHW and its output forward again: in MobileNet-V2 that put two transforms
+    around every ReLU6 (a third of the model's time) and kept ReLU6 out of the convs'
+    epilogues. Elementwise ``maximum``/``minimum`` follow any layout, and their scalar
+    constants legalize to immediates.
+    """
+    from tvm.relax.dpl import is_op, rewrite_call, wildcard
+
+    def as_min_max(expr: relax.Call, matches: dict) -> relax.Expr:
+        x, lo, hi = expr.args
+        dtype = str(x.ty.dtype)
+        # The bounds are immediates (a PrimValue around one in older Relax).
+        imm = (tvm.tirx.IntImm, tvm.tirx.FloatImm)
+        bounds = [b if isinstance(b, imm) else getattr(b, "value", None) for b in (lo, hi)]
+        if any(not isinstance(v, imm) for v in bounds) or not dtype.startswith("float"):
+            return expr
+        low, high = (relax.const(float(v.value), dtype) for v in bounds)
+        return relax.op.minimum(relax.op.maximum(x, low), high)
+
+    funcs = {}
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            func = rewrite_call(is_op("relax.clip")(wildcard(), wildcard(), wildcard()), as_min_max, func)
+        funcs[gv] = func
+    return tvm.IRModule(funcs, attrs=mod.attrs)
+
+
+def sole_readers(func: relax.Function) -> frozenset[relax.Var]:
+    """The variables bound in ``func`` that one expression alone reads: a conv's data among
+    them is nothing else's, so its producer may write it in the conv's own layout
+    (parameters are left out: no function of the graph produces them)."""
+    reads = var_reads(func)
+    return frozenset(b.var for block in func.body.blocks for b in block.bindings if reads.get(b.var) == 1)
+
+
+def prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> tvm.IRModule:
+    """Put every conv of a bound module (weights as constants) in its planned layout.
+
+    Converts the graph (``layout_transform`` where consumers keep another layout), legalizes
+    blocked convs to ``topi.nn.conv2d_NCHWc`` and everything else as TVM does (but GELU,
+    softmax and dense layers with packed weights on CPUs, see :func:`_legalize_gelu` and
+    :func:`_legalize_matmul`), and folds the weights' transforms into constants. On
+    a non-CPU target an identity plan returns ``mod`` unchanged.
+    """
+    cpu = str(target.kind.name) == "llvm"
+    if plan.is_identity and not cpu:
+        return mod
+    wanted: dict[relax.Call, list[str]] = {}
+    tiles: dict[int, int] = {}
+    for index, call in enumerate(conv_calls(mod)):
+        layouts = conv_layouts(call, plan.layout_of(index))
+        if layouts is not None:
+            wanted[call] = layouts
+            tile = winograd_tile(plan.layout_of(index))
+            if tile is not None and block_of(layouts[0]) is not None and winograd_fits(call):
+                tiles[index] = tile
+    converted = sum(layouts[0] != NCHW for layouts in wanted.values())
+    if not converted and not cpu:
+        return mod
+    if converted:
+        mod = clip_as_min_max(simplify_sums(mod))
+
+    # ConvertLayout asks for the layouts of the original call (before it rewrites its args).
+    def layout_cb(call: relax.Call) -> dict[str, list[str]]:
+        layouts = wanted.get(call)
+        return {_CONV2D: layouts} if layouts is not None else {}
+
+    try:
+        dispatch = list(relax_pipeline.library_dispatch_passes(target))
+    except (ValueError, AttributeError):
+        dispatch = []
+    convert = tvm.transform.Sequential([
+        relax.transform.ConvertLayout({}, layout_cb),
+        relax.transform.CanonicalizeBindings(),
+    ])  # fmt: skip
+    with target, tvm.transform.PassContext(opt_level=3):
+        # The weights' layout transforms are folded in numpy before legalizing (tuner.graph.fold);
+        # FoldConstant would build each of them with LLVM.
+        folded = fold_constants(convert(mod) if converted else mod)
+    # ConvertLayout and the folding keep the convs in binding order: the plan's indices.
+    winograd_calls = [(call, tiles[i]) for i, call in enumerate(conv_calls(folded)) if i in tiles]
+    custom = {_CONV2D: functools.partial(_legalize_conv2d, winograd_calls=winograd_calls, pad_apart=PAD_APART,
+                                         wide=wide_blocks(target), sole_reader=sole_readers(folded["main"])),
+              _LAYOUT_TRANSFORM: _legalize_layout_transform}  # fmt: skip
+    if cpu:
+        custom[_GELU] = _legalize_gelu
+        custom[_ERF] = _legalize_erf
+        custom[_SOFTMAX] = _legalize_softmax
+        custom[_MATMUL] = _legalize_matmul(vector_lanes(target))
+    legalize = tvm.transform.Sequential([
+        *dispatch,
+        relax.transform.LegalizeOps(customize_legalize_map=custom),
+        relax.transform.FoldConstant(),
+    ])  # fmt: skip
+    with target, tvm.transform.PassContext(opt_level=3):
+        out = legalize(folded)
+    logger.info("layout plan %s: %d of %d convs converted, %d by Winograd", plan, converted, len(wanted),
+                len(winograd_calls))  # fmt: skip
+    return out
