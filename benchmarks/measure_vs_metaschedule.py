@@ -49,8 +49,8 @@ def conv_task(device):
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
     from tuner.frontends import load_model
-    from tuner.layout import LayoutPlan
-    from tuner.tasks import extract_tasks
+    from tuner.graph.layout import LayoutPlan
+    from tuner.graph.tasks import extract_tasks
 
     # NCHW: the layout the first results were taken with (the default plan blocks convs now).
     for task in extract_tasks(load_model("resnet50").bound(), device.target, LayoutPlan.parse("NCHW", device.target)):

@@ -39,10 +39,10 @@ from tuner.compile import compile_model
 from tuner.db import TuningDatabase
 from tuner.device import parse_device
 from tuner.frontends import load_model
-from tuner.layout import LayoutPlan, prepare
+from tuner.graph.layout import LayoutPlan, prepare
 from tuner.precision import apply_precision
 from tuner.precision.quantize import quantized_model
-from tuner.tasks import fuse, workload_key
+from tuner.graph.tasks import fuse, workload_key
 
 RESULTS = Path(__file__).parent / "results"
 console = Console()

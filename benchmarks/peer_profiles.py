@@ -92,7 +92,7 @@ def _winograd_size(sch, mod) -> tuple[int, int, int, int] | None:
         return None
     outputs = math.prod(int(iv.dom.extent) for iv in out.iter_vars)
     # (eps, nu, oc chunks, tiles, oc block, reduction...): one reduction iter of the input
-    # channels, or three on the bf16 dot product (chunk, pair, lane; tuner.winograd).
+    # channels, or three on the bf16 dot product (chunk, pair, lane; tuner.graph.winograd).
     _, _, oc_chunks, _, ob, *reduction = (int(iv.dom.extent) for iv in gemm.iter_vars)
     channels = math.prod(reduction)
     data = math.prod(int(d) for d in mod["main"].params[0].shape)

@@ -23,7 +23,7 @@ import tvm
 import search_spaces
 from tuner.device import parse_device
 from tuner.frontends import load_model
-from tuner.tasks import extract_tasks
+from tuner.graph.tasks import extract_tasks
 
 logger = logging.getLogger("space_throughput")
 RESULTS = Path(__file__).parent / "results" / "space_throughput.json"

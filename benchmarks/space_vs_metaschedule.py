@@ -31,7 +31,7 @@ import search_spaces
 from search_spaces.verify import compare, reference
 from tuner.device import parse_device
 from tuner.frontends import load_model
-from tuner.tasks import extract_tasks
+from tuner.graph.tasks import extract_tasks
 
 logger = logging.getLogger("space_vs_metaschedule")
 RESULTS = Path(__file__).parent / "results" / "space_vs_metaschedule.json"

@@ -40,7 +40,7 @@ def pretrain(db, device, *, kind: str = "xgb", seed: int = 0, target: tvm.target
     Returns:
         The model; ``model.num_samples`` says how much it learned before the job.
     """
-    from cost_models import create
+    from cost_models.registry import create
 
     start = time.perf_counter()
     model = create(kind, seed=seed)

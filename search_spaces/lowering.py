@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import tvm
@@ -43,6 +43,8 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import pipeline as s_tir_pipeline
 from tvm.tirx import compilation_pipeline
+
+from search_spaces.ir_map import map_functions
 
 logger = logging.getLogger(__name__)
 
@@ -101,26 +103,6 @@ def llvm_nearbyint(mod: tvm.IRModule) -> tvm.IRModule:
     same rounding (to nearest even, ``vroundps $12`` on x86), and a ``call_llvm_pure_intrin``
     vectorizes. GPU functions keep TVM's op: their code generators print it."""
     return map_functions(mod, lambda target: target.kind.name == "llvm", (tvm.ir.Call, _llvm_rounding))
-
-
-def map_functions(mod: tvm.IRModule, wanted: Callable[[tvm.target.Target], bool], callback: tuple) -> tvm.IRModule:
-    """``mod`` with ``tvm_ffi.structural_map(func, callback)`` applied to each PrimFunc whose
-    ``target`` attribute ``wanted`` takes (``mod`` itself where none changes)."""
-    updates = {}
-    for gv, func in mod.functions.items():
-        target = func.attrs.get("target") if isinstance(func, tirx.PrimFunc) and func.attrs else None
-        if target is None or not wanted(target):
-            continue
-        new = tvm_ffi.structural_map(func, callback)
-        if not new.same_as(func):
-            updates[gv] = new
-    if not updates:
-        return mod
-    logger.debug("%s rewrote %d functions", getattr(callback[1], "__name__", callback), len(updates))
-    out = tvm.IRModule(dict(mod.functions.items()), attrs=mod.attrs)
-    for gv, func in updates.items():
-        out[gv] = func
-    return out
 
 
 def _factory(**kwargs: Any) -> tuple[tvm.transform.Pass, Any, Any]:

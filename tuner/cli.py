@@ -271,7 +271,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     """Run (or resume) a tuning job, then compile and check the model with its best schedules."""
     from tuner.config import apply_config, parse_duration
     from tuner.job import TuneConfig, tune_tasks
-    from tuner.measure.ray_measure import MeasureConfig, connect
+    from tuner.measure.base import MeasureConfig
+    from tuner.measure.ray_measure import connect
     from tuner.measure.runner import TimingConfig
     from tuner.measure.submit import check_address, is_jobs_address, submit
     from tuner.progress import JsonLog, LiveView
@@ -351,7 +352,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.no_verify:
         return 0
     if device.kind == "cuda":
-        from tuner.measure.cuda import gpu_identity
+        from tuner.cuda_runtime import gpu_identity
 
         if gpu_identity(device.index) is None:  # tuned on a GPU worker: compile and check there
             console.print(f"no {device.name} on this machine to check the tuned model on; run "
@@ -381,8 +382,9 @@ def _gpu_worker_device(device, ray_address: str | None):
     """The CUDA device as the cluster node that times it sees it (the driver may have no GPU)."""
     import ray
 
-    from tuner.measure.cuda import CudaToolchainError, identify_gpu_worker
-    from tuner.measure.ray_measure import connect, device_resource, worker_command
+    from tuner.errors import CudaToolchainError
+    from tuner.measure.base import device_resource
+    from tuner.measure.ray_measure import connect, identify_gpu_worker, worker_command
 
     with console.status("starting Ray"):
         connect(ray_address)

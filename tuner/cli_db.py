@@ -76,7 +76,7 @@ def db_text(arg: str | None) -> str:
     find it (``~/.pgpass``, ``PGPASSFILE``, ``?service=`` with ``~/.pg_service.conf``).
     """
     from tuner.cli import DB_ENV, DEFAULT_DB, console
-    from tuner.db.database import redact
+    from tuner.db.url import redact
 
     if arg:
         if redact(arg) != arg:

@@ -166,7 +166,7 @@ _PATHS = ("output", "log_json")
 
 
 def _redact(text: str) -> str:
-    from tuner.db.database import redact
+    from tuner.db.url import redact
 
     return repr(redact(text))
 

@@ -20,6 +20,7 @@ from typing import Any
 import psutil
 import tvm
 
+from search_spaces.target import host_cpu_flags
 from tuner.errors import UnknownDeviceError
 from tuner.threads import size_thread_pool
 
@@ -182,19 +183,6 @@ def host_cpu_info() -> dict[str, Any]:
     }
 
 
-@cache
-def host_cpu_flags() -> tuple[str, ...]:
-    """Every flag /proc/cpuinfo lists for the first CPU (``flags`` on x86, ``Features`` on
-    ARM), sorted; empty where there is no /proc/cpuinfo."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() in ("flags", "Features"):
-                return tuple(sorted(set(value.split())))
-    return ()
-
-
 def hidden_features(config: dict[str, Any], cpu_flags: Iterable[str]) -> list[str]:
     """LLVM features that ``config``'s mcpu implies but the CPU's flags do not list.
 
@@ -248,6 +236,6 @@ def _cuda_device(index: int, arch: str | None) -> Device:
 
 def _query_gpu(index: int) -> dict[str, Any] | None:
     """The GPU's name, SM version, limits, driver and CUDA versions, or None if absent."""
-    from tuner.measure.cuda import gpu_identity
+    from tuner.cuda_runtime import gpu_identity
 
     return gpu_identity(index)

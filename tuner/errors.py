@@ -27,3 +27,7 @@ class UnknownDeviceError(UserInputError):
 
 class DatabaseError(NightshiftError):
     """The tuning database cannot be opened, read or written."""
+
+
+class CudaToolchainError(NightshiftError):
+    """CUDA kernels cannot be built or run here (no runtime library, no nvcc or NVRTC)."""

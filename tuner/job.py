@@ -27,15 +27,14 @@ from tvm.s_tir.schedule import Trace
 
 import cost_models
 import search_spaces
-from tuner import search
+from tuner import measure, search
 from tuner.db import NewRecord, TuningDatabase
 from tuner.db.database import measured_results
 from tuner.db.validate import trace_rejection
 from tuner.device import Device
 from tuner.errors import DatabaseError, UserInputError
 from tuner.graph.tasks import Task
-from tuner.measure import base as measure
-from tuner.measure.base import MeasureConfig, MeasureError, Measurer
+from tuner.measure.base import MEASURERS, MeasureConfig, MeasureError, Measurer
 from tuner.measure.results import ErrorClass
 from tuner.progress import EventSink, event
 from tuner.rerank import rerank_task
@@ -137,8 +136,8 @@ class TuneConfig:
             raise UserInputError(f"propose_on must be cluster or driver, got {self.propose_on!r}")
         if self.propose_on == "cluster" and self.measurer != "ray":
             raise UserInputError("propose_on cluster runs proposals as Ray tasks: it needs the ray measurer")
-        if self.measurer not in measure.MEASURERS:
-            raise UserInputError(f"--measurer must be one of {', '.join(measure.MEASURERS)}, got {self.measurer!r}")
+        if self.measurer not in MEASURERS:
+            raise UserInputError(f"--measurer must be one of {', '.join(MEASURERS)}, got {self.measurer!r}")
         if self.strategy not in search.strategies():
             raise UserInputError(f"--strategy must be one of {', '.join(search.strategies())}, got {self.strategy!r}")
 

@@ -33,12 +33,12 @@ from typing import Any
 import tvm
 import tvm_ffi
 
-from search_spaces.verify import arg_specs
 from tuner.db import TuningDatabase
 from tuner.graph.tasks import Task
 from tuner.measure.builder import build_candidate
 from tuner.measure.results import Timing
 from tuner.measure.runner import TimingConfig, random_args
+from tuner.measure.verify import arg_specs
 
 logger = logging.getLogger(__name__)
 

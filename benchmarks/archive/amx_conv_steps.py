@@ -5,7 +5,7 @@ a whole 64-byte row (a wide block, :func:`tuner.layout.wide_blocks`). TSC cycles
 and multiply-adds per cycle, the median of ``--runs`` runs of 20,000 steps each, operands
 in L1/L2. Needs gcc and an AMX CPU (``amx_bf16``, ``amx_int8``).
 
-    .venv/bin/python benchmarks/amx_conv_steps.py --out benchmarks/results/amx_conv_steps.json
+    .venv/bin/python benchmarks/archive/amx_conv_steps.py --out benchmarks/archive/results/amx_conv_steps.json
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import statistics
 from pathlib import Path
 
 from c_loop import cpu_model, run_c
+import sys  # the maintained helpers stay in benchmarks/, one folder up
+sys.path.append(str(Path(__file__).resolve().parents[1]))
 from result_file import write_result
 
 SOURCE = Path(__file__).with_suffix(".c")
@@ -25,7 +27,7 @@ _KEY = ("inst", "tm", "tn", "rows", "channels")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--out", default="benchmarks/results/amx_conv_steps.json")
+    parser.add_argument("--out", default="benchmarks/archive/results/amx_conv_steps.json")
     args = parser.parse_args()
     outputs = run_c(SOURCE, ["-mamx-tile", "-mamx-bf16", "-mamx-int8"], args.runs)
     runs = [[json.loads(line) for line in out.splitlines()] for out in outputs]

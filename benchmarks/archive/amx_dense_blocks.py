@@ -12,7 +12,7 @@ whose 170 MB of bf16 weights do not fit the cache) and warm, one point of each l
 the other so that the machine's noise hits both alike; PyTorch's bf16 ``linear`` + the same
 epilogue (oneDNN) runs on the same threads, warm, for reference.
 
-    .venv/bin/python benchmarks/amx_dense_blocks.py --points 24 --out benchmarks/results/amx_dense_blocks.json
+    .venv/bin/python benchmarks/archive/amx_dense_blocks.py --points 24 --out benchmarks/archive/results/amx_dense_blocks.json
 
 ``--kind x86-dense-bf16`` draws the AVX512_BF16 template's points instead (``vdpbf16ps``,
 16 columns a register), whose loads the layout changes too.
@@ -29,6 +29,8 @@ import numpy as np
 import tvm
 from dense_packing import SEQ, SHAPES, with_epilogue
 from op_ceiling import build_checked, cpu_threads, time_call
+import sys  # the maintained helpers stay in benchmarks/, one folder up
+sys.path.append(str(Path(__file__).resolve().parents[1]))
 from result_file import machine, write_result
 from tvm import te
 
@@ -99,7 +101,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--kind", default=KIND, choices=[KIND, "x86-dense-bf16"],
                         help="the template whose points are drawn (x86-dense-bf16: the AVX512_BF16 one)")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/amx_dense_blocks.json"))
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/archive/results/amx_dense_blocks.json"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     load_before = os.getloadavg()

@@ -4,7 +4,7 @@ reading the configuration back (``sttilecfg``) and loading it only when it diffe
 call (the median of ``--runs`` runs of ``amx_tile_config.c``, each 200,000 calls), beside one
 tile load pair and ``tdpbf16ps`` for scale. Needs gcc and an AMX CPU (``amx_bf16``).
 
-    .venv/bin/python benchmarks/amx_tile_config.py --out benchmarks/results/amx_tile_config.json
+    .venv/bin/python benchmarks/archive/amx_tile_config.py --out benchmarks/archive/results/amx_tile_config.json
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import statistics
 from pathlib import Path
 
 from c_loop import cpu_model, run_c
+import sys  # the maintained helpers stay in benchmarks/, one folder up
+sys.path.append(str(Path(__file__).resolve().parents[1]))
 from result_file import write_result
 
 SOURCE = Path(__file__).with_suffix(".c")
@@ -23,7 +25,7 @@ SOURCE = Path(__file__).with_suffix(".c")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--out", default="benchmarks/results/amx_tile_config.json")
+    parser.add_argument("--out", default="benchmarks/archive/results/amx_tile_config.json")
     args = parser.parse_args()
     runs = [json.loads(out) for out in run_c(SOURCE, ["-mamx-tile", "-mamx-bf16"], args.runs)]
     keys = [k for k in runs[0] if k not in ("reloads", "calls")]

@@ -10,9 +10,9 @@
    points among ``--points`` drawn from ``x86-softmax``, with a division per element (TOPI's
    ``fast_softmax``) and with each row's reciprocal (``tuner.layout.fast_softmax_last_axis``).
 
-Writes benchmarks/results/bert_epilogues.json (``--out``).
+Writes benchmarks/archive/results/bert_epilogues.json (``--out``).
 
-    .venv/bin/python benchmarks/bert_epilogues.py --db /work/bench/bert_bf16.db
+    .venv/bin/python benchmarks/archive/bert_epilogues.py --db /work/bench/bert_bf16.db
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from tuner.memory import small_pages
 from tuner.rerank import record_program
 from tuner.tasks import extract_tasks
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents[1])]  # archive/, benchmarks/
 from result_file import machine, write_result
 
 console = Console()

@@ -6,9 +6,9 @@ The rewrite changes no workload key, so the same records build both ways; what d
 only the epilogues' (and copies') rounding to bf16. ``--convert-gathers`` converts values
 loaded lane by lane too (a transpose's gathers), which the rewrite leaves to TVM. Needs a CPU
 with AVX512_BF16. Writes
-benchmarks/results/bf16_casts_<model>.json (``--out``).
+benchmarks/archive/results/bf16_casts_<model>.json (``--out``).
 
-    .venv/bin/python benchmarks/bf16_casts.py --db /work/bench/bert_bf16.db --model bert-base --rounds 25
+    .venv/bin/python benchmarks/archive/bf16_casts.py --db /work/bench/bert_bf16.db --model bert-base --rounds 25
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from tuner.layout import LayoutPlan
 from tuner.memory import small_pages
 from tuner.tasks import extract_tasks
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents[1])]  # archive/, benchmarks/
 from result_file import machine, write_result
 from two_builds import built_tasks, interleaved_us, print_rows, print_weighted
 

@@ -26,9 +26,9 @@ built and timed four ways, interleaved, on the job's thread count:
 
 Per task: each record's four medians, which record each way picks, what each pick costs
 in the ``--judge`` timing (``producer`` by default), and the stored best timed each way.
-Writes benchmarks/results/cold_input.json (``--out``).
+Writes benchmarks/archive/results/cold_input.json (``--out``).
 
-    .venv/bin/python benchmarks/cold_input.py --db tuned.db --model resnet50 --precision bf16 --tasks 10 --top 6
+    .venv/bin/python benchmarks/archive/cold_input.py --db tuned.db --model resnet50 --precision bf16 --tasks 10 --top 6
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from tuner.measure.runner import random_args
 
 console = Console()
 RESULTS = Path(__file__).parent / "results" / "cold_input.json"
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents[1])]  # archive/, benchmarks/
 from flush_ranking import scheduled  # noqa: E402
 from parallel_split import knob_values  # noqa: E402
 from result_file import write_result  # noqa: E402

@@ -13,7 +13,7 @@ got (record, template, fallback) and the size of their LLVM IR. Last, the schedu
 built as one TIR module twice: as TVM does (one LLVM module) and one LLVM module per function
 (:mod:`tuner.codegen`, what ``compile_model`` does on CPUs).
 
-    .venv/bin/python benchmarks/compile_profile.py --db tuned.db --model resnet50 \\
+    .venv/bin/python benchmarks/archive/compile_profile.py --db tuned.db --model resnet50 \\
         [--precision bf16] [--top 15] [--latency-rounds 20] [--copies 16] [--out results/compile_profile_X.json]
 
 ``--latency-rounds`` also compiles the model with TVM's one LLVM module and times both builds
@@ -57,7 +57,7 @@ from tuner.precision import apply_precision
 from tuner.tasks import fuse
 
 RESULTS = Path(__file__).parent / "results"
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents[1])]  # archive/, benchmarks/
 from result_file import write_result  # noqa: E402
 
 

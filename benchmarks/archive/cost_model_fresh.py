@@ -2,7 +2,7 @@
 test's set): 128 random sketch-space points of a 16x512->256 dense, built and timed here;
 train on the first 48 or 96, judge pairwise accuracy and top-1 on the last 32. Logs the figures.
 
-    nice -n 10 .venv/bin/python benchmarks/cost_model_fresh.py --draws 3
+    nice -n 10 .venv/bin/python benchmarks/archive/cost_model_fresh.py --draws 3
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from cost_models.metrics import pairwise_accuracy, top_k_score
 from tuner.device import parse_device
 
 logger = logging.getLogger("cost_model_fresh")
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents[1])]  # archive/, benchmarks/
 from cost_model_data import matmul  # noqa: E402
 from cost_model_quality import OldPooledModel  # noqa: E402
 

@@ -38,9 +38,9 @@ TVM's own integer rounding for every cast to bfloat16, as before the thirty-seve
 element by its row's sum, as before the same session (``tuner.layout.fast_softmax_last_axis``;
 B's records of that softmax apply). ``--b-scalar-nearbyint`` builds B with TVM's own
 ``nearbyint``, which its vectorizer leaves to scalar loops, as before the thirty-eighth session
-(``search_spaces.lowering.llvm_nearbyint``). Writes benchmarks/results/db_ab.json (``--out``).
+(``search_spaces.lowering.llvm_nearbyint``). Writes benchmarks/archive/results/db_ab.json (``--out``).
 
-    .venv/bin/python benchmarks/db_ab.py --db warm.db --db-b cold.db --label-b "cold-tuned" --model resnet50
+    .venv/bin/python benchmarks/archive/db_ab.py --db warm.db --db-b cold.db --label-b "cold-tuned" --model resnet50
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ from tuner.precision import check_device
 
 console = Console()
 RESULTS = Path(__file__).parent / "results" / "db_ab.json"
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents[1])]  # archive/, benchmarks/
 from precision_vs_peers import TorchBf16Peer  # noqa: E402
 from result_file import write_result  # noqa: E402
 from two_builds import swapped  # noqa: E402

@@ -15,9 +15,9 @@ a time so that the machine's noise hits every variant alike:
   packed one;
 - PyTorch's ``linear`` (+ the same epilogue) on the same inputs, for reference.
 
-Writes benchmarks/results/dense_packing.json (``--output``).
+Writes benchmarks/archive/results/dense_packing.json (``--output``).
 
-    .venv/bin/python benchmarks/dense_packing.py --points 16
+    .venv/bin/python benchmarks/archive/dense_packing.py --points 16
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from pathlib import Path
 import numpy as np
 import tvm
 from op_ceiling import cpu_threads, time_call
+import sys  # the maintained helpers stay in benchmarks/, one folder up
+sys.path.append(str(Path(__file__).resolve().parents[1]))
 from space_vs_metaschedule import measure
 from tvm import te, topi
 

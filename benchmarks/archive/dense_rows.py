@@ -8,9 +8,9 @@ weights and the epilogues they are fused with, as ``dense_packing.py`` builds th
 takes every point of the template's space with ``unroll_k`` 4 and no run-time panel copy,
 checks it against the unscheduled operator and times it cold (caches flushed before each
 run) in rounds, interleaved with PyTorch's ``linear`` + the same epilogue (oneDNN, timed
-warm). Writes benchmarks/results/dense_rows.json.
+warm). Writes benchmarks/archive/results/dense_rows.json.
 
-    .venv/bin/python benchmarks/dense_rows.py --rounds 3
+    .venv/bin/python benchmarks/archive/dense_rows.py --rounds 3
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
  * steps in all: the ceiling a conv on that instruction can reach per core. Prints JSON.
  *
  *   vdpbf16ps: one 512-bit vdpbf16ps a step (AVX512_BF16; 64 flops), the bf16 templates'
- *              instruction (benchmarks/README.md, "Zen 4: bf16 Winograd for every 3x3 conv");
+ *              instruction (benchmarks/archive/README.md, "Zen 4: bf16 Winograd for every 3x3 conv");
  *   fma:       one 512-bit vfmadd231ps a step (AVX-512F; 32 flops), the fp32 templates' instruction:
  *              beside vdpbf16ps, whether bf16 has more arithmetic than fp32 on this CPU at all;
  *   vpdpbusd:  one 512-bit vpdpbusd a step (AVX512_VNNI; 64 lanes of uint8 x int8, 128 ops),
@@ -12,10 +12,10 @@
  *              quadruples; 64 ops), the int8 templates' dot product without VNNI
  *              (search_spaces/templates/intrin_x86.py, AVX2_DOT; "AVX2 Zen 3: the host's slow phases").
  *
- *   gcc -O2 -o /tmp/dot_rate benchmarks/dot_rate.c
- *   /tmp/dot_rate vdpbf16ps > benchmarks/results/vdpbf16ps_rate_zen4.json
- *   /tmp/dot_rate avx2 > benchmarks/results/avx2_dot_rate_zen3.json
- *   for k in vdpbf16ps fma vpdpbusd; do /tmp/dot_rate $k; done > benchmarks/results/dot_rates_emr_noamx.jsonl
+ *   gcc -O2 -o /tmp/dot_rate benchmarks/archive/dot_rate.c
+ *   /tmp/dot_rate vdpbf16ps > benchmarks/archive/results/vdpbf16ps_rate_zen4.json
+ *   /tmp/dot_rate avx2 > benchmarks/archive/results/avx2_dot_rate_zen3.json
+ *   for k in vdpbf16ps fma vpdpbusd; do /tmp/dot_rate $k; done > benchmarks/archive/results/dot_rates_emr_noamx.jsonl
  * Each kernel is compiled for its own instructions only, so the binary runs on a CPU without
  * AVX-512 as long as it is not asked for vdpbf16ps.
  */

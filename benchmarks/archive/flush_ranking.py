@@ -8,9 +8,9 @@ tuning times them and once with every argument but the data flushed from the cac
 each run (``TimingConfig.flush_cache``, TVM's ``cache_flush_cpu_non_first_arg``, as
 MetaSchedule's ``enable_cpu_cache_flush``). Per task: both times of each record, where the
 warm best ranks cold, and how much slower cold the warm best is than the cold best. Writes
-benchmarks/results/flush_ranking.json (``--out``).
+benchmarks/archive/results/flush_ranking.json (``--out``).
 
-    .venv/bin/python benchmarks/flush_ranking.py --db tuned.db --model resnet50 --tasks 8 --top 8
+    .venv/bin/python benchmarks/archive/flush_ranking.py --db tuned.db --model resnet50 --tasks 8 --top 8
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from tuner.tasks import extract_tasks
 
 console = Console()
 RESULTS = Path(__file__).parent / "results" / "flush_ranking.json"
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents[1])]  # archive/, benchmarks/
 from result_file import write_result  # noqa: E402
 
 

@@ -12,9 +12,9 @@ together, the time follows the moment, not where the arguments lie.
 
 Per record: its stored time, the series' minimum, median and maximum, the share of timings
 more than 1.25x the minimum ("slow"), and the longest stretch of consecutive slow ones.
-Writes benchmarks/results/host_states.json (``--out``).
+Writes benchmarks/archive/results/host_states.json (``--out``).
 
-    .venv/bin/python benchmarks/host_states.py --db tuned.db --model resnet50 --tasks 6 --series 40
+    .venv/bin/python benchmarks/archive/host_states.py --db tuned.db --model resnet50 --tasks 6 --series 40
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from tuner.measure.runner import TimingConfig, random_args
 console = Console()
 RESULTS = Path(__file__).parent / "results" / "host_states.json"
 SLOW = 1.25
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents[1])]  # archive/, benchmarks/
 from flush_ranking import scheduled  # noqa: E402
 from result_file import machine, write_result  # noqa: E402
 from tuned_tasks import tuned_tasks  # noqa: E402

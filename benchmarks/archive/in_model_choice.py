@@ -10,11 +10,11 @@ the records faster than it, the model is compiled from each copy, and every buil
 the same interleaved rounds as the database's own build. Then the per-task winners (those
 whose build ran faster than the database's by more than ``--margin`` at the median) are
 combined into one copy and that build is timed against the database's in fresh rounds.
-Writes benchmarks/results/in_model_choice.json (``--out``). On a Zen 5 (2026-11-27) no forced
+Writes benchmarks/archive/results/in_model_choice.json (``--out``). On a Zen 5 (2026-11-27) no forced
 record of BERT-base's or ResNet-50's bf16 databases beat the database's own pick beyond the
-noise (benchmarks/README.md).
+noise (benchmarks/archive/README.md).
 
-    .venv/bin/python benchmarks/in_model_choice.py --db bert_bf16.db --model bert-base --precision bf16
+    .venv/bin/python benchmarks/archive/in_model_choice.py --db bert_bf16.db --model bert-base --precision bf16
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from tuner.frontends import load_model
 from tuner.layout import LayoutPlan
 from tuner.tasks import extract_tasks
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents[1])]  # archive/, benchmarks/
 from result_file import machine, write_result
 
 console = Console()

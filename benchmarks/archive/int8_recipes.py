@@ -22,7 +22,7 @@ Each row gives the max relative error, the top-1 agreement and onnxruntime's lat
 the int8 file (2 threads, median of ``--latency-runs`` runs; a sanity figure, not a peer
 comparison: benchmarks/precision_vs_peers.py does that with TVM beside).
 
-    .venv/bin/python benchmarks/int8_recipes.py --models bert-base resnet50 --inputs 200 \\
+    .venv/bin/python benchmarks/archive/int8_recipes.py --models bert-base resnet50 --inputs 200 \\
         --recipes all ops=MatMul ops=MatMul+Conv "ops=MatMul cal128" dynamic
 """
 
@@ -48,7 +48,7 @@ from tuner.frontends import load_model
 from tuner.precision.accuracy import compare
 from tuner.precision.quantize import DEFAULT_CALIBRATION, parse_ops, quantize_onnx
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents[1])]  # archive/, benchmarks/
 from result_file import machine, write_result
 
 RESULTS = Path(__file__).parent / "results"

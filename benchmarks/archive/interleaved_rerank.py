@@ -11,9 +11,9 @@ record meets the same moments. Each record's ``mean_sec`` in a copy of the datab
 The original is not touched.
 The timing is ``tuner.rerank``'s, which ``tune`` runs at the end of a job (``--rerank-top``);
 this script applies it to a finished database, to measure what it changes in the model.
-Writes benchmarks/results/interleaved_rerank.json (``--out``).
+Writes benchmarks/archive/results/interleaved_rerank.json (``--out``).
 
-    .venv/bin/python benchmarks/interleaved_rerank.py --db tuned.db --out-db reranked.db --tasks 12 --top 6
+    .venv/bin/python benchmarks/archive/interleaved_rerank.py --db tuned.db --out-db reranked.db --tasks 12 --top 6
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from tuner.rerank import record_program, time_interleaved
 
 console = Console()
 RESULTS = Path(__file__).parent / "results" / "interleaved_rerank.json"
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents[1])]  # archive/, benchmarks/
 from result_file import machine, write_result  # noqa: E402
 from tuned_tasks import tuned_tasks  # noqa: E402
 

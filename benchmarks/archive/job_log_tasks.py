@@ -1,9 +1,9 @@
 """Per task of one or more tuning jobs: the best time the job measured, the space that found
 it, and the trials it took, read from each job's ``tune --log-json`` file (its
 ``batch_done`` events). Jobs of one model side by side show which task a change moved.
-Writes benchmarks/results/job_log_tasks.json (``--out``).
+Writes benchmarks/archive/results/job_log_tasks.json (``--out``).
 
-    .venv/bin/python benchmarks/job_log_tasks.py --log before=job1.jsonl --log after=job2.jsonl
+    .venv/bin/python benchmarks/archive/job_log_tasks.py --log before=job1.jsonl --log after=job2.jsonl
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents[1])]  # archive/, benchmarks/
 from result_file import write_result
 
 RESULTS = Path(__file__).parent / "results" / "job_log_tasks.json"

@@ -6,9 +6,9 @@ fused tiles that divide the pixel count, fused tiles with a partial last tile, a
 space), then the convs' time weighted by calls with every kind, without partial tiles, and
 with row tiles (and other spaces) only. No new timing: it reads the tuning database and the
 job's ``--log-json`` file (for the tasks' call counts). Writes
-benchmarks/results/job_tiles.json.
+benchmarks/archive/results/job_tiles.json.
 
-    .venv/bin/python benchmarks/job_tiles.py --db job.db --log job.jsonl
+    .venv/bin/python benchmarks/archive/job_tiles.py --db job.db --log job.jsonl
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Does a cheap first ranking on the knob vector pay before TVM's feature extraction?
 
-    nice -n 5 .venv/bin/python benchmarks/knob_prerank.py --db /tmp/a.db /tmp/b.db --kind sketch
+    nice -n 5 .venv/bin/python benchmarks/archive/knob_prerank.py --db /tmp/a.db /tmp/b.db --kind sketch
 
 For one task's records of one space kind (the workload with the most records, unless
 ``--workload``), in k folds: an XGBoost ranking model on TVM's per-store features (the
@@ -10,7 +10,7 @@ scaled to [0, 1], plus log2 of every tile factor; a one-store "feature" row, so 
 score of either, and of the two-stage ranking that keeps the knob model's best ``q`` share
 and ranks those with the feature model. The saving is the seconds of applying and
 featurizing the ``1 - q`` share dropped, per candidate, as timed here. Writes
-benchmarks/results/knob_prerank.json.
+benchmarks/archive/results/knob_prerank.json.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def main() -> None:
             note(f"knobs{q:g}+features", two, y[fold])
     summary = {k: float(np.nanmean(v)) for k, v in results.items()}
     out = {
-        "command": "benchmarks/knob_prerank.py " + " ".join(
+        "command": "benchmarks/archive/knob_prerank.py " + " ".join(
             f"--{k} {' '.join(map(str, v)) if isinstance(v, list) else v}"
             for k, v in vars(args).items() if k != "out" and v is not None),
         "workload": key, "kind": args.kind, "records": len(points), "failed": int((y == 0).sum()),

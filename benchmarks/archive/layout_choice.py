@@ -13,7 +13,7 @@ load average. Ratios carry over between runs; milliseconds do not.
     rm -f /tmp/auto.db /tmp/nchwc.db
     tune --model resnet50 --trials 512 --layout auto --db /tmp/auto.db --no-verify
     tune --model resnet50 --trials 512 --layout NCHWc --db /tmp/nchwc.db --no-verify
-    nice -n 5 .venv/bin/python benchmarks/layout_choice.py --auto-db /tmp/auto.db --nchwc-db /tmp/nchwc.db
+    nice -n 5 .venv/bin/python benchmarks/archive/layout_choice.py --auto-db /tmp/auto.db --nchwc-db /tmp/nchwc.db
 """
 
 from __future__ import annotations

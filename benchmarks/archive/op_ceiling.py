@@ -6,7 +6,7 @@ templates), builds each with ``tvm.compile``, checks it against the unscheduled 
 times it on the target's ``num-cores`` threads; PyTorch's same operator (conv2d + bias +
 relu, or linear + bias + gelu) runs on as many threads, and numpy's sgemm gives the
 machine's practical peak. Every round times one point of each kind, PyTorch and the sgemm,
-so machine noise hits them alike. Writes benchmarks/results/op_ceiling.json.
+so machine noise hits them alike. Writes benchmarks/archive/results/op_ceiling.json.
 
 Workloads: ResNet-50 convs in the NCHW{b}c layout the layout pass gives the conv template,
 ``b`` the target's vector lanes unless ``--block`` says otherwise (3x3 64->64 56x56, 3x3
@@ -15,7 +15,7 @@ Workloads: ResNet-50 convs in the NCHW{b}c layout the layout pass gives the conv
 depthwise 3x3 convs + relu6 (``dw_*``) and BERT-base's heaviest dense task (``nightshift
 tasks --model bert-base``: 128x768 @ 768x3072 + bias + gelu).
 
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE nice -n 10 .venv/bin/python benchmarks/op_ceiling.py --points 32
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE nice -n 10 .venv/bin/python benchmarks/archive/op_ceiling.py --points 32
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 import tvm
+import sys  # the maintained helpers stay in benchmarks/, one folder up
+sys.path.append(str(Path(__file__).resolve().parents[1]))
 from space_vs_metaschedule import measure
 from tvm import te, topi
 

@@ -13,9 +13,9 @@ for the same output bits as the stored best, and both are timed alone in ``--rou
 interleaved cold rounds. Each variant is stored in a copy of the database (``--out-db``)
 just under the stored best's time, so that a compile takes it; ``db_ab.py --db DB --db-b
 OUT_DB`` then times the two models in the same rounds. Writes
-benchmarks/results/parallel_split.json (``--out``).
+benchmarks/archive/results/parallel_split.json (``--out``).
 
-    .venv/bin/python benchmarks/parallel_split.py --db r50_int8.db --out-db r50_int8_pixels.db --model resnet50
+    .venv/bin/python benchmarks/archive/parallel_split.py --db r50_int8.db --out-db r50_int8_pixels.db --model resnet50
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from tuner.measure.runner import TimingConfig, random_args
 from tuner.rerank import record_program, time_interleaved
 from tuner.search.remote import trace_json
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents[1])]  # archive/, benchmarks/
 from result_file import machine, write_result
 from tuned_tasks import add_copy_arguments, tuned_tasks
 

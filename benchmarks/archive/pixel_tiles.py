@@ -18,10 +18,10 @@ last tile peeled (:mod:`search_spaces.lowering`); with ``--unpeeled`` those poin
 built by TVM's own pipeline, which leaves a bounds check in every tile of these int64 tasks,
 and timed in the same rounds. With ``--precision bf16`` the tasks are those of ``tune
 --precision bf16``, the template ``x86-conv2d-nchwc-dot`` (vdpbf16ps), and PyTorch's conv
-runs in bf16. Writes benchmarks/results/pixel_tiles.json.
+runs in bf16. Writes benchmarks/archive/results/pixel_tiles.json.
 
-    .venv/bin/python benchmarks/pixel_tiles.py --rounds 3
-    .venv/bin/python benchmarks/pixel_tiles.py --rounds 3 --precision bf16 --unpeeled
+    .venv/bin/python benchmarks/archive/pixel_tiles.py --rounds 3
+    .venv/bin/python benchmarks/archive/pixel_tiles.py --rounds 3 --precision bf16 --unpeeled
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Proposal against measurement: how long proposing a batch takes beside how long the device
 takes to consume one, in a real job.
 
-    nice -n 5 .venv/bin/python benchmarks/propose_pace.py --tasks 3 --trials 64 --propose-on driver cluster
+    nice -n 5 .venv/bin/python benchmarks/archive/propose_pace.py --tasks 3 --trials 64 --propose-on driver cluster
 
 Each run is a real job (Ray builds and timings on this machine, a fresh SQLite file) on the
 heaviest ``--tasks`` conv tasks of ResNet-50 (default layout plan), or every task of
@@ -10,7 +10,7 @@ heaviest ``--tasks`` conv tasks of ResNet-50 (default layout plan), or every tas
 feature extraction) and ``batch_done`` (``device_s``: the device actor's busy time for the
 batch; ``build_s``: CPU-seconds of its builds; ``wait_s``: how long the job waited for it,
 near 0 when proposing, not measuring, sets the pace). Writes
-benchmarks/results/propose_pace.json. ``--propose-on driver cluster`` runs the same job once
+benchmarks/archive/results/propose_pace.json. ``--propose-on driver cluster`` runs the same job once
 with proposals' TVM work in the driver and once in Ray tasks (``TuneConfig.propose_on``), one
 after the other in one process.
 """
@@ -109,7 +109,7 @@ def main() -> None:
         for where in args.propose_on:
             runs.append(run_job(tasks, device, args, folder / f"pace-{where}.db", where))
     out = {
-        "command": "benchmarks/propose_pace.py " + " ".join(
+        "command": "benchmarks/archive/propose_pace.py " + " ".join(
             f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
             for k, v in vars(args).items() if k not in ("out", "keep")),
         "machine": {"cpu": platform.processor() or platform.machine(), "llvm_mcpu": device.target_config.get("mcpu"),

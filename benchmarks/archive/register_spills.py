@@ -10,9 +10,9 @@ stored best stores to the stack in its hottest block (the basic block with the m
 instructions), and where it does, the fastest of its ``--candidates`` best records that does
 not. Those are forced in a copy of the database (``--out-db``; the faster records dropped,
 as ``in_model_choice.py`` does), for ``db_ab.py --db OUT_DB --db-b DB`` to time both models
-in the same rounds. Writes benchmarks/results/register_spills.json (``--out``).
+in the same rounds. Writes benchmarks/archive/results/register_spills.json (``--out``).
 
-    .venv/bin/python benchmarks/register_spills.py --db r50_int8.db --out-db r50_int8_nospill.db --model resnet50
+    .venv/bin/python benchmarks/archive/register_spills.py --db r50_int8.db --out-db r50_int8_nospill.db --model resnet50
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from search_spaces.preload import preload_tensor_intrinsics
 from search_spaces.templates import x86_conv2d_nchwc_dot as dot_template
 from tuner.rerank import record_program
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents[1])]  # archive/, benchmarks/
 from in_model_choice import forced_copy
 from result_file import machine, write_result
 from tuned_tasks import add_copy_arguments, tuned_tasks

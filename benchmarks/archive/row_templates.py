@@ -6,9 +6,9 @@ Takes the task (``--task``, a workload name such as BERT-base int8's
 record from ``--db``, builds every point of the row template that applies to it, checks
 each against that record's output on the same inputs (they must agree exactly: the same
 arithmetic, in another loop order), and times them all in ``--rounds`` interleaved rounds
-with TVM's ``time_evaluator``. Writes benchmarks/results/row_templates.json (``--out``).
+with TVM's ``time_evaluator``. Writes benchmarks/archive/results/row_templates.json (``--out``).
 
-    .venv/bin/python benchmarks/row_templates.py --db tuned.db \
+    .venv/bin/python benchmarks/archive/row_templates.py --db tuned.db \
         --task fused_softmax_multiply3_tir_round3_maximum5_minimum5_multiply3
 """
 
@@ -38,7 +38,7 @@ from tuner.db import TuningDatabase
 from tuner.db.schema import RecordRow, WorkloadRow
 from tuner.device import parse_device
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents[1])]  # archive/, benchmarks/
 from result_file import write_result
 
 RESULTS = Path(__file__).parent / "results" / "row_templates.json"

@@ -13,17 +13,17 @@ reports are recorded.
 With ``--antagonist`` this process runs on the first CPU (one thread a runtime) and a second
 process streams copies of 256 MB arrays on the second CPU, resumed for one half of each
 round's timings and stopped for the other: a repeatable stand-in for the host's slow phases,
-in which TVM slowed more than OpenVINO (benchmarks/README.md, "the host's slow phases").
-With ``--dot-rate KERNEL`` ``benchmarks/dot_rate.c`` runs before every round (one core, e.g.
+in which TVM slowed more than OpenVINO (benchmarks/archive/README.md, "the host's slow phases").
+With ``--dot-rate KERNEL`` ``benchmarks/archive/dot_rate.c`` runs before every round (one core, e.g.
 ``vdpbf16ps``): whether the rounds in which a runtime slows are rounds in which the core
 retires fewer instructions (lower clocks) or not.
 ``tuner.bench`` pauses 0.1 s since this script showed ONNX Runtime's threads slowing
-OpenVINO after it (benchmarks/README.md, "The interleaved rounds favoured TVM"). With
+OpenVINO after it (benchmarks/archive/README.md, "The interleaved rounds favoured TVM"). With
 ``--back-to-back N`` each runtime first runs alone, N timed runs in a row after three warm-ups,
 so its steady speed sits beside its speed in the rounds. Writes
-benchmarks/results/runtime_interference.json (``--out``).
+benchmarks/archive/results/runtime_interference.json (``--out``).
 
-    .venv/bin/python benchmarks/runtime_interference.py --db /work/bench/r50_int8.db --with-onnxruntime --settle 0
+    .venv/bin/python benchmarks/archive/runtime_interference.py --db /work/bench/r50_int8.db --with-onnxruntime --settle 0
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from tuner.frontends import load_model
 from tuner.peers import create
 from tuner.precision.quantize import DEFAULT_CALIBRATION, quantized_model
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents[1])]  # archive/, benchmarks/
 from result_file import write_result
 
 RESULTS = Path(__file__).parent / "results" / "runtime_interference.json"
@@ -92,7 +92,7 @@ def antagonist_rounds(runners: dict, inputs: list[np.ndarray], rounds: int, sett
 
 
 def dot_rate_binary() -> Path:
-    """``benchmarks/dot_rate.c`` built with gcc in a temporary folder."""
+    """``benchmarks/archive/dot_rate.c`` built with gcc in a temporary folder."""
     binary = Path(tempfile.mkdtemp()) / "dot_rate"
     subprocess.run(["gcc", "-O2", "-o", str(binary), str(Path(__file__).parent / "dot_rate.c")], check=True)
     return binary
@@ -116,7 +116,7 @@ def main() -> None:
     p.add_argument("--antagonist", action="store_true",
                    help="one CPU for the runtimes, a memory stream on another, on and off by turns")
     p.add_argument("--dot-rate", choices=("vdpbf16ps", "fma", "vpdpbusd", "avx2"),
-                   help="run benchmarks/dot_rate.c with this kernel before every round (needs gcc)")
+                   help="run benchmarks/archive/dot_rate.c with this kernel before every round (needs gcc)")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args()
     device = parse_device("cpu")

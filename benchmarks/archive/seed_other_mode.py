@@ -1,7 +1,7 @@
 """Seeding a job from the other timing mode's records: the same job seeded and not, on copies
 of one database.
 
-    .venv/bin/python benchmarks/seed_other_mode.py --db warm_tuned.db --model bert-base --timing cold --trials 448
+    .venv/bin/python benchmarks/archive/seed_other_mode.py --db warm_tuned.db --model bert-base --timing cold --trials 448
 
 ``--db`` holds records of the model's tasks timed in the other mode than ``--timing`` (a
 team database tuned warm before cold timing was the default, say). Each arm is a real job
@@ -11,7 +11,7 @@ model: ``seeded`` measures each task's 8 fastest points per space of the other m
 from those records only through its cost model. The arms run one after the other,
 ``--order`` deciding which goes first. From the jobs' own events: the estimated model
 latency (sum of weight x best over the tasks) after every batch once each task has a best,
-and at the end. Writes benchmarks/results/seed_other_mode_<model>.json.
+and at the end. Writes benchmarks/archive/results/seed_other_mode_<model>.json.
 """
 
 from __future__ import annotations

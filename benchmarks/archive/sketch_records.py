@@ -3,10 +3,10 @@ code, and count, by how the record's build ended (ok, crashed, other error), whi
 space now rejects and why (``search_spaces.sketch.vectorized_vectors`` among its checks).
 
 Nothing is built or timed: each record's point is applied (TVM's postprocessors, then the
-space's own checks). Writes benchmarks/results/sketch_records.json (``--out``).
+space's own checks). Writes benchmarks/archive/results/sketch_records.json (``--out``).
 
-    .venv/bin/python benchmarks/sketch_records.py --db /work/bench/bert-base_int8.db \
-        --out benchmarks/results/sketch_records_bert-base_int8_zen4.json
+    .venv/bin/python benchmarks/archive/sketch_records.py --db /work/bench/bert-base_int8.db \
+        --out benchmarks/archive/results/sketch_records_bert-base_int8_zen4.json
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from tuner.db import TuningDatabase
 from tuner.db.schema import RecordRow, WorkloadRow
 from tuner.device import parse_device
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents[1])]  # archive/, benchmarks/
 from result_file import write_result
 
 RESULTS = Path(__file__).parent / "results" / "sketch_records.json"

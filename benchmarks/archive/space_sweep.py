@@ -4,9 +4,9 @@ For every task of resnet50, mobilenet_v2 and bert-base on this CPU, and every sp
 that applies (the sketch space; the x86 conv template on convs), samples a few points,
 builds each (``tvm.compile``, timed; over 30 s counts as a timeout), runs it on random
 inputs and compares with the unscheduled build (tuner.measure's tolerance). Writes
-benchmarks/results/space_sweep.json.
+benchmarks/archive/results/space_sweep.json.
 
-    nice -n 10 .venv/bin/python benchmarks/space_sweep.py --points 3
+    nice -n 10 .venv/bin/python benchmarks/archive/space_sweep.py --points 3
 """
 
 from __future__ import annotations

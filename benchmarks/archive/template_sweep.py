@@ -10,13 +10,13 @@ same sweep so that both meet the same moments of the host). Each point is built 
 the host's threads, inputs random: warm with TVM's ``time_evaluator`` (20 runs, median of 5
 repeats), or with ``--timing cold`` as a job times it (``TimingConfig.of_mode("cold")``: the
 caches flushed before each of 10 one-call runs, median). Writes
-benchmarks/results/template_sweep.json (``--out``). Until the fortieth session this was
+benchmarks/archive/results/template_sweep.json (``--out``). Until the fortieth session this was
 ``winograd_sweep.py``, for ``x86-conv2d-winograd`` alone (its results keep that name).
 
-    .venv/bin/python benchmarks/template_sweep.py --db /work/bench/resnet50_bf16.db \
-        --out benchmarks/results/winograd_sweep_resnet50_bf16_zen4.json
-    .venv/bin/python benchmarks/template_sweep.py --db /work/bench/r50_int8.db --template x86-conv2d-nchwc-dot \
-        --tasks dot16 --sample 150 --timing cold --out benchmarks/results/template_sweep_....json
+    .venv/bin/python benchmarks/archive/template_sweep.py --db /work/bench/resnet50_bf16.db \
+        --out benchmarks/archive/results/winograd_sweep_resnet50_bf16_zen4.json
+    .venv/bin/python benchmarks/archive/template_sweep.py --db /work/bench/r50_int8.db --template x86-conv2d-nchwc-dot \
+        --tasks dot16 --sample 150 --timing cold --out benchmarks/archive/results/template_sweep_....json
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from tuner.db.schema import WorkloadRow
 from tuner.device import parse_device
 from tuner.measure.runner import TimingConfig, random_args
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents[1])]  # archive/, benchmarks/
 from result_file import write_result
 from two_builds import interleaved_us
 

@@ -5,10 +5,10 @@ vectorizer leaves scalar for LLVM to vectorize again. Both builds are checked fo
 output bits, their code is searched for byte-by-byte work (``vpinsrb`` gathers, ``movb`` stores
 of a register, ``vpextrb``: what LLVM leaves where it does not vectorize the loop again), and
 they are timed cold (every argument but the first flushed, as ``tune`` times) in interleaved
-rounds on the host's threads. Writes benchmarks/results/vector_rounding_<model>_<precision>.json
+rounds on the host's threads. Writes benchmarks/archive/results/vector_rounding_<model>_<precision>.json
 (``--out``).
 
-    .venv/bin/python benchmarks/vector_rounding.py --db /work/bench/r50_int8.db --model resnet50 --rounds 20
+    .venv/bin/python benchmarks/archive/vector_rounding.py --db /work/bench/r50_int8.db --model resnet50 --rounds 20
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from tuner.precision import check_device
 from tuner.precision.quantize import DEFAULT_CALIBRATION, quantized_model
 from tuner.tasks import extract_tasks
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents[1])]  # archive/, benchmarks/
 from result_file import machine, write_result
 from two_builds import built_tasks, interleaved_us, print_rows, print_weighted
 

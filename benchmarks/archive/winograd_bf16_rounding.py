@@ -14,7 +14,7 @@ Each figure is the largest absolute difference from the reference over the large
 reference value, the measure ``precision_vs_peers.py`` reports for whole models. numpy only:
 this is arithmetic, not timing.
 
-    .venv/bin/python benchmarks/winograd_bf16_rounding.py
+    .venv/bin/python benchmarks/archive/winograd_bf16_rounding.py
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
+sys.path.append(str(Path(__file__).resolve().parents[1]))
 from result_file import write_result
 
 from tuner.winograd import TILES, matrices

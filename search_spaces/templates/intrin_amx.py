@@ -554,7 +554,7 @@ def keep_caller_tile_config(mod: tvm.IRModule) -> tvm.IRModule:
 def register_amx_intrinsics() -> None:
     """Register every AMX intrinsic (once per process: TensorIntrin names are global, and
     records of ``x86-dense-amx`` replay a tensorize by the intrinsic's name)."""
-    from search_spaces.preload import quick_tvmscript
+    from search_spaces.quick_import import quick_tvmscript
 
     with quick_tvmscript():
         intrinsics = [_dense_intrinsics(inst, TileShape(tm, tn, prefetch=d)) for inst in (AMX_BF16, AMX_INT8)

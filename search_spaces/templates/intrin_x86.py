@@ -252,7 +252,7 @@ def register_intrinsics() -> None:
     """Register the intrinsics (once per process; TensorIntrin names are global), and ours
     of ``dot_16x4_vnni`` over TVM's, which MetaSchedule's sketches and fallback schedules
     tensorize with on VNNI CPUs and which fails LLVM's verifier (see :func:`_vnni_dot_16x4`)."""
-    from search_spaces.preload import import_tvm_intrinsics
+    from search_spaces.quick_import import import_tvm_intrinsics
 
     import_tvm_intrinsics()  # TVM's own first: registering after ours would fail
     from tvm.s_tir.tensor_intrin.x86 import VNNI_DOT_16x4_INTRIN

@@ -17,8 +17,8 @@ from tvm.s_tir import Schedule
 
 from search_spaces.constraints import Limits
 from search_spaces.knobs import Knob, divisors
-from search_spaces.templates import Template, register_template
 from search_spaces.templates.blocks import iter_kinds, root_blocks
+from search_spaces.templates.registry import Template, register_template
 
 NAME = "x86-conv2d-nchw"
 _CONV_PREFIX = "conv2d_nchw"

@@ -51,7 +51,6 @@ from tvm.s_tir import Schedule
 from search_spaces.constraints import Limits
 from search_spaces.knobs import Knob, divisors
 from search_spaces.lowering import HINT
-from search_spaces.templates import Template, register_template
 from search_spaces.templates.blocks import (
     accumulate_locally,
     elementwise_prologue,
@@ -60,6 +59,7 @@ from search_spaces.templates.blocks import (
     root_blocks,
 )
 from search_spaces.templates.intrin_x86 import AVX2_DOT, DotInstruction, dot_for, register_intrinsics, target_has
+from search_spaces.templates.registry import Template, register_template
 from search_spaces.templates.x86_conv2d_nchwc import (
     _MAX_UNROLLED_FMAS,
     _MIN_ACC_REGISTERS,

@@ -28,7 +28,6 @@ from tvm.s_tir import Schedule
 
 from search_spaces.constraints import Limits
 from search_spaces.knobs import Knob, divisors
-from search_spaces.templates import Template, register_template
 from search_spaces.templates.blocks import elementwise_tail, root_blocks
 from search_spaces.templates.intrin_x86 import (
     BF16_FEATURE,
@@ -37,6 +36,7 @@ from search_spaces.templates.intrin_x86 import (
     register_intrinsics,
     target_has,
 )
+from search_spaces.templates.registry import Template, register_template
 from search_spaces.templates.x86_conv2d_nchwc import _acc_budget, _regs_per_pixel
 
 logger = logging.getLogger(__name__)

@@ -31,8 +31,8 @@ from tvm.s_tir import Schedule
 from search_spaces.constraints import Limits
 from search_spaces.knobs import Knob, divisors
 from search_spaces.lowering import HINT
-from search_spaces.templates import Template, register_template
 from search_spaces.templates.blocks import accumulate_locally, elementwise_tail, iter_kinds, root_blocks
+from search_spaces.templates.registry import Template, register_template
 
 logger = logging.getLogger(__name__)
 

@@ -30,7 +30,6 @@ from tvm.s_tir import Schedule
 
 from search_spaces.constraints import Limits
 from search_spaces.knobs import Knob, divisors
-from search_spaces.templates import Template, register_template
 from search_spaces.templates.intrin_amx import (
     AMX_BF16,
     AMX_INT8,
@@ -44,6 +43,7 @@ from search_spaces.templates.intrin_amx import (
     target_has_amx,
 )
 from search_spaces.templates.intrin_x86 import BF16_DOT, VNNI_DOT
+from search_spaces.templates.registry import Template, register_template
 from search_spaces.templates.x86_dense_dot import _Dot, _matmul_block, _tail, accumulate_matmul, weight_block
 
 logger = logging.getLogger(__name__)

@@ -25,8 +25,8 @@ from tvm.s_tir import Schedule
 
 from search_spaces.constraints import Limits
 from search_spaces.knobs import Knob
-from search_spaces.templates import Template, register_template
 from search_spaces.templates.blocks import iter_kinds, loop_extents, root_blocks
+from search_spaces.templates.registry import Template, register_template
 
 logger = logging.getLogger(__name__)
 

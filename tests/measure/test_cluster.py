@@ -17,7 +17,8 @@ import pytest
 import ray
 import workloads
 
-from tuner.measure.ray_measure import MeasureConfig, RayMeasurer, device_resource
+from tuner.measure.base import MeasureConfig, device_resource
+from tuner.measure.ray_measure import RayMeasurer
 from tuner.measure.results import ErrorClass
 from tuner.measure.runner import TimingConfig
 

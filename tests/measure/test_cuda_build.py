@@ -13,8 +13,9 @@ from tvm import te, topi
 from tvm.s_tir import Schedule
 from tvm.script import tirx as T
 
+from tuner.cuda_runtime import driver_present
 from tuner.measure.builder import build_candidate
-from tuner.measure.cuda import context_fatal, driver_present, kernel_formats, reference_module
+from tuner.measure.cuda import context_fatal, kernel_formats, reference_module
 from tuner.measure.worker import gpu_resources, start_command, worker_resources
 
 SM90 = {"kind": "cuda", "arch": "sm_90"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.measure.cuda import gpu_identity
+from tuner.cuda_runtime import gpu_identity
 from tuner.measure.results import ErrorClass
 
 pytestmark = [
@@ -47,7 +47,8 @@ def test_candidates_time_on_the_gpu_against_the_gpu_reference(ray_cluster, gpu_d
 def test_illegal_address_restarts_the_actor_and_is_recorded_once(ray_cluster, gpu_device):
     from test_cuda_build import _dense, gpu_candidate, out_of_bounds
 
-    from tuner.measure.ray_measure import MeasureConfig, RayMeasurer
+    from tuner.measure.base import MeasureConfig
+    from tuner.measure.ray_measure import RayMeasurer
 
     task = _task(_dense())
     good = gpu_candidate(task.mod)

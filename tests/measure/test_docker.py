@@ -170,7 +170,7 @@ def test_cuda_worker_is_runtime_only():
 
 
 def test_worker_entrypoint_offers_the_resource_nightshift_expects(cpu_device):
-    from tuner.measure.ray_measure import device_resource
+    from tuner.measure.base import device_resource
     from tuner.measure.worker import start_command
 
     cmd = start_command("head:6380", num_cpus=2, cpu_device=True, block=True)

@@ -8,7 +8,8 @@ import pytest
 import workloads
 
 from tuner.errors import UserInputError
-from tuner.measure.ray_measure import MeasureConfig, device_resource, worker_command
+from tuner.measure.base import MeasureConfig, device_resource
+from tuner.measure.ray_measure import worker_command
 from tuner.measure.results import ErrorClass
 from tuner.measure.runner import TimingConfig
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import workloads
 
+from tuner import measure
 from tuner.errors import UserInputError
 from tuner.measure import base
 from tuner.measure.results import ErrorClass
@@ -18,7 +19,7 @@ FAST = TimingConfig(repeat=3, min_repeat_ms=5, max_remeasure=1)
 def measurer(request, cpu_device):
     if request.param == "ray":
         request.getfixturevalue("ray_cluster")
-    m = base.create(request.param, cpu_device, base.MeasureConfig(build_timeout_s=60, run_timeout_s=30, timing=FAST))
+    m = measure.create(request.param, cpu_device, base.MeasureConfig(build_timeout_s=60, run_timeout_s=30, timing=FAST))
     yield m
     m.close()
 
@@ -54,6 +55,6 @@ def test_build_only_and_the_search_kept_apart_from_timings(measurer, task):
 
 
 def test_create_takes_an_instance_and_refuses_unknown_names(measurer, cpu_device):
-    assert base.create(measurer, cpu_device) is measurer
+    assert measure.create(measurer, cpu_device) is measurer
     with pytest.raises(UserInputError, match="unknown measurer 'local'"):
-        base.create("local", cpu_device)  # type: ignore[arg-type]
+        measure.create("local", cpu_device)  # type: ignore[arg-type]

@@ -17,7 +17,7 @@ import ray
 import workloads
 
 from tuner.measure import quiet
-from tuner.measure.ray_measure import MeasureConfig
+from tuner.measure.base import MeasureConfig
 
 # Workers cannot import this test module: ship its task and actor by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -56,7 +56,7 @@ def ray_processes(cpu_device) -> Iterator[dict]:
     """``ray start --head`` (no device resource, so timings must go to the worker) and a worker
     with the device resource, each ``--block``ed in a subprocess of ours: ending the subprocess
     stops its node, and no other Ray on the machine is touched."""
-    from tuner.measure.ray_measure import device_resource
+    from tuner.measure.base import device_resource
 
     gcs, dashboard, client = _free_ports(3)
     temp = tempfile.mkdtemp(prefix="nsray-")  # short: Ray's socket paths live under it
@@ -92,7 +92,7 @@ def ray_processes(cpu_device) -> Iterator[dict]:
 
 
 def test_tune_submitted_through_the_jobs_api_times_on_the_worker(ray_processes, tmp_path, cpu_device, monkeypatch):
-    from tuner.measure.ray_measure import device_resource
+    from tuner.measure.base import device_resource
 
     db = tmp_path / "team.db"  # the head runs on this machine: the same file is reachable there
     # The job needs the worker's device resource: wait until the worker has joined.

@@ -246,9 +246,9 @@ def test_bf16_convs_take_packed_weights_in_the_blocked_layout():
     the first conv, tuner.graph.pad_fusion). On an AMX CPU a conv with 32 input channels reads
     them in one block of 32 (OIHW16i16o2i weights: a whole tile row,
     tuner.graph.layout.plan.wide_blocks), which the first conv writes. It computes what fp32 does."""
-    from search_spaces.verify import arg_specs
     from tuner.graph.layout.plan import LayoutPlan, wide_blocks
     from tuner.graph.layout.rewrites import prepare
+    from tuner.measure.verify import arg_specs
 
     mod, target = _two_convs(), parse_device("cpu").target
     plan = LayoutPlan("NCHW16c")
@@ -276,9 +276,9 @@ def test_a_strided_1x1_conv_on_amx_reads_a_wide_copy_of_its_pixels():
     other pixel in one block of 32 (subsample_NCHWc), then a stride-1 conv with
     OIHW16i16o2i weights; elsewhere the strided conv reads its NCHW16c input. Computes what
     fp32 does, on the host's target."""
-    from search_spaces.verify import arg_specs
     from tuner.graph.layout.plan import LayoutPlan, wide_blocks
     from tuner.graph.layout.rewrites import prepare
+    from tuner.measure.verify import arg_specs
 
     rng = np.random.default_rng(6)
     mod, plan = _one_conv(rng, (1, 32, 8, 8), (16, 32, 1, 1), relu_input=True, strides=2), LayoutPlan("NCHW16c")

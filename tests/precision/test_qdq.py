@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from search_spaces.verify import arg_specs
 from tuner.compile import compile_model
 from tuner.db import TuningDatabase
 from tuner.device import host_cpu_info, parse_device
 from tuner.frontends import load_model
 from tuner.graph.layout.plan import LayoutPlan
 from tuner.graph.tasks import extract_tasks
+from tuner.measure.verify import arg_specs
 from tuner.precision.accuracy import run_outputs
 from tuner.precision.qdq import ACTIVATION_MATMUL, qdq_as_elementwise, quantize_weight, to_int8
 

@@ -58,10 +58,11 @@ def builtin_templates_only(monkeypatch):
     """Only the templates Nightshift ships: tests/search_spaces/conftest.py registers a user
     template for the matmul, which, when both suites run in one session, would split the
     matmul's few trials three ways; this test is about seeding, not about the split."""
-    import search_spaces.templates as registry
+    import search_spaces.templates.registry as registry
 
     registry.templates()  # entry points loaded first, so the filtered registry stays as it is
-    shipped = {k: t for k, t in registry._REGISTRY.items() if t.schedule.__module__.startswith(registry.__name__)}
+    shipped = {k: t for k, t in registry._REGISTRY.items()
+               if t.schedule.__module__.startswith("search_spaces.templates")}
     monkeypatch.setattr(registry, "_REGISTRY", shipped)
 
 

@@ -13,7 +13,7 @@ import tvm
 from conftest import needs_amx_bf16, needs_amx_int8, space, target, task
 
 import search_spaces
-from search_spaces.verify import arg_specs, check_point, reference
+from tuner.measure.verify import arg_specs, check_point, reference
 
 AMX_DEFAULTS = {"tile_m": 1, "tile_n": 1, "panel": 1, "unroll_k": 1, "order": 0, "parallel_depth": 1}
 

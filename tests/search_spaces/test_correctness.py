@@ -9,10 +9,10 @@ import pytest
 from conftest import space, target, task
 
 import search_spaces
-from search_spaces.verify import check_point, reference, sweep_tasks
 from tuner.device import host_cpu_info
 from tuner.frontends import load_model
 from tuner.graph.tasks import extract_tasks
+from tuner.measure.verify import check_point, reference, sweep_tasks
 
 
 @pytest.mark.parametrize(("kind", "task_name"), [("sketch", "matmul"), ("sketch", "conv"), ("sketch", "relu"),

@@ -23,7 +23,7 @@ from conftest import (
 
 import search_spaces
 from search_spaces.templates.intrin_x86 import BF16_DOT_16x2_INTRIN, register_intrinsics, target_has_bf16_dot
-from search_spaces.verify import arg_specs, check_point, reference
+from tuner.measure.verify import arg_specs, check_point, reference
 
 
 def _asm(lib) -> str:

@@ -201,7 +201,7 @@ def _nchwc_point(sp: TemplateSpace, **values) -> Point:
 def test_fused_pixel_tiles_compute_the_reference(task_name, values):
     """A pixel tile along the fused (oh, ow) axis, with and without a last shorter tile,
     computes what the operator computes; its accumulators are one register tile."""
-    from search_spaces.verify import check_point, reference
+    from tuner.measure.verify import check_point, reference
 
     sp = space("x86-conv2d-nchwc", task_name, "llvm")
     point = _nchwc_point(sp, **values)
@@ -236,7 +236,7 @@ def test_pixel_tile_constraints():
 ])
 def test_partial_row_tiles_compute_the_reference(task_name, values):
     """A row tile that does not divide the rows computes what the matmul computes."""
-    from search_spaces.verify import check_point, reference
+    from tuner.measure.verify import check_point, reference
 
     sp = space("x86-dense", task_name, "llvm")
     point = named_point(sp, DENSE_DEFAULTS, **values)

@@ -3,14 +3,8 @@ import tvm
 from tvm.target import codegen
 
 from search_spaces.constraints import limits_for
-from tuner.device import (
-    _LLVM_FEATURES,
-    hidden_features,
-    host_cpu_flags,
-    host_cpu_info,
-    parse_device,
-    unnamed_features,
-)
+from search_spaces.target import host_cpu_flags
+from tuner.device import _LLVM_FEATURES, hidden_features, host_cpu_info, parse_device, unnamed_features
 from tuner.errors import UnknownDeviceError
 
 

@@ -23,7 +23,7 @@ from tuner.errors import DatabaseError
 from tuner.graph.keys import workload_key
 from tuner.graph.tasks import Task
 from tuner.job import NothingMeasurable, TuneConfig, TuningJob
-from tuner.measure.ray_measure import MeasureConfig
+from tuner.measure.base import MeasureConfig
 from tuner.measure.results import ErrorClass
 
 

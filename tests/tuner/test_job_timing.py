@@ -11,7 +11,7 @@ from job_tasks import matmul_task
 from tuner.db import TuningDatabase
 from tuner.graph.tasks import Task
 from tuner.job import TuneConfig, TuningJob
-from tuner.measure.ray_measure import MeasureConfig
+from tuner.measure.base import MeasureConfig
 from tuner.measure.runner import TimingConfig
 from tuner.report.data import job_data, list_jobs
 

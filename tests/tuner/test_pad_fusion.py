@@ -10,13 +10,13 @@ import tvm
 from tvm import relax
 
 from search_spaces.templates.x86_conv2d_nchwc_dot import PADDED_OUTPUT
-from search_spaces.verify import arg_specs
 from tuner.compile import compile_model, run_model
 from tuner.db import TuningDatabase
 from tuner.device import host_cpu_info, parse_device
 from tuner.frontends import ModelSpec
 from tuner.graph.pad_fusion import PAD_ATTR, pad_interior, zero_border
 from tuner.graph.tasks import extract_tasks
+from tuner.measure.verify import arg_specs
 
 needs_bf16 = pytest.mark.skipif("avx512_bf16" not in host_cpu_info()["isa_flags"],
                                 reason="this CPU has no AVX512_BF16")  # fmt: skip

@@ -229,7 +229,7 @@ def upgrade(engine: Engine, url: URL, *, only_if_empty: bool = False, to: str = 
 
 
 def _shown(url: URL) -> str:
-    from tuner.db.database import redact  # (database imports this module)
+    from tuner.db.url import redact  # (database imports this module)
 
     return redact(url)
 

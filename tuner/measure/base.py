@@ -3,7 +3,7 @@
 A :class:`Measurer` takes candidates of a task (scheduled TVM modules), builds them, checks
 each against the task's reference output and times it on the device; every candidate ends as
 a :class:`~tuner.measure.results.Measurement`, failures included (failures are data). Two
-implementations, chosen by name with :func:`create`:
+implementations, chosen by name with :func:`tuner.measure.create`:
 
 - ``"ray"`` (:class:`~tuner.measure.ray_measure.RayMeasurer`, the default for jobs): builds
   as Ray tasks on any CPU of a cluster, timings on one actor per device, build and run
@@ -16,12 +16,13 @@ implementations, chosen by name with :func:`create`:
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from tuner.errors import NightshiftError, UserInputError
+from tuner.errors import NightshiftError
 from tuner.measure.runner import TimingConfig
 
 if TYPE_CHECKING:
@@ -158,21 +159,11 @@ class Measurer(Protocol):
         ...
 
 
-def create(kind: MeasurerName | Measurer, device: Device, config: MeasureConfig | None = None) -> Measurer:
-    """The measurer named ``kind`` (``"ray"``, ``"inline"``) for ``device``, or ``kind``
-    itself when it is already a measurer.
+def device_resource(device: Device) -> str:
+    """The Ray custom resource a node offers for each device of this kind it has.
 
-    Raises:
-        UserInputError: an unknown name.
+    ``nightshift_cpu_<llvm mcpu>`` for CPUs, ``nightshift_cuda_<sm_XX>`` for GPUs; a node joins
+    as a worker for the device with ``ray start --resources '{"<name>": 1}'``.
     """
-    if not isinstance(kind, str):
-        return kind
-    if kind == "ray":
-        from tuner.measure.ray_measure import RayMeasurer
-
-        return RayMeasurer(device, config)
-    if kind == "inline":
-        from tuner.measure.inline import InlineMeasurer
-
-        return InlineMeasurer(device, config)
-    raise UserInputError(f"unknown measurer {kind!r}: use one of {', '.join(MEASURERS)}")
+    arch = re.sub(r"[^A-Za-z0-9_]", "_", device.arch)
+    return f"nightshift_{device.kind}_{arch}"

@@ -13,7 +13,8 @@ from pathlib import Path
 import tvm
 
 from search_spaces import lowering
-from tuner.measure.cuda import CudaToolchainError, kernel_formats, prepare_cuda_build
+from tuner.errors import CudaToolchainError
+from tuner.measure.cuda import kernel_formats, prepare_cuda_build
 from tuner.measure.quiet import cpu_work
 from tuner.measure.results import BuildResult, ErrorClass
 from tuner.measure.runner import ArgSpec

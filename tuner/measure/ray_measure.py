@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import threading
 import time
 from collections import deque
@@ -45,29 +44,20 @@ from ray.exceptions import (
     WorkerCrashedError,
 )
 
+from tuner.cuda_runtime import gpu_archs, gpu_identity
 from tuner.device import Device
-from tuner.errors import UserInputError
+from tuner.errors import CudaToolchainError, UserInputError
 from tuner.graph.tasks import Task
 from tuner.measure import device_actor
-from tuner.measure.base import MeasureConfig, MeasureError, MeasureStats
+from tuner.measure.base import MeasureConfig, MeasureError, MeasureStats, device_resource
 from tuner.measure.builder import BuildPause, build_task
 from tuner.measure.builder import arg_specs as _arg_specs
 from tuner.measure.builder import entry_name as _entry
-from tuner.measure.cuda import gpu_archs, reference_module
+from tuner.measure.cuda import reference_module
 from tuner.measure.results import BuildResult, ErrorClass, Measurement, RunResult
 from tuner.measure.runner import ArgSpec, Reference
 
 logger = logging.getLogger(__name__)
-
-
-def device_resource(device: Device) -> str:
-    """The Ray custom resource a node offers for each device of this kind it has.
-
-    ``nightshift_cpu_<llvm mcpu>`` for CPUs, ``nightshift_cuda_<sm_XX>`` for GPUs; a node joins
-    as a worker for the device with ``ray start --resources '{"<name>": 1}'``.
-    """
-    arch = re.sub(r"[^A-Za-z0-9_]", "_", device.arch)
-    return f"nightshift_{device.kind}_{arch}"
 
 
 def local_device_resources() -> dict[str, float]:
@@ -816,3 +806,38 @@ def _choose(device: Device, devs: list[_Dev], infos: list[dict[str, Any] | None]
 def _short(err: BaseException, limit: int = 1000) -> str:
     text = f"{type(err).__name__}: {err}"
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def identify_gpu_worker(device: Any, timeout_s: float = 120.0) -> Any:
+    """``device`` as the Ray node that will time it sees its GPU: name, SM, driver, CUDA.
+
+    The driver may have no GPU (``--target-arch`` cross-builds); the fingerprint must come
+    from the node that times, so a probe takes the device's Ray resource and a GPU there, runs
+    ``gpu_identity`` with TVM's runtime alone, and the description and per-block limits it
+    reports replace the driver's guess.
+
+    Raises:
+        CudaToolchainError: the node that offers the resource sees no GPU, or another arch.
+    """
+    import dataclasses
+
+    import ray
+
+
+
+    resource = device_resource(device)
+    probe = ray.remote(gpu_identity).options(
+        num_cpus=0, num_gpus=1, resources={resource: 1},
+        runtime_env={"env_vars": {"TVM_USE_RUNTIME_LIB": "1"}},
+    )  # fmt: skip
+    info = ray.get(probe.remote(0), timeout=timeout_s)
+    if info is None:
+        raise CudaToolchainError(f"the node offering {resource} sees no GPU with TVM's CUDA runtime")
+    if info["arch"] != device.arch:
+        raise CudaToolchainError(f"the node offering {resource} has a {info['gpu']} ({info['arch']}), "
+                                 f"not {device.arch}")
+    config = dict(device.target_config)
+    for key in ("max_num_threads", "max_shared_memory_per_block", "thread_warp_size"):
+        config[key] = info[key]
+    logger.info("timing node's GPU: %s", info)
+    return dataclasses.replace(device, target_config=config, description=info, present=True)

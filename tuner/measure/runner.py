@@ -19,7 +19,9 @@ import numpy as np
 import tvm
 import tvm_ffi
 
-from tuner.measure.cuda import CudaToolchainError, context_fatal, load_cuda_runtime
+from tuner.cuda_runtime import load_cuda_runtime
+from tuner.errors import CudaToolchainError
+from tuner.measure.cuda import context_fatal
 from tuner.measure.results import ErrorClass, RunResult, Timing, relative_spread
 
 logger = logging.getLogger(__name__)

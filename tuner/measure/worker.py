@@ -15,7 +15,7 @@ import shlex
 import subprocess
 import sys
 
-from tuner.measure.cuda import gpu_archs
+from tuner.cuda_runtime import gpu_archs
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ def worker_resources(*, cpu: bool = True) -> dict[str, float]:
     resources = gpu_resources(gpu_archs())
     if cpu and not base._RUNTIME_ONLY:
         from tuner.device import parse_device
-        from tuner.measure.ray_measure import device_resource
+        from tuner.measure.base import device_resource
 
         resources[device_resource(parse_device("cpu"))] = 1.0
     return resources

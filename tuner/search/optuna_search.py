@@ -58,7 +58,7 @@ def optuna_storage(url: str | None) -> optuna.storages.BaseStorage | None:
     """
     if url is None:
         return None
-    from tuner.db.database import database_url
+    from tuner.db.url import database_url
 
     u = database_url(url)
     if u.get_backend_name() == "sqlite" and u.database in (None, "", ":memory:"):
@@ -73,7 +73,8 @@ def optuna_storage(url: str | None) -> optuna.storages.BaseStorage | None:
 
 def _open_storage(u: sa.URL) -> optuna.storages.RDBStorage:
     from tuner.db import migrate
-    from tuner.db.database import _SQLITE_BUSY_TIMEOUT_S, create_engine, redact
+    from tuner.db.database import _SQLITE_BUSY_TIMEOUT_S, create_engine
+    from tuner.db.url import redact
 
     engine = create_engine(u)
     try:

@@ -1,0 +1,79 @@
+"""Database URLs: what ``--db`` and ``$NIGHTSHIFT_DB`` may say, and the same URL with its password hidden."""
+
+from __future__ import annotations
+
+import logging
+import re
+import tempfile
+from pathlib import Path
+
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+
+from tuner.errors import UserInputError
+
+logger = logging.getLogger(__name__)
+_SECRET_PARAMS = {"password", "passwd", "pwd", "sslpassword", "sslkey_password", "secret", "token"}
+_SECRET_RE = re.compile(r"(?i)\b(password|passwd|pwd|sslpassword|secret|token)(\s*=\s*)('[^']*'|[^\s&;]+)")
+_USERINFO_RE = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/@\s:]*):([^/@\s]*)@")
+
+
+def database_url(text: str) -> URL:
+    """A SQLAlchemy URL from a URL or a plain file path (SQLite).
+
+    Raises:
+        UserInputError: the URL is malformed or the SQLite file's folder is not writable.
+    """
+    try:
+        url = make_url(text) if "://" in text else make_url(f"sqlite:///{Path(text).resolve()}")
+        url.port  # noqa: B018 (parsing the port raises on a non-number)
+    except (ArgumentError, ValueError) as err:
+        raise UserInputError(f"database {_redact_text(text)!r} is not a database URL or file path "
+                             f"({_redact_text(_first_line(err))})") from err
+    backend = url.get_backend_name()
+    if backend not in ("sqlite", "postgresql"):
+        raise UserInputError(
+            f"--db {redact(url)}: unsupported database {backend!r}; use a SQLite file path or "
+            "postgresql+psycopg://user@host/db"
+        )
+    if backend == "postgresql" and url.drivername == "postgresql":
+        # psycopg 3 is what Nightshift installs; plain postgresql:// would ask for psycopg2.
+        url = url.set(drivername="postgresql+psycopg")
+    if backend == "sqlite" and url.database not in (None, "", ":memory:"):
+        folder = Path(url.database).resolve().parent
+        if not folder.is_dir():
+            raise UserInputError(f"database folder {folder} does not exist; create it or pass another --db")
+        try:
+            # A unique name: several processes open the same database at once.
+            with tempfile.NamedTemporaryFile(dir=folder, prefix=".nightshift-write-test-"):
+                pass
+        except OSError as err:
+            raise UserInputError(
+                f"cannot write the database in {folder} ({err.strerror}); pass a writable --db path"
+            ) from err
+    return url
+
+
+def redact(url: URL | str) -> str:
+    """The URL as text with every password hidden: in the user info, in query parameters
+    (``?password=``, ``sslpassword``...), and in libpq ``key=value`` strings."""
+    if isinstance(url, str):
+        try:
+            url = make_url(url)
+        except (ArgumentError, ValueError):
+            return _redact_text(url)
+    if url.query:
+        url = url.update_query_dict(
+            {k: "***" for k in url.query if k.lower() in _SECRET_PARAMS}, append=False)  # fmt: skip
+    return _redact_text(url.render_as_string(hide_password=True))
+
+
+def _redact_text(text: str) -> str:
+    # Any text that may hold a URL or DSN: user:password@ and password=... wherever they are.
+    text = _USERINFO_RE.sub(lambda m: f"{m[1]}{m[2]}:***@" if m[3] != "***" else m[0], text)
+    return _SECRET_RE.sub(lambda m: f"{m[1]}{m[2]}***" if m[3] != "***" else m[0], text)
+
+
+def _first_line(err: object) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__
