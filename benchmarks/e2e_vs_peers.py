@@ -25,8 +25,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from tuner.app.plan import measured_plan
 from tuner.bench import DEFAULT_PEERS, BenchConfig, bench, render
-from tuner.cli import measured_plan
 from tuner.db import TuningDatabase
 from tuner.device import parse_device
 from tuner.frontends import load_model
@@ -62,8 +62,9 @@ def main() -> None:
         spec = load_model(name)
         model_config = config
         # Each conv's layout from the measurements, as `nightshift bench` chooses it.
-        chosen = measured_plan(spec, device, db, show=True)
+        chosen = measured_plan(spec, device, db)
         if chosen is not None:
+            console.print(f"{name}: layout plan {chosen.plan}: {chosen.describe()}", highlight=False, soft_wrap=True)
             model_config = dataclasses.replace(config, plan=chosen.plan, layout_choice=chosen)
         with console.status(f"{name}") as status:
             result = bench(spec, device, db, source=name, config=model_config,

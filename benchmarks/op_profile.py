@@ -33,16 +33,16 @@ from rich.console import Console
 from rich.table import Table
 from tvm import relax
 
+from tuner.app.plan import measured_plan
 from tuner.bench import peer_model
-from tuner.cli import measured_plan
 from tuner.compile import compile_model
 from tuner.db import TuningDatabase
 from tuner.device import parse_device
 from tuner.frontends import load_model
 from tuner.graph.layout import LayoutPlan, prepare
+from tuner.graph.tasks import fuse, workload_key
 from tuner.precision import apply_precision
 from tuner.precision.quantize import quantized_model
-from tuner.graph.tasks import fuse, workload_key
 
 RESULTS = Path(__file__).parent / "results"
 console = Console()

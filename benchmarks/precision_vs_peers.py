@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
+from tuner.app.plan import measured_plan
 from tuner.bench import BenchConfig, bench, peer_model, render, unsupported_reason
-from tuner.cli import measured_plan
 from tuner.compile import compile_model
 from tuner.db import TuningDatabase
 from tuner.device import parse_device

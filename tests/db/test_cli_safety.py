@@ -58,7 +58,7 @@ def test_config_values_are_typed_and_the_command_line_wins(tmp_path, capsys):
     assert "'trials' must be a positive integer" in _one_line_error(capsys)
     good = tmp_path / "good.toml"
     good.write_text('model = "tiny"\nseed = 5\ntrials = 8\n')
-    args = cli._parser("nightshift").parse_args(["tune", "--config", str(good), "--seed", "0"])
+    args = cli.build_parser("nightshift").parse_args(["tune", "--config", str(good), "--seed", "0"])
     from tuner.config import apply_config
 
     apply_config(args)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.cli import _add_tune_args
+from tuner.cli.tune import _add_tune_args
 from tuner.config import apply_config, load_config, parse_duration
 from tuner.errors import UserInputError
 

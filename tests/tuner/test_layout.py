@@ -12,7 +12,7 @@ from tvm.ir.expr import Constant
 from tvm.relax.frontend import nn
 
 import search_spaces
-from tuner.cli import choose_layout
+from tuner.app.plan import choose_layout
 from tuner.db import TuningDatabase
 from tuner.frontends import ModelSpec, load_model
 from tuner.frontends.zoo import BatchNorm2d
@@ -417,7 +417,7 @@ def test_chooser_mixes_layouts_from_stored_records_and_the_model_stays_correct(t
     db = TuningDatabase(str(tmp_path / "mixed.db"))
     tasks = extract_layout_tasks(bound, cpu_device.target, ("NCHW8c", "NCHW"))
     _store(db, cpu_device, tasks, _conv_seconds({0: "NCHW", 1: "NCHW8c"}))
-    choice = cli.choose_layout(spec, cpu_device, db, ("NCHW8c", "NCHW"))
+    choice = choose_layout(spec, cpu_device, db, ("NCHW8c", "NCHW"))
     assert choice.plan.layouts == ("NCHW", "NCHW8c") and choice.measured
     assert choice.bandwidth_measured  # from the NCHW8c plan's input/output transform tasks
     assert choice.seconds < min(choice.candidates["NCHW8c"], choice.candidates["NCHW"])
@@ -478,7 +478,7 @@ def test_a_conv_measured_in_no_layout_leaves_the_choice_to_the_others(tiny, cpu_
 
 def test_layout_choice_is_printed_only_for_a_model_with_convs(capsys):
     """BERT has no conv: ``tune`` and ``compile`` print no empty layout table for it."""
-    from tuner.cli import print_layout_choice
+    from tuner.cli.common import print_layout_choice
     from tuner.graph.layout.choose import ConvDecision, PlanChoice
 
     def choice(convs: list[ConvDecision]) -> PlanChoice:

@@ -15,6 +15,7 @@ from typing import Any
 
 from rich.table import Table
 
+from tuner.cli.common import _open_db, out
 from tuner.errors import UserInputError
 
 
@@ -53,7 +54,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from tuner.artifact import check_inputs, load_artifact, load_inputs, read_metadata
-    from tuner.cli import out
+
 
     if args.repeat < 0:
         raise UserInputError(f"--repeat must be 0 or more, got {args.repeat}")
@@ -88,7 +89,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     """Write the HTML report of a job."""
     from tuner.artifact import read_metadata
-    from tuner.cli import _open_db, out
     from tuner.report import find_job, job_data, render
 
     if not args.output.parent.is_dir():
@@ -131,7 +131,7 @@ def _ago(when: datetime | None, now: datetime) -> str:
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     """List the jobs, newest first; a running job without a heartbeat for 5 minutes shows as dead."""
-    from tuner.cli import _open_db, out
+
     from tuner.report import list_jobs
 
     jobs = list_jobs(_open_db(args.db))

@@ -7,12 +7,12 @@ consoles; errors are Nightshift's own exceptions, printed by the CLI as one line
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 from rich.table import Table
 
+from tuner.cli.common import console, db_text, open_existing, out
 from tuner.errors import UserInputError
 
 
@@ -64,57 +64,10 @@ def add_db_commands(
     p.add_argument("-y", "--yes", action="store_true", help="do not ask before deleting more records than are kept")
 
 
-DB_FILE_ENV = "NIGHTSHIFT_DB_FILE"
-
-
-def db_text(arg: str | None) -> str:
-    """The database URL or path: ``--db``, else ``$NIGHTSHIFT_DB``, else the first line of the
-    file ``$NIGHTSHIFT_DB_FILE``, else ``./nightshift.db``.
-
-    A password need never be on a command line (where ``ps`` and Ray's job list show it): put
-    the URL in the environment or a file, or leave the password out of the URL and let libpq
-    find it (``~/.pgpass``, ``PGPASSFILE``, ``?service=`` with ``~/.pg_service.conf``).
-    """
-    from tuner.cli import DB_ENV, DEFAULT_DB, console
-    from tuner.db.url import redact
-
-    if arg:
-        if redact(arg) != arg:
-            console.print(f"[yellow]warning:[/] --db {redact(arg)} has a password on the command line, where other "
-                          f"users and Ray's job list can read it; use ${DB_ENV}, ${DB_FILE_ENV} or ~/.pgpass",
-                          soft_wrap=True, highlight=False)  # fmt: skip
-        return arg
-    if os.environ.get(DB_ENV):
-        return os.environ[DB_ENV]
-    path = os.environ.get(DB_FILE_ENV)
-    if path:
-        try:
-            text = next((ln.strip() for ln in Path(path).read_text().splitlines() if ln.strip()), "")
-        except OSError as err:
-            raise UserInputError(f"${DB_FILE_ENV}: cannot read {path} ({err.strerror})") from err
-        if not text:
-            raise UserInputError(f"${DB_FILE_ENV}: {path} is empty; write the database URL in it")
-        return text
-    return DEFAULT_DB
-
-
 def _url(args: argparse.Namespace):
     from tuner.db import database_url
 
     return database_url(db_text(args.db))
-
-
-def open_existing(text_or_url, *, create: bool = False):
-    """Open the tuning database; only with ``create`` may a missing SQLite file or an empty
-    database be initialised (``tune`` and ``db init``), else a one-line error says so."""
-    from tuner.db import TuningDatabase, database_url
-
-    url = database_url(text_or_url) if isinstance(text_or_url, str) else text_or_url
-    if not create and url.get_backend_name() == "sqlite" and url.database and not Path(url.database).exists():
-        # Connecting would leave an empty file behind.
-        raise UserInputError(f"no tuning database at {url.database}; run `nightshift db init --db {url.database}` "
-                             "or pass another --db")
-    return TuningDatabase(url, create=create)
 
 
 def _open(args: argparse.Namespace):
@@ -140,7 +93,7 @@ def _known_device_id(db, device) -> int:
 
 def cmd_init(args: argparse.Namespace) -> int:
     """Create the schema (a no-op on a current database)."""
-    from tuner.cli import out
+
     from tuner.db import TuningDatabase, redact
 
     db = TuningDatabase(_url(args), create=True)
@@ -152,7 +105,6 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
     """Migrate to the newest schema."""
     from sqlalchemy.exc import DBAPIError
 
-    from tuner.cli import out
     from tuner.db import migrate, redact
     from tuner.db.database import _describe, create_engine
     from tuner.errors import DatabaseError
@@ -180,7 +132,7 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     """Print counts of workloads, records, jobs and devices."""
-    from tuner.cli import out
+
 
     st = _open(args).stats()
     out.print(f"{st['url']} (schema {st['schema']}): {st['workloads']} workloads, {st['records']} records "
@@ -202,7 +154,6 @@ def cmd_best(args: argparse.Namespace) -> int:
 
     from tvm.s_tir.meta_schedule.database import Workload
 
-    from tuner.cli import out
     from tuner.db.tvm_adapter import replays_cleanly
 
     db = _open(args)
@@ -256,7 +207,6 @@ def cmd_coverage(args: argparse.Namespace) -> int:
 
     from tvm.s_tir.meta_schedule.database import Workload
 
-    from tuner.cli import out
     from tuner.db.tvm_adapter import replays_cleanly
     from tuner.frontends import load_model
     from tuner.graph.tasks import extract_tasks
@@ -296,7 +246,7 @@ def cmd_coverage(args: argparse.Namespace) -> int:
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     """List jobs; a running job whose heartbeat stopped shows as dead."""
-    from tuner.cli import out
+
 
     table = Table(title="jobs")
     for col in ("id", "name", "model", "state", "trials", "host", "heartbeat", "updated"):
@@ -312,7 +262,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Export a device's records to MetaSchedule's JSON files."""
-    from tuner.cli import out
+
     from tuner.db.interop import export_json
 
     if args.top_k is not None and args.top_k <= 0:
@@ -327,7 +277,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_import(args: argparse.Namespace) -> int:
     """Import MetaSchedule's JSON files as records of a device."""
-    from tuner.cli import out
+
     from tuner.db.interop import import_json
 
     db = _open(args)
@@ -346,7 +296,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     import sys
     from datetime import timedelta
 
-    from tuner.cli import console, out
+
 
     if args.older_than is not None and not args.older_than > 0:
         raise UserInputError(f"--older-than must be a positive number of days, got {args.older_than}")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from tuner.cli.common import out
 from tuner.errors import UserInputError
 
 
@@ -43,8 +44,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     import cost_models
     from cost_models.dataset import load_dataset
     from cost_models.evaluation import evaluate
-    from tuner.cli import out
-    from tuner.cli_db import _device, _known_device_id, _open
+    from tuner.cli.db import _device, _known_device_id, _open
 
     if not 0 < args.holdout < 1:
         raise UserInputError(f"--holdout must be between 0 and 1, got {args.holdout}")

@@ -1,0 +1,114 @@
+"""Command line: ``tune`` (the tuning job) and ``nightshift`` (tasks, compile, tune).
+
+Configuration flows from here into typed objects; library code never reads the
+environment. Errors Nightshift raises on purpose print as one line and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from rich.logging import RichHandler
+
+from tuner.cli.bench import cmd_bench
+from tuner.cli.common import _add_db_arg, _add_model_args, console, out
+from tuner.cli.compile import cmd_compile
+from tuner.cli.db import add_db_commands
+from tuner.cli.model import add_model_commands
+from tuner.cli.report import add_report_commands
+from tuner.cli.tasks import cmd_tasks
+from tuner.cli.tune import _add_tune_args, cmd_tune
+from tuner.errors import NightshiftError
+
+__all__ = ["build_parser", "build_tune_parser", "console", "main", "out", "tune_main"]
+
+logger = logging.getLogger("tuner")
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    from tuner.peers import PEERS
+
+    parser = argparse.ArgumentParser(prog=prog, description="Nightshift: tune models with TVM on Ray.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("tune", help="run a tuning job")
+    _add_tune_args(p)
+    p.set_defaults(func=cmd_tune)
+    p = sub.add_parser("tasks", help="list a model's fused-operator tasks")
+    _add_model_args(p)
+    p.set_defaults(func=cmd_tasks)
+    p = sub.add_parser("compile", help="compile a model with the database's best schedules")
+    _add_model_args(p)
+    _add_db_arg(p)
+    p.add_argument("-o", "--output", type=Path, required=True, help="output library (.so)")
+    p.add_argument("--policy", choices=("same-arch", "device"), default="same-arch",
+                   help="same-arch (default): records of another device of the same architecture may stand in")
+    p.add_argument("--verify", choices=("auto", "on", "off"), default="auto",
+                   help="check the output against the untuned build (auto, default: when that build is cheap)")
+    p.set_defaults(func=cmd_compile)
+    p = sub.add_parser("bench", help="time the tuned and fallback builds against ONNX Runtime, OpenVINO, PyTorch")
+    _add_model_args(p)
+    _add_db_arg(p)
+    p.add_argument("--json", type=Path, default=None, help="also write the results as JSON to this file")
+    p.add_argument("--rounds", type=int, default=10, help="interleaved timed rounds (default 10)")
+    p.add_argument("--accuracy-inputs", type=int, default=8,
+                   help="random inputs the accuracy vs fp32 is measured on, for bf16/int8 (default 8)")
+    p.add_argument("--peers", nargs="+", choices=list(PEERS), default=list(PEERS), metavar="PEER",
+                   help=f"peers to run (default all: {' '.join(PEERS)})")
+    p.set_defaults(func=cmd_bench)
+    add_db_commands(sub, _add_db_arg)
+    add_model_commands(sub, _add_db_arg)
+    add_report_commands(sub, _add_db_arg)
+    return parser
+
+
+def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=logging.DEBUG if getattr(args, "verbose", False) else logging.WARNING,
+        format="%(message)s", handlers=[RichHandler(console=console, show_path=False)],
+    )  # fmt: skip
+    start = time.perf_counter()
+    try:
+        return func(args)
+    except NightshiftError as err:
+        console.print(f"[red]error:[/] {err}", soft_wrap=True, highlight=False)
+        return 2
+    except KeyboardInterrupt:
+        console.print(f"interrupted after {time.perf_counter() - start:.0f} s; measurements so far are saved")
+        return 130
+
+
+def build_parser(prog: str = "nightshift") -> argparse.ArgumentParser:
+    """The ``nightshift`` command line's parser (every command and option)."""
+    return _parser(prog)
+
+
+def build_tune_parser() -> argparse.ArgumentParser:
+    """The ``tune`` command line's parser."""
+    parser = argparse.ArgumentParser(prog="tune", description="Run a Nightshift tuning job.")
+    _add_tune_args(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``nightshift``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser("nightshift").parse_args(argv)
+    args.argv = argv
+    return _run(args.func, args)
+
+
+def tune_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``tune`` (same as ``nightshift tune``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_tune_parser().parse_args(argv)
+    args.argv = ["tune", *argv]
+    return _run(cmd_tune, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
