@@ -76,3 +76,44 @@ def cpu_device():
     from tuner.device import parse_device
 
     return parse_device("cpu")
+
+
+# ----- test tiers -----------------------------------------------------------------------------
+# Markers by what a test needs, set here from its fixtures and its body so that no test has to
+# remember them: `ray` (a Ray cluster: the fixtures, or a job or `tune` run that starts one),
+# `postgres` (the PostgreSQL server), `browser` (headless Chromium), `slow` (set by hand);
+# `fast` is every test with none of them: `pytest -m fast` is the contributor's loop.
+_RAY_FIXTURES = {"ray_cluster", "multinode", "make_measurer"}
+_PG_FIXTURES = {"pg_server_url"}
+_RAY_CALLS = ("RayMeasurer", "connect(", "tune_main(", 'main(["tune"', "main(['tune'", "TuningJob(", "tune_tasks(",
+              "subprocess", "morning_job", "ray.init")  # fmt: skip
+
+
+def _needs(item: pytest.Item) -> set[str]:
+    import inspect
+
+    fixtures = set(getattr(item, "fixturenames", ()))
+    needs = set()
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if fixtures & _RAY_FIXTURES or params.get("measurer") == "ray":
+        needs.add("ray")
+    if fixtures & _PG_FIXTURES or params.get("db_url") == "postgresql":
+        needs.add("postgres")
+    if "chromium" in item.name:
+        needs.add("browser")
+    try:
+        source = inspect.getsource(item.function)  # type: ignore[attr-defined]
+    except (AttributeError, OSError, TypeError):
+        source = ""
+    if any(call in source for call in _RAY_CALLS) and 'measurer="inline"' not in source:
+        needs.add("ray")
+    return needs
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        needs = _needs(item)
+        for name in needs:
+            item.add_marker(getattr(pytest.mark, name))
+        if not needs and item.get_closest_marker("slow") is None and item.get_closest_marker("gpu") is None:
+            item.add_marker(pytest.mark.fast)
