@@ -24,7 +24,7 @@ from tvm.s_tir import meta_schedule as ms
 import search_spaces
 from tuner.db import NewRecord, TuningDatabase
 from tuner.device import parse_device
-from tuner.graph.tasks import workload_key
+from tuner.graph.keys import workload_key
 
 logger = logging.getLogger("cost_model_data")
 

@@ -82,7 +82,7 @@ def run(folder: Path, parts_from: list[Path], json_out: Path, repeat: int) -> in
     import torchvision
 
     from tuner.artifact import load_artifact, scaled_error
-    from tuner.measure.cuda import gpu_identity, load_cuda_runtime
+    from tuner.cuda_runtime import gpu_identity, load_cuda_runtime
 
     meta = json.loads((folder / "manifest.json").read_text())
     library = folder / meta["library"]

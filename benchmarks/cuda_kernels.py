@@ -157,7 +157,7 @@ def run(bundle: Path, json_out: Path) -> int:
     import numpy as np
     import torch
 
-    from tuner.measure.cuda import gpu_identity
+    from tuner.cuda_runtime import gpu_identity
     from tuner.measure.runner import ArgSpec, CandidateRunner, TimingConfig
 
     meta = json.loads((bundle / "manifest.json").read_text())

@@ -28,7 +28,7 @@ from tvm import te
 from tuner.compile import fallback_schedule
 from tuner.db import NewRecord, TuningDatabase
 from tuner.device import Device, parse_device
-from tuner.graph.tasks import workload_key
+from tuner.graph.keys import workload_key
 
 RESULTS = Path(__file__).parent / "results" / "db_bench.json"
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"

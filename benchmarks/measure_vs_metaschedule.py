@@ -49,7 +49,7 @@ def conv_task(device):
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
     from tuner.frontends import load_model
-    from tuner.graph.layout import LayoutPlan
+    from tuner.graph.layout.plan import LayoutPlan
     from tuner.graph.tasks import extract_tasks
 
     # NCHW: the layout the first results were taken with (the default plan blocks convs now).
@@ -228,7 +228,8 @@ def two_workers(device, task, mods, config, args) -> None:
     import ray
     from ray.cluster_utils import Cluster
 
-    from tuner.measure.ray_measure import RayMeasurer, connect, device_resource
+    from tuner.measure.base import device_resource
+    from tuner.measure.ray_measure import RayMeasurer, connect
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     workers = [cluster.add_node(num_cpus=1, resources={device_resource(device): 1}) for _ in range(2)]
@@ -347,7 +348,8 @@ def main() -> None:
         return
 
     from tuner.device import parse_device
-    from tuner.measure.ray_measure import MeasureConfig, connect
+    from tuner.measure.base import MeasureConfig
+    from tuner.measure.ray_measure import connect
     from tuner.measure.runner import TimingConfig
 
     device = parse_device("cpu")

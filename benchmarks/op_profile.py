@@ -39,9 +39,11 @@ from tuner.compile import compile_model
 from tuner.db import TuningDatabase
 from tuner.device import parse_device
 from tuner.frontends import load_model
-from tuner.graph.layout import LayoutPlan, prepare
-from tuner.graph.tasks import fuse, workload_key
-from tuner.precision import apply_precision
+from tuner.graph.keys import workload_key
+from tuner.graph.layout.plan import LayoutPlan
+from tuner.graph.layout.rewrites import prepare
+from tuner.graph.tasks import fuse
+from tuner.precision import PRECISIONS, apply_precision
 from tuner.precision.quantize import quantized_model
 
 RESULTS = Path(__file__).parent / "results"
@@ -140,7 +142,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--out", type=Path, default=None, help="JSON file (default: results/op_profile_<model>...json)")
-    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "int8"],
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS,
                    help="int8: the model quantized as tune --precision int8 quantizes it (ONNX Runtime runs that file)")
     args = p.parse_args()
     device = parse_device("cpu")

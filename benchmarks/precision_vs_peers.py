@@ -48,6 +48,7 @@ from tuner.device import parse_device
 from tuner.frontends import load_model
 from tuner.peers import create
 from tuner.peers.pytorch import TorchEagerPeer
+from tuner.precision import PRECISIONS
 from tuner.precision.accuracy import Accuracy, compare, run_outputs
 from tuner.precision.quantize import DEFAULT_CALIBRATION, parse_ops, quantized_model
 
@@ -116,7 +117,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--db", required=True, help="tuning database (an empty file gives the fallback builds only)")
     p.add_argument("--models", nargs="+", default=["resnet50", "bert-base"])
-    p.add_argument("--precisions", nargs="+", default=["fp32", "bf16", "int8"], choices=["fp32", "bf16", "int8"])
+    p.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--accuracy-inputs", type=int, default=1000, help="0: time only, no accuracy columns")
     p.add_argument("--calibration", type=int, default=DEFAULT_CALIBRATION,

@@ -24,9 +24,10 @@ from tvm import te, topi
 
 from tuner.db import TuningDatabase
 from tuner.device import parse_device
+from tuner.graph.keys import workload_key
+from tuner.graph.tasks import Task
 from tuner.job import TuneConfig, tune_tasks
 from tuner.measure.ray_measure import connect
-from tuner.graph.tasks import Task, workload_key
 
 RESULTS = Path(__file__).parent / "results" / "search_strategies.json"
 

@@ -70,7 +70,7 @@ def _conv_nchwc(c_in: int, c_out: int, hw: int, k: int, stride: int = 1):
     """The same conv as ``tune --layout auto`` extracts it on this CPU: blocked ``NCHW{b}c``
     data and ``OIHW{b}i{b}o`` weights, ``b`` the fp32 lanes of the vector registers."""
     from tuner.device import parse_device
-    from tuner.graph.layout import vector_lanes
+    from tuner.graph.layout.plan import vector_lanes
 
     target = parse_device("cpu").target
     b = vector_lanes(target)
@@ -107,7 +107,8 @@ DEFAULT_TASKS = ["conv3x3_64_56", "conv3x3_128_28", "conv1x1_1024_256_14", "bert
 def _task(name: str):
     from tvm.s_tir.analysis import estimate_tir_flops
 
-    from tuner.graph.tasks import Task, workload_key
+    from tuner.graph.keys import workload_key
+    from tuner.graph.tasks import Task
 
     func, torch_op = WORKLOADS[name]()
     mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})

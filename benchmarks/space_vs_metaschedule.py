@@ -28,10 +28,10 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.schedule import Trace
 
 import search_spaces
-from search_spaces.verify import compare, reference
 from tuner.device import parse_device
 from tuner.frontends import load_model
 from tuner.graph.tasks import extract_tasks
+from tuner.measure.verify import compare, reference
 
 logger = logging.getLogger("space_vs_metaschedule")
 RESULTS = Path(__file__).parent / "results" / "space_vs_metaschedule.json"

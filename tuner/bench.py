@@ -31,6 +31,7 @@ from tuner.device import Device
 from tuner.errors import UserInputError
 from tuner.frontends import ModelSpec
 from tuner.peers import Peer, PeerModel, PeerSkipped, create
+from tuner.precision import Precision
 
 logger = logging.getLogger(__name__)
 
@@ -384,7 +385,7 @@ def bench(
     inputs = spec.random_inputs(seed=config.seed)
     precision = "f16" if any(i.dtype == "float16" for i in spec.inputs) else "f32"
     # Other than fp32, TVM's builds are checked with the low-precision tolerance.
-    tvm_precision = precision if config.precision == "fp32" else config.precision
+    tvm_precision = config.precision if Precision.parse(config.precision).reduced else precision
     accuracy = None
     entries: list[Entry] = []
     runners: dict[str, Runner] = {}
@@ -472,7 +473,7 @@ def _tvm_builds(spec: ModelSpec, device: Device, db: Any, config: BenchConfig, c
     if compiled is None:
         compiled = compile_model(spec, device, db, plan=config.plan, precision=config.precision)
     accuracy = None
-    if config.precision != "fp32" and config.accuracy_inputs:
+    if Precision.parse(config.precision).reduced and config.accuracy_inputs:
         stage(f"measuring {config.precision} accuracy against fp32")
         from tuner.precision.accuracy import measure_accuracy
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import UserInputError
+from tuner.precision import PRECISIONS
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
@@ -129,7 +130,7 @@ OPTIONS: dict[str, Callable[[Any], Any]] = {
     "batch_size": _pos_int,
     "dtype": _str,
     "layout": _choice("auto", "NCHW", "NHWC", "NCHWc", "NCHWc:w4", "NCHWc:w2"),
-    "precision": _choice("fp32", "bf16", "int8"),
+    "precision": _choice(*PRECISIONS),
     "accuracy_inputs": _pos_int,
     "calibration": _pos_int,
     "quantize_ops": _str,

@@ -35,7 +35,7 @@ from result_file import machine, write_result
 from tvm import te
 
 from search_spaces.template_space import TemplateSpace
-from search_spaces.verify import reference
+from tuner.measure.verify import reference
 from tuner.precision.bf16 import packed_matmul, packed_shape
 
 logger = logging.getLogger("amx_dense_blocks")

@@ -31,14 +31,15 @@ from tvm import te, topi
 
 from search_spaces.template_space import TemplateSpace
 from search_spaces.templates.intrin_amx import register_amx_intrinsics
-from search_spaces.verify import arg_specs, random_args
+from tuner.measure.verify import arg_specs, random_args
 from tuner.db import TuningDatabase
 from tuner.device import parse_device
 from tuner.frontends import load_model
-from tuner.layout import LayoutPlan, fast_softmax_last_axis
+from tuner.graph.layout.plan import LayoutPlan
+from tuner.graph.layout.ops import fast_softmax_last_axis
 from tuner.memory import small_pages
 from tuner.rerank import record_program
-from tuner.tasks import extract_tasks
+from tuner.graph.tasks import extract_tasks
 
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents[1])]  # archive/, benchmarks/
 from result_file import machine, write_result

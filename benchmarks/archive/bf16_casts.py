@@ -27,9 +27,9 @@ from search_spaces.templates.intrin_x86 import target_has_bf16_dot
 from tuner.db import TuningDatabase
 from tuner.device import parse_device
 from tuner.frontends import load_model
-from tuner.layout import LayoutPlan
+from tuner.graph.layout.plan import LayoutPlan
 from tuner.memory import small_pages
-from tuner.tasks import extract_tasks
+from tuner.graph.tasks import extract_tasks
 
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents[1])]  # archive/, benchmarks/
 from result_file import machine, write_result

@@ -53,7 +53,7 @@ from search_spaces import lowering
 from search_spaces.preload import preload_tensor_intrinsics
 from search_spaces.template_space import TemplateSpace
 from search_spaces.templates import x86_conv2d_nchwc_dot as dot_template
-from search_spaces.verify import arg_specs
+from tuner.measure.verify import arg_specs
 from tuner.measure.runner import random_args
 
 console = Console()

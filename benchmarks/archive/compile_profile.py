@@ -52,9 +52,10 @@ from tuner.db import TuningDatabase
 from tuner.db.tvm_adapter import DEFAULT_LOWERING, MetaScheduleDatabase
 from tuner.device import parse_device
 from tuner.frontends import load_model
-from tuner.layout import LayoutPlan, prepare
+from tuner.graph.layout.plan import LayoutPlan
+from tuner.graph.layout.rewrites import prepare
 from tuner.precision import apply_precision
-from tuner.tasks import fuse
+from tuner.graph.tasks import fuse
 
 RESULTS = Path(__file__).parent / "results"
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents[1])]  # archive/, benchmarks/

@@ -57,7 +57,7 @@ import tvm
 from rich.console import Console
 
 from tuner.bench import BenchConfig, TvmRunner, bench, render
-from tuner.cli import measured_plan
+from tuner.app.plan import measured_plan
 from tuner.compile import compile_model
 from tuner.db import TuningDatabase
 from tuner.device import parse_device
@@ -149,7 +149,7 @@ def narrow_blocks():
     ``wide_blocks`` for both), uint8 padded inside the conv's function (``PAD_APART``) and
     every padding a function of its own (the fold left out of tuner.tasks' passes)."""
     import tuner.layout
-    import tuner.tasks
+    import tuner.graph.tasks
 
     with (swapped(tuner.layout, "wide_blocks", lambda target: {}),
           swapped(tuner.layout, "PAD_APART", ("bfloat16",)),

@@ -40,8 +40,9 @@ from tvm import te, topi
 
 from search_spaces.base import Point
 from search_spaces.template_space import TemplateSpace
-from search_spaces.verify import reference
-from tuner.layout import dense_block, matmul_packed, vector_lanes
+from tuner.measure.verify import reference
+from tuner.graph.layout.plan import dense_block, vector_lanes
+from tuner.graph.layout.ops import matmul_packed
 
 logger = logging.getLogger("dense_packing")
 RESULTS = Path(__file__).parent / "results" / "dense_packing.json"

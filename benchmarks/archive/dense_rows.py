@@ -28,8 +28,8 @@ from dense_packing import SEQ, SHAPES, build, torch_call
 from op_ceiling import build_checked, cpu_threads, time_call
 
 from search_spaces.template_space import TemplateSpace
-from search_spaces.verify import reference
-from tuner.layout import dense_block, vector_lanes
+from tuner.measure.verify import reference
+from tuner.graph.layout.plan import dense_block, vector_lanes
 
 logger = logging.getLogger("dense_rows")
 RESULTS = Path(__file__).parent / "results" / "dense_rows.json"

@@ -29,11 +29,12 @@ from rich.table import Table
 from tuner.db import TuningDatabase
 from tuner.device import parse_device
 from tuner.frontends import load_model
-from tuner.layout import LayoutPlan
-from tuner.measure.ray_measure import MeasureConfig, RayMeasurer, connect
+from tuner.graph.layout.plan import LayoutPlan
+from tuner.measure.base import MeasureConfig
+from tuner.measure.ray_measure import RayMeasurer, connect
 from tuner.measure.runner import TimingConfig
 from tuner.rerank import record_program
-from tuner.tasks import extract_tasks
+from tuner.graph.tasks import extract_tasks
 
 console = Console()
 RESULTS = Path(__file__).parent / "results" / "flush_ranking.json"

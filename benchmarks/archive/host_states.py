@@ -32,7 +32,7 @@ import tvm_ffi
 from rich.console import Console
 from rich.table import Table
 
-from search_spaces.verify import arg_specs
+from tuner.measure.verify import arg_specs
 from tuner.measure.builder import build_candidate
 from tuner.measure.runner import TimingConfig, random_args
 

@@ -33,13 +33,13 @@ from rich.console import Console
 from rich.table import Table
 
 from tuner.bench import TvmRunner
-from tuner.cli import measured_plan
+from tuner.app.plan import measured_plan
 from tuner.compile import compile_model
 from tuner.db import TuningDatabase
 from tuner.device import parse_device
 from tuner.frontends import load_model
-from tuner.layout import LayoutPlan
-from tuner.tasks import extract_tasks
+from tuner.graph.layout.plan import LayoutPlan
+from tuner.graph.tasks import extract_tasks
 
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents[1])]  # archive/, benchmarks/
 from result_file import machine, write_result

@@ -30,7 +30,7 @@ import tvm
 import tvm_ffi
 from rich.console import Console
 
-from search_spaces.verify import arg_specs
+from tuner.measure.verify import arg_specs
 from tuner.db import TuningDatabase
 from tuner.measure.builder import build_candidate
 from tuner.measure.runner import TimingConfig, random_args

@@ -30,12 +30,14 @@ from rich.console import Console
 from sqlalchemy import text
 
 from tuner.bench import BenchConfig, TvmRunner, bench, render
-from tuner.cli import choose_layout, print_layout_choice
+from tuner.app.plan import choose_layout
+from tuner.cli.common import print_layout_choice
 from tuner.compile import compile_model
 from tuner.db import TuningDatabase
 from tuner.device import parse_device
 from tuner.frontends import load_model
-from tuner.layout import LayoutPlan, auto_layouts, stored_layouts
+from tuner.graph.layout.plan import LayoutPlan, auto_layouts
+from tuner.graph.layout.choose import stored_layouts
 from tuner.peers._base import Peer, PeerModel
 
 RESULTS = Path(__file__).parent / "results" / "layout_choice_resnet50.json"

@@ -37,7 +37,7 @@ from space_vs_metaschedule import measure
 from tvm import te, topi
 
 import search_spaces
-from search_spaces.verify import Reference, compare, reference
+from tuner.measure.verify import Reference, compare, reference
 from tuner.device import Device, parse_device
 
 logger = logging.getLogger("op_ceiling")
@@ -85,7 +85,7 @@ def conv_nchwc(name: str, c: int, hw: int, o: int, k: int, stride: int, pad: int
 def depthwise_nchwc(name: str, c: int, hw: int, stride: int, block: int) -> Workload:
     """MobileNet-V2's depthwise 3x3 conv + bias + relu6 in NCHW{block}c, as the layout pass
     hands it to the template (``tuner.layout.depthwise_conv2d_nchwc``)."""
-    from tuner.layout import depthwise_conv2d_nchwc
+    from tuner.graph.layout.ops import depthwise_conv2d_nchwc
 
     data = te.placeholder((1, c // block, hw, hw, block), name="data")
     kernel = te.placeholder((c // block, 1, 3, 3, 1, block), name="kernel")
@@ -111,7 +111,7 @@ def depthwise_nchwc(name: str, c: int, hw: int, stride: int, block: int) -> Work
 def bert_dense(target: tvm.target.Target) -> Workload:
     """BERT-base's heaviest task: its first FFN matmul + bias + gelu, as extracted."""
     from tuner.frontends import load_model
-    from tuner.tasks import extract_tasks
+    from tuner.graph.tasks import extract_tasks
 
     tasks = extract_tasks(load_model("bert-base").bound(), target)
     task = next(t for t in tasks if "gelu" in t.name and t.name.startswith("fused_matmul"))
@@ -196,7 +196,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     import torch
 
-    from tuner.layout import vector_lanes
+    from tuner.graph.layout.plan import vector_lanes
 
     device, threads = cpu_threads()
     target = device.target

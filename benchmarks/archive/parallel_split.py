@@ -38,7 +38,7 @@ from search_spaces.base import Point
 from search_spaces.preload import preload_tensor_intrinsics
 from search_spaces.template_space import TemplateSpace
 from search_spaces.templates import x86_conv2d_nchwc_dot as dot_template
-from search_spaces.verify import arg_specs
+from tuner.measure.verify import arg_specs
 from tuner.db import NewRecord, TuningDatabase
 from tuner.job import record_point
 from tuner.measure.runner import TimingConfig, random_args

@@ -39,11 +39,11 @@ from op_ceiling import build_checked, cpu_threads, time_call
 
 import search_spaces
 from search_spaces import Point, lowering
-from search_spaces.verify import arg_specs, reference
+from tuner.measure.verify import arg_specs, reference
 from tuner.frontends import load_model
-from tuner.layout import vector_lanes
+from tuner.graph.layout.plan import vector_lanes
 from tuner.precision import check_device
-from tuner.tasks import Task, extract_tasks
+from tuner.graph.tasks import Task, extract_tasks
 
 logger = logging.getLogger("pixel_tiles")
 RESULTS = Path(__file__).parent / "results" / "pixel_tiles.json"

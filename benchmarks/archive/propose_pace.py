@@ -31,7 +31,7 @@ from tuner.db import TuningDatabase
 from tuner.device import parse_device
 from tuner.job import TuneConfig, tune_tasks
 from tuner.measure.ray_measure import connect
-from tuner.tasks import Task
+from tuner.graph.tasks import Task
 
 RESULTS = Path(__file__).parent / "results" / "propose_pace.json"
 PHASES = ("lease", "spaces", "sample", "apply", "features", "predict", "remote", "hash", "job_features", "submit",
@@ -41,7 +41,7 @@ PHASES = ("lease", "spaces", "sample", "apply", "features", "predict", "remote",
 def model_tasks(model: str, n: int, device) -> list[Task]:
     """The ``n`` heaviest conv tasks of ``model`` (every task of ``tiny``)."""
     from tuner.frontends import load_model
-    from tuner.tasks import extract_tasks
+    from tuner.graph.tasks import extract_tasks
 
     tasks = extract_tasks(load_model(model).bound(), device.target)
     if model == "tiny":

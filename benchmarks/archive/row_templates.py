@@ -33,7 +33,7 @@ import search_spaces
 from search_spaces.base import Point
 from search_spaces.templates.x86_layer_norm import NAME as LAYER_NORM
 from search_spaces.templates.x86_softmax import NAME as SOFTMAX
-from search_spaces.verify import arg_specs
+from tuner.measure.verify import arg_specs
 from tuner.db import TuningDatabase
 from tuner.db.schema import RecordRow, WorkloadRow
 from tuner.device import parse_device

@@ -32,11 +32,12 @@ from tuner.db import TuningDatabase
 from tuner.device import parse_device
 from tuner.frontends import load_model
 from tuner.job import TuneConfig, tune_tasks
-from tuner.layout import auto_layouts
-from tuner.measure.ray_measure import MeasureConfig, connect
+from tuner.graph.layout.plan import auto_layouts
+from tuner.measure.base import MeasureConfig
+from tuner.measure.ray_measure import connect
 from tuner.measure.runner import TimingConfig
 from tuner.reuse import SEED_POINTS
-from tuner.tasks import extract_layout_tasks
+from tuner.graph.tasks import extract_layout_tasks
 
 RESULTS = Path(__file__).parent / "results"
 console = Console()

@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import tvm
 
-from search_spaces.verify import sweep_tasks
+from tuner.measure.verify import sweep_tasks
 from tuner.device import parse_device
 from tuner.frontends import load_model
-from tuner.tasks import extract_tasks
+from tuner.graph.tasks import extract_tasks
 
 logger = logging.getLogger("space_sweep")
 RESULTS = Path(__file__).parent / "results" / "space_sweep.json"

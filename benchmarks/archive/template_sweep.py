@@ -36,7 +36,7 @@ from search_spaces import lowering
 from search_spaces.base import Point
 from search_spaces.preload import preload_tensor_intrinsics
 from search_spaces.template_space import TemplateSpace
-from search_spaces.verify import arg_specs
+from tuner.measure.verify import arg_specs
 from tuner.db import TuningDatabase
 from tuner.db.schema import WorkloadRow
 from tuner.device import parse_device

@@ -11,10 +11,10 @@ from typing import Any
 from tuner.db import TuningDatabase
 from tuner.device import Device, parse_device
 from tuner.frontends import load_model
-from tuner.layout import LayoutPlan
+from tuner.graph.layout.plan import LayoutPlan
 from tuner.memory import small_pages
 from tuner.precision.quantize import DEFAULT_CALIBRATION, quantized_model
-from tuner.tasks import Task, extract_tasks
+from tuner.graph.tasks import Task, extract_tasks
 
 
 @dataclass

@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 import tvm
 
-from search_spaces.verify import arg_specs, random_args
+from tuner.measure.verify import arg_specs, random_args
 from tuner.db import TuningDatabase
 from tuner.rerank import record_program
-from tuner.tasks import Task
+from tuner.graph.tasks import Task
 
 
 @contextlib.contextmanager

@@ -27,11 +27,11 @@ from search_spaces.preload import preload_tensor_intrinsics
 from tuner.db import TuningDatabase
 from tuner.device import parse_device
 from tuner.frontends import load_model
-from tuner.layout import LayoutPlan
+from tuner.graph.layout.plan import LayoutPlan
 from tuner.measure.runner import TimingConfig
 from tuner.precision import check_device
 from tuner.precision.quantize import DEFAULT_CALIBRATION, quantized_model
-from tuner.tasks import extract_tasks
+from tuner.graph.tasks import extract_tasks
 
 sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).resolve().parents[1])]  # archive/, benchmarks/
 from result_file import machine, write_result

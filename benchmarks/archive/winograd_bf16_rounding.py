@@ -28,7 +28,7 @@ import numpy as np
 sys.path.append(str(Path(__file__).resolve().parents[1]))
 from result_file import write_result
 
-from tuner.winograd import TILES, matrices
+from tuner.graph.winograd import TILES, matrices
 
 RESULTS = Path(__file__).resolve().parent / "results" / "winograd_bf16_rounding.json"
 

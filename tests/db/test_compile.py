@@ -15,8 +15,9 @@ from tuner.graph.tasks import extract_tasks
 
 
 @pytest.fixture(scope="module")
-def tuned_tiny(tmp_path_factory, ray_cluster, cpu_device):
-    """The tiny zoo model tuned for a few trials into a fresh SQLite database."""
+def tuned_tiny(tmp_path_factory, cpu_device):
+    """The tiny zoo model tuned for a few trials into a fresh SQLite database (measured in this
+    process: these tests are about the compiler, not about Ray)."""
     from tuner.job import TuneConfig, tune_tasks
 
     path = tmp_path_factory.mktemp("tuned") / "tiny.db"
@@ -24,7 +25,8 @@ def tuned_tiny(tmp_path_factory, ray_cluster, cpu_device):
     spec = load_model("tiny")
     tasks = extract_tasks(spec.bound(), cpu_device.target)
     # Tune only the two heaviest operators, so that the others need the fallback.
-    summary = tune_tasks(tasks[:2], cpu_device, db, TuneConfig(trials=6, batch_size=3), model_name="tiny")
+    summary = tune_tasks(tasks[:2], cpu_device, db, TuneConfig(trials=6, batch_size=3, measurer="inline"),
+                         model_name="tiny")
     assert summary.best_sec, "the tuning run measured no working schedule"
     assert len(tasks) > 2
     return spec, db, path, tasks, summary

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from tuner.app.plan import measured_plan
 from tuner.errors import UserInputError
+from tuner.precision import PRECISIONS, Precision
 
 logger = logging.getLogger(__name__)
 
@@ -45,9 +46,9 @@ def _add_model_args(p: argparse.ArgumentParser, *, required: bool = True) -> Non
                         "F(2, 3) (NCHWc:w4, NCHWc:w2) and NCHW, compile each in the layout its measurements "
                         "favour; bf16 weighs NCHWc and NCHWc:w2 (its GEMMs on vdpbf16ps) where the CPU has "
                         "no AMX, int8 takes NCHWc")
-    p.add_argument("--precision", default=None, choices=("fp32", "bf16", "int8"),
-                   help="fp32 (default); bf16 (needs AVX512_BF16 or AMX); int8 (needs VNNI): a QDQ model as it "
-                        "is, a float one quantized first with onnxruntime")
+    p.add_argument("--precision", default=None, choices=PRECISIONS,
+                   help="fp32 (default); bf16 (needs AVX512_BF16 or AMX); int8 (VNNI or AMX; AVX-512BW or AVX2 "
+                        "with 7-bit weights): a QDQ model as it is, a float one quantized first with onnxruntime")
     p.add_argument("--calibration", type=int, default=None,
                    help="random inputs that --precision int8 calibrates a float model's quantization on (default 32)")
     p.add_argument("--quantize-ops", default=None,
@@ -75,13 +76,13 @@ def _load(args: argparse.Namespace):
     from tuner.precision import check_device
 
     device = parse_device(args.device, target_arch=args.target_arch, num_cores=args.num_cores)
-    args.precision = args.precision or "fp32"
+    args.precision = Precision.parse(args.precision)
     if getattr(args, "accuracy_inputs", 1) < 1:
         raise UserInputError(f"--accuracy-inputs must be a positive count, got {args.accuracy_inputs}")
     check_device(args.precision, device)  # before any work: no silent slow emulation
     spec = load_model(args.model, batch_size=args.batch_size, dtype=args.dtype)
     args.fp32_spec = None
-    if args.precision == "int8":
+    if args.precision.needs_quantized_model:
         spec = _quantized(args, spec, device)
     return device, spec
 

@@ -162,7 +162,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             console.print(f"no {device.name} on this machine to check the tuned model on; run "
                           f"`nightshift compile` on a machine with the GPU")
             return 0
-    if args.precision != "fp32":
+    if args.precision.reduced:
         return _verify_reduced(spec, device, db, args.output, plan=_plan(args, device, db, spec),
                                precision=args.precision, num_inputs=args.accuracy_inputs,
                                fp32_spec=args.fp32_spec)  # fmt: skip

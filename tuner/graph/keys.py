@@ -13,6 +13,8 @@ import tvm
 import tvm_ffi
 from tvm.s_tir.schedule import Schedule, Trace
 
+from tuner.precision import Precision
+
 logger = logging.getLogger(__name__)
 
 
@@ -24,8 +26,7 @@ def workload_key(mod: tvm.IRModule, precision: str = "fp32") -> str:
     lookup of another; fp32 keys are the plain hash.
     """
     text = str(tvm_ffi.structural_hash(mod))
-    if precision != "fp32":
-        text += f"/{precision}"
+    text += Precision.parse(precision).key_suffix
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 

@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Literal
-
-import tvm
+from enum import StrEnum
+from typing import TYPE_CHECKING, Literal
 
 from tuner.errors import UserInputError
+
+if TYPE_CHECKING:
+    import tvm
 
 logger = logging.getLogger(__name__)
 
 BF16_ARITHMETIC_ENV = "NIGHTSHIFT_BF16_ARITHMETIC"
-Precision = Literal["fp32", "bf16", "int8"]
-PRECISIONS: tuple[Precision, ...] = ("fp32", "bf16", "int8")
 
 # A precision runs at speed when the target has one of these LLVM CPU features (and the
 # host, when it is the device, the matching /proc/cpuinfo flag); the first is the one named
@@ -42,11 +42,62 @@ class UnsupportedPrecisionError(UserInputError):
     """The device lacks the instructions a precision needs (no silent slow emulation)."""
 
 
+class Precision(StrEnum):
+    """The precision a model is tuned and compiled in; the one place its choices are written.
+
+    A ``StrEnum``: each member is its own name as a string (``Precision.BF16 == "bf16"``), so
+    it stands wherever a precision string did (JSON, the database, workload keys).
+    """
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    INT8 = "int8"
+
+    @classmethod
+    def parse(cls, text: str | Precision | None) -> Precision:
+        """The precision ``text`` names (None: fp32), else UserInputError naming the choices."""
+        if text is None:
+            return cls.FP32
+        try:
+            return cls(text)
+        except ValueError:
+            raise UserInputError(f"unknown precision {text!r}: use {', '.join(PRECISIONS)}") from None
+
+    @property
+    def reduced(self) -> bool:
+        """Whether it is below fp32: its accuracy is measured against the fp32 build."""
+        return self is not Precision.FP32
+
+    @property
+    def blocked_only(self) -> bool:
+        """Whether its convs run in the blocked layout alone (int8's dot products read it)."""
+        return self is Precision.INT8
+
+    @property
+    def key_suffix(self) -> str:
+        """What it adds to a workload key (nothing for fp32), so records never mix precisions."""
+        return "" if self is Precision.FP32 else f"/{self.value}"
+
+    @property
+    def needs_quantized_model(self) -> bool:
+        """Whether the model must be quantized (QDQ) first: a float one is quantized by onnxruntime."""
+        return self is Precision.INT8
+
+    def missing_feature(self, target: tvm.target.Target, host_flags: list[str] | None = None) -> str | None:
+        """:func:`missing_feature` of this precision."""
+        return missing_feature(self, target, host_flags)
+
+    def check_device(self, device) -> None:
+        """:func:`check_device` of this precision."""
+        check_device(self, device)
+
+
+PRECISIONS: tuple[str, ...] = tuple(p.value for p in Precision)
+
+
 def check_precision(precision: str) -> Precision:
-    """``precision`` if it is one Nightshift knows, else UserInputError naming the choices."""
-    if precision not in PRECISIONS:
-        raise UserInputError(f"unknown precision {precision!r}: use {', '.join(PRECISIONS)}")
-    return precision  # type: ignore[return-value]
+    """``precision`` as a :class:`Precision`, else UserInputError naming the choices."""
+    return Precision.parse(precision)
 
 
 def missing_feature(precision: str, target: tvm.target.Target, host_flags: list[str] | None = None) -> str | None:

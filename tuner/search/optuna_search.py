@@ -84,7 +84,8 @@ def _open_storage(u: sa.URL) -> optuna.storages.RDBStorage:
         engine.dispose()
     if legacy is not None:
         logger.warning("%s holds Optuna studies of an older Nightshift, which are no longer read: a resumed job "
-                       "rebuilds its studies from the database's records (README.md says how to copy them in)",
+                       "rebuilds its studies from the database's records (CHANGELOG.md, 2026-11-24, says how to "
+                       "copy them in)",
                        legacy)  # fmt: skip
     if u.get_backend_name() == "sqlite":
         # Nightshift's own writers hold the file's write lock for a whole batch.

@@ -380,11 +380,12 @@ def auto_layouts(target: tvm.target.Target, precision: str = "fp32") -> tuple[st
     builds also took the job from 574 s to 1,326 s.
     """
     preferred = LayoutPlan.for_target(target).default
-    if preferred == NCHW or precision == "int8":
-        return (preferred,)
-    from tuner.precision import bf16_arithmetic
+    from tuner.precision import Precision, bf16_arithmetic
 
-    if precision == "bf16" and bf16_arithmetic(target) == "bf16":
+    precision = Precision.parse(precision)
+    if preferred == NCHW or precision.blocked_only:
+        return (preferred,)
+    if precision is Precision.BF16 and bf16_arithmetic(target) == "bf16":
         from search_spaces.templates.intrin_amx import AMX_BF16, target_has_amx
         from search_spaces.templates.intrin_x86 import target_has_bf16_dot
         from tuner.graph.winograd import DOT_TILE
