@@ -317,11 +317,13 @@ class CandidateRunner:
 
     @staticmethod
     def _node_id() -> str | None:
+        """This process's Ray node, or None outside Ray (asking Ray's runtime context there would
+        start a local cluster)."""
         try:
             import ray
 
-            return ray.get_runtime_context().get_node_id()
-        except Exception:  # outside Ray (plain use in a process)
+            return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        except Exception:  # no Ray at all
             return None
 
 
