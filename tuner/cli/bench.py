@@ -5,13 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from tuner.cli.common import (
-    _load,
-    _open_db,
-    _plan,
-    console,
-    out,
-)
+from tuner.cli.common import _load, _open_db, _plan, console, out
 from tuner.errors import UserInputError
 
 logger = logging.getLogger(__name__)
@@ -25,18 +19,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.json is not None and not args.json.parent.is_dir():
         raise UserInputError(f"--json {args.json}: folder {args.json.parent} does not exist")
-    device, spec = _load(args)
+    loaded = _load(args)
+    spec, device = loaded.spec, loaded.device
     db = _open_db(args.db)
-    plan = _plan(args, device, db, spec)
-    config = BenchConfig(rounds=args.rounds, peers=tuple(args.peers), plan=plan, precision=args.precision,
-                         accuracy_inputs=args.accuracy_inputs, reference_spec=args.fp32_spec,
-                         layout_choice=getattr(args, "chosen_layout", None))  # fmt: skip
+    plan = _plan(loaded, db)
+    config = BenchConfig(rounds=args.rounds, peers=tuple(args.peers), plan=plan, precision=loaded.precision,
+                         accuracy_inputs=args.accuracy_inputs, reference_spec=loaded.fp32_spec,
+                         layout_choice=loaded.choice)  # fmt: skip
     with console.status("benchmarking") as status:
-        result = bench(spec, device, db, source=args.model, config=config,
+        result = bench(spec, device, db, source=loaded.source, config=config,
                        on_stage=lambda text: status.update(text))  # fmt: skip
     out.print(render(result))
     if result.accuracy is not None:
-        out.print(f"TVM {args.precision} accuracy {result.accuracy.describe()}")
+        out.print(f"TVM {loaded.precision} accuracy {result.accuracy.describe()}")
     if args.json is not None:
         try:
             args.json.write_text(json.dumps(result.to_json(), indent=2) + "\n")

@@ -12,9 +12,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from tuner.app.plan import measured_plan
+from tuner.app.model import LoadedModel, ModelOptions, load
 from tuner.errors import UserInputError
-from tuner.precision import PRECISIONS, Precision
+from tuner.precision import PRECISIONS
 
 logger = logging.getLogger(__name__)
 
@@ -68,84 +68,28 @@ def _open_db(text: str | None, *, create: bool = False):
     return open_existing(db_text(text), create=create)
 
 
-def _load(args: argparse.Namespace):
-    from tuner.device import parse_device
-
-    args.device = args.device or "cpu"
-    from tuner.frontends import load_model
-    from tuner.precision import check_device
-
-    device = parse_device(args.device, target_arch=args.target_arch, num_cores=args.num_cores)
-    args.precision = Precision.parse(args.precision)
+def _load(args: argparse.Namespace) -> LoadedModel:
+    """The model the command line names, on its device (``tuner.app.model.load``); a
+    quantization it needed is said in one line."""
     if getattr(args, "accuracy_inputs", 1) < 1:
         raise UserInputError(f"--accuracy-inputs must be a positive count, got {args.accuracy_inputs}")
-    check_device(args.precision, device)  # before any work: no silent slow emulation
-    spec = load_model(args.model, batch_size=args.batch_size, dtype=args.dtype)
-    args.fp32_spec = None
-    if args.precision.needs_quantized_model:
-        spec = _quantized(args, spec, device)
-    return device, spec
+    loaded = load(ModelOptions.from_namespace(args), status=console.status)
+    if loaded.quantization is not None and loaded.fp32_spec is not None:
+        console.print(loaded.quantization.describe(loaded.fp32_spec.name))
+    return loaded
 
 
-def _quantized(args: argparse.Namespace, spec, device):
-    """``spec`` when it is a quantized (QDQ) model; a float one quantized first, said so."""
-    from tuner.frontends import load_model
-    from tuner.precision import int8_weight_bits
-    from tuner.precision.quantize import DEFAULT_CALIBRATION, has_qdq, parse_ops, quantized_model
-
-    if has_qdq(spec.bound()):
-        return spec
-    n = args.calibration or DEFAULT_CALIBRATION
-    ops = parse_ops(getattr(args, "quantize_ops", None))
-    bits = int8_weight_bits(device.target)
-    with console.status(f"quantizing {spec.name} with onnxruntime on {n} random inputs"):
-        path = quantized_model(spec, args.model, n, op_types=ops, weight_bits=bits)
-    which = f"{', '.join(ops)} only" if ops is not None else "every operator it quantizes"
-    weights = ("per-channel int8 weights" if bits == 8 else
-               "per-channel 7-bit weights (reduce_range: this CPU's int8 dot product, vpmaddubsw, adds pairs "
-               "of products in int16, which 8-bit weights can saturate)")  # fmt: skip
-    console.print(f"int8: {spec.name} is a float model; quantized with onnxruntime's quantize_static (QDQ, "
-                  f"{weights}, uint8 activations; {which}), calibrated on {n} random inputs: {path}")
-    args.fp32_spec, args.model = spec, str(path)
-    return load_model(str(path))
-
-
-def _auto_layouts(args: argparse.Namespace, device) -> tuple[str, ...] | None:
-    """The layouts ``--layout auto`` tunes and chooses between for this device, or None where
-    it is a fixed plan (an explicit --layout, or one candidate layout: a reduced precision)."""
-    from tuner.graph.layout.plan import auto_layouts
-
-    if (getattr(args, "layout", None) or "auto") != "auto":
-        return None
-    layouts = auto_layouts(device.target, args.precision or "fp32")
-    return layouts if len(layouts) > 1 else None
-
-
-def _extract(args: argparse.Namespace, device, spec):
-    """The tasks to tune: with a measured ``--layout auto``, every conv in each candidate layout."""
-    from tuner.graph.tasks import extract_layout_tasks, extract_tasks
-
-    layouts = _auto_layouts(args, device)
-    if layouts is not None:
-        return extract_layout_tasks(spec.bound(), device.target, layouts, precision=args.precision)
-    return extract_tasks(spec.bound(), device.target, _plan(args, device), precision=args.precision)
-
-
-def _plan(args: argparse.Namespace, device, db=None, spec=None):
+def _plan(loaded: LoadedModel, db=None):
     """The layout plan of ``--layout``; for ``auto`` with a database, the per-conv plan its
-    measurements favour (:func:`tuner.graph.layout.choose.choose_from_database`), chosen once per command
-    and printed with the measured costs behind it."""
-    from tuner.graph.layout.plan import LayoutPlan
-
-    if db is None or spec is None or _auto_layouts(args, device) is None:
-        return LayoutPlan.parse(getattr(args, "layout", None) or "auto", device.target)
-    chosen = getattr(args, "chosen_layout", None)
-    if chosen is None:
-        with console.status("choosing each conv's layout from the measurements"):
-            chosen = args.chosen_layout = measured_plan(spec, device, db, args.precision)
-        if chosen is not None:
-            print_layout_choice(chosen, _auto_layouts(args, device) or ())
-    return chosen.plan
+    measurements favour (:func:`tuner.app.plan.measured_plan`), chosen once per command and
+    printed with the measured costs behind it."""
+    if db is None or loaded.layout_chosen or loaded.auto_layouts() is None:
+        return loaded.plan(db)
+    with console.status("choosing each conv's layout from the measurements"):
+        plan = loaded.plan(db)
+    if loaded.choice is not None:
+        print_layout_choice(loaded.choice, loaded.auto_layouts() or ())
+    return plan
 
 
 def print_layout_choice(choice, layouts: Sequence[str]) -> None:

@@ -7,13 +7,7 @@ import logging
 
 from rich.table import Table
 
-from tuner.cli.common import (
-    _load,
-    _open_db,
-    _plan,
-    console,
-    out,
-)
+from tuner.cli.common import _load, _open_db, _plan, console, out
 
 logger = logging.getLogger(__name__)
 
@@ -22,12 +16,13 @@ def cmd_compile(args: argparse.Namespace) -> int:
     """Compile a model with the database's best schedules into a deployable library."""
     from tuner.compile import compile_model
 
-    device, spec = _load(args)
+    loaded = _load(args)
+    spec, device = loaded.spec, loaded.device
     db = _open_db(args.db)
+    plan = _plan(loaded, db)
     with console.status("compiling"):
-        compiled = compile_model(spec, device, db, policy=args.policy, plan=_plan(args, device, db, spec),
-                                 precision=args.precision)  # fmt: skip
-    table = Table(title=f"{spec.name} on {device.name} ({device.arch}), {args.precision}: what each operator got")
+        compiled = compile_model(spec, device, db, policy=args.policy, plan=plan, precision=loaded.precision)
+    table = Table(title=f"{spec.name} on {device.name} ({device.arch}), {loaded.precision}: what each operator got")
     for col in ("operator", "schedule", "detail"):
         table.add_column(col)
     order = {"tuned": 0, "same-arch": 1, "foreign": 2, "fallback": 3, "tvm-default": 4}
@@ -54,7 +49,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     checked = None
     if verify_wanted(args.verify, spec, device):
         with console.status("checking the output against the untuned build"):
-            worst = max_difference(spec, device, compiled, plan=_plan(args, device, db, spec))
+            worst = max_difference(spec, device, compiled, plan=plan)
         checked = Verification("untuned TVM build", worst, VERIFY_TOLERANCE)
         if not checked.ok:
             console.print(f"[red]error:[/] the compiled model's output differs from the untuned build's "
@@ -62,7 +57,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
             return 1
         out.print(f"output checked against the untuned build (max relative difference {worst:.1e})")
     # The same artifact as `tune -o` writes: `nightshift run` needs its metadata.
-    meta = write_artifact(args.output, compiled, spec, device, latency_s=None, verification=checked, source=args.model)
+    meta = write_artifact(args.output, compiled, spec, device, latency_s=None, verification=checked,
+                          source=loaded.source)
     out.print(f"wrote {args.output} (metadata {meta}) in {compiled.compile_s:.1f} s; run it with: "
               f"nightshift run {args.output} --input x.npy")
     return 0

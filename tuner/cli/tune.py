@@ -10,11 +10,10 @@ from pathlib import Path
 
 from rich.table import Table
 
+from tuner.app.verify import verify, verify_reduced
 from tuner.cli.common import (
     _add_db_arg,
     _add_model_args,
-    _auto_layouts,
-    _extract,
     _load,
     _open_db,
     _plan,
@@ -90,7 +89,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         logging.getLogger().setLevel(logging.DEBUG)
     budget = None if args.time_budget is None else parse_duration(args.time_budget)
     trials = args.trials if args.trials is not None or budget is not None else 64
-    device, spec = _load(args)
+    loaded = _load(args)
+    spec, device = loaded.spec, loaded.device
     if args.timing == "cold" and device.kind != "cpu":
         raise UserInputError(f"--timing cold flushes CPU caches; {device.name} is timed warm: drop --timing")
     # Cold on a CPU: ResNet-50 as fast as warm-tuned at equal trials in 40% less tuning time,
@@ -106,7 +106,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.measurer == "inline" and (args.ray_address is not None or device.kind != "cpu"):
         raise UserInputError("--measurer inline times on this machine's CPU: drop --ray-address, use --device cpu")
     if device.kind == "cuda":
-        device = _gpu_worker_device(device, args.ray_address)
+        device = loaded.device = _gpu_worker_device(device, args.ray_address)
     log = None
     if args.log_json is not None:
         try:
@@ -115,11 +115,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
             raise UserInputError(f"cannot write --log-json {args.log_json}: {err.strerror}") from err
     db = _open_db(args.db, create=True)
     with console.status("extracting tasks"):
-        tasks = _extract(args, device, spec)
+        tasks = loaded.tasks()
     from tuner.db import redact
 
-    _print_precision(spec, args.precision, device.target)
-    console.print(f"[bold]{spec.name}[/] ({args.precision}): {len(tasks)} tasks on {device.name} ({device.arch}, "
+    _print_precision(spec, loaded.precision, device.target)
+    console.print(f"[bold]{spec.name}[/] ({loaded.precision}): {len(tasks)} tasks on {device.name} ({device.arch}, "
                   f"fingerprint {device.fingerprint}); database {redact(db.url)}")
     if args.measurer == "ray":
         with console.status("starting Ray"):
@@ -151,8 +151,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         # The local cluster's processes (its device actor's TVM thread pool included) would
         # share the cores with the closing timings.
         ray.shutdown()
-    if _auto_layouts(args, device) is not None:
-        _plan(args, device, db, spec)  # say which layout each conv gets, and why, even without -o
+    if loaded.auto_layouts() is not None:
+        _plan(loaded, db)  # say which layout each conv gets, and why, even without -o
     if args.no_verify:
         return 0
     if device.kind == "cuda":
@@ -162,11 +162,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
             console.print(f"no {device.name} on this machine to check the tuned model on; run "
                           f"`nightshift compile` on a machine with the GPU")
             return 0
-    if args.precision.reduced:
-        return _verify_reduced(spec, device, db, args.output, plan=_plan(args, device, db, spec),
-                               precision=args.precision, num_inputs=args.accuracy_inputs,
-                               fp32_spec=args.fp32_spec)  # fmt: skip
-    return _verify(spec, device, db, args.output, source=args.model, plan=_plan(args, device, db, spec),
+    if loaded.precision.reduced:
+        return _verify_reduced(spec, device, db, args.output, plan=_plan(loaded, db),
+                               precision=loaded.precision, num_inputs=args.accuracy_inputs,
+                               fp32_spec=loaded.fp32_spec)  # fmt: skip
+    return _verify(spec, device, db, args.output, source=loaded.source, plan=_plan(loaded, db),
                    job={"id": summary.job_id, "name": summary.name}, tasks=tasks)
 
 
@@ -204,38 +204,27 @@ def _gpu_worker_device(device, ray_address: str | None):
         raise UserInputError(str(err)) from err
 
 
-def _verify_reduced(spec, device, db, output: Path | None, *, plan, precision: str, num_inputs: int,
+def _verify_reduced(spec, device, db, output: Path | None, *, plan, precision, num_inputs: int,
                     fp32_spec=None) -> int:  # fmt: skip
-    """Compile the reduced-precision model and its fp32 build (the database's records of each),
-    report latency and accuracy against fp32 (:mod:`tuner.precision.accuracy`). ``fp32_spec``:
-    the float model a QDQ ``spec`` was quantized from, the reference when given."""
-    import numpy as np
-
-    from tuner.compile import compile_model, run_model
-    from tuner.precision.accuracy import measure_accuracy
-
-    inputs = spec.random_inputs(seed=0)
-    with console.status("compiling and running the fp32 model"):
-        ref = compile_model(fp32_spec or spec, device, db, plan=plan)
-        _, ref_lat = run_model(ref, device, inputs)
-    with console.status(f"compiling and running the {precision} model"):
-        tuned = compile_model(spec, device, db, plan=plan, precision=precision)
-        _, tuned_lat = run_model(tuned, device, inputs)
-    with console.status(f"measuring accuracy on {num_inputs} inputs"):
-        acc = measure_accuracy(spec, device, ref, tuned, num_inputs=num_inputs)
+    """:func:`tuner.app.verify.verify_reduced`, shown as a table; the artifact written."""
+    r = verify_reduced(spec, device, db, plan=plan, precision=precision, num_inputs=num_inputs,
+                       fp32_spec=fp32_spec, status=console.status)  # fmt: skip
     table = Table(title=f"{spec.name} on {device.name}")
     for col in ("build", "latency (ms)", "max rel. error", "top-1 agreement"):
         table.add_column(col, justify="left" if col == "build" else "right")
-    table.add_row(f"fp32 ({len(ref.tuned)} ops tuned)", f"{ref_lat * 1e3:,.2f}", "reference", "reference")
+    table.add_row(f"fp32 ({len(r.reference.tuned)} ops tuned)", f"{r.reference_latency_s * 1e3:,.2f}", "reference",
+                  "reference")  # fmt: skip
+    acc = r.accuracy
     top1 = "n/a" if acc.top1_agreement is None else f"{acc.top1_agreement:.1%}"
-    table.add_row(f"{precision} ({len(tuned.tuned)} ops tuned, {len(tuned.fallback)} default)",
-                  f"{tuned_lat * 1e3:,.2f}", f"{acc.max_rel_error:.2e}", top1)  # fmt: skip
+    table.add_row(f"{precision} ({len(r.tuned.tuned)} ops tuned, {len(r.tuned.fallback)} default)",
+                  f"{r.tuned_latency_s * 1e3:,.2f}", f"{acc.max_rel_error:.2e}", top1)  # fmt: skip
     out.print(table)
-    out.print(f"{precision} speed-up over fp32 {ref_lat / tuned_lat:.2f}x; accuracy {acc.describe()}")
+    out.print(f"{precision} speed-up over fp32 {r.reference_latency_s / r.tuned_latency_s:.2f}x; "
+              f"accuracy {acc.describe()}")  # fmt: skip
     if output is not None:
-        tuned.executable.export_library(str(output))
+        r.tuned.executable.export_library(str(output))
         out.print(f"wrote {output}")
-    if not np.isfinite(acc.max_rel_error):
+    if not r.ok:
         console.print(f"[red]error:[/] the {precision} model's output is not finite")
         return 1
     return 0
@@ -243,69 +232,39 @@ def _verify_reduced(spec, device, db, output: Path | None, *, plan, precision: s
 
 def _verify(spec, device, db, output: Path | None, source: str | None = None, *, plan=None,
             job: dict | None = None, tasks=()) -> int:
-    """Compile untuned and tuned, run both on the same input, verify, report latency, write the artifact.
+    """:func:`tuner.app.verify.verify`, shown as a table; the artifact written (``tuner.artifact``)."""
+    from tuner.artifact import write_artifact
 
-    The tuned output is verified against ONNX Runtime for ONNX models (where installed), else
-    against the untuned build; ``output`` gets the artifact (``tuner.artifact``).
-
-    Beside the untuned build, the tuned one is timed interleaved with the zero-trial fallback
-    build and the faster of ONNX Runtime and OpenVINO (f32: ``INFERENCE_PRECISION_HINT=f32``) where
-    installed (``tuner.bench``).
-    """
-    from tuner.artifact import Verification, onnx_reference, scaled_error, write_artifact
-    from tuner.compile import compile_model, run_model
-
-    inputs = spec.random_inputs(seed=0)
-    with console.status("compiling and running the untuned model"):
-        base = compile_model(spec, device, None, plan=plan)
-        base_out, base_lat = run_model(base, device, inputs)
-    with console.status("compiling and running the tuned model"):
-        tuned = compile_model(spec, device, db, plan=plan)
-        tuned_out, tuned_lat = run_model(tuned, device, inputs)
-    worst = scaled_error(base_out, tuned_out)
-    check = Verification("untuned TVM build", worst)
-    if source is not None and source.lower().endswith(".onnx"):
-        reference = onnx_reference(source, inputs, int(device.target_config.get("num-cores", 1)))
-        if reference is not None:
-            check = Verification(reference[0], scaled_error(reference[1], tuned_out))
-    peers = _closing_peers(spec, device, db, tuned, source, plan) if device.kind == "cpu" else None
+    r = verify(spec, device, db, source=source, plan=plan, status=console.status)
+    peers = r.peers
     table = Table(title=f"{spec.name} on {device.name}")
     table.add_column("build")
     table.add_column("latency (ms)", justify="right")
-    table.add_row("untuned (TVM default)", f"{base_lat * 1e3:,.2f}")
+    table.add_row("untuned (TVM default)", f"{r.base_latency_s * 1e3:,.2f}")
     if peers is not None and peers.fallback is not None:
         table.add_row("fallback schedules (0 trials)", f"{peers.fallback * 1e3:,.2f}")
-    if peers is not None:
-        tuned_lat = peers.tuned  # timed interleaved with the rows below and above it
-    table.add_row(f"tuned ({len(tuned.tuned)} ops tuned, {len(tuned.fallback)} default)",
-                  f"{tuned_lat * 1e3:,.2f}")
+    table.add_row(f"tuned ({len(r.tuned.tuned)} ops tuned, {len(r.tuned.fallback)} default)",
+                  f"{r.tuned_latency_s * 1e3:,.2f}")
     if peers is not None and peers.peer is not None:
         table.add_row(peers.peer_label, f"{peers.peer * 1e3:,.2f}")
     out.print(table)
-    out.print(f"speed-up {base_lat / tuned_lat:.2f}x; max relative output difference {worst:.2e}")
+    out.print(f"speed-up {r.base_latency_s / r.tuned_latency_s:.2f}x; max relative output difference "
+              f"{r.untuned_error:.2e}")  # fmt: skip
     if peers is not None:
         out.print(peers.summary)
-    if check.reference != "untuned TVM build":
-        out.print(f"max relative output difference vs {check.reference} {check.max_error:.2e}")
+    if r.check.reference != "untuned TVM build":
+        out.print(f"max relative output difference vs {r.check.reference} {r.check.max_error:.2e}")
     if output is not None:
-        meta = write_artifact(output, tuned, spec, device, latency_s=tuned_lat, untuned_latency_s=base_lat,
-                              verification=check, job=job, source=source, outputs=tuned_out,
+        meta = write_artifact(output, r.tuned, spec, device, latency_s=r.tuned_latency_s,
+                              untuned_latency_s=r.base_latency_s, verification=r.check, job=job, source=source,
+                              outputs=r.tuned_outputs,
                               # Under --layout auto the job tuned convs in layouts the plan leaves out.
-                              tasks=[t for t in tasks if t.workload_key in tuned.decisions] or tasks)
+                              tasks=[t for t in tasks if t.workload_key in r.tuned.decisions] or tasks)
         out.print(f"wrote {output} (metadata {meta}); run it with: nightshift run {output} --input x.npy")
-    if not check.ok:
-        console.print(f"[red]error:[/] the tuned model's output differs from the {check.reference}'s")
+    if not r.check.ok:
+        console.print(f"[red]error:[/] the tuned model's output differs from the {r.check.reference}'s")
         return 1
     if peers is not None and not peers.agree:
         console.print("[red]error:[/] the tuned model's output differs from the peer's (run nightshift bench)")
         return 1
     return 0
-
-
-def _closing_peers(spec, device, db, tuned, source: str | None, plan=None):
-    """The fallback build and the fastest quick peer, timed interleaved with the tuned build."""
-    from tuner.bench import QUICK_PEERS, BenchConfig, closing_comparison
-
-    with console.status("timing the tuned build against the fallback build and a peer"):
-        return closing_comparison(spec, device, db, tuned, source=source or spec.name,
-                                  config=BenchConfig(rounds=5, peers=QUICK_PEERS, plan=plan))  # fmt: skip

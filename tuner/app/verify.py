@@ -1,0 +1,134 @@
+"""Checking a tuned model after its job: compile it with the database's best schedules, run it
+beside a reference, time it, and say how it compares. The results come back as data
+(:class:`Verified`, :class:`VerifiedReduced`) for the caller to show and to write as an artifact.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tuner.app.model import Status, _no_status
+
+if TYPE_CHECKING:
+    from tuner.artifact import Verification
+    from tuner.bench import ClosingComparison
+    from tuner.compile import Compiled
+    from tuner.db import TuningDatabase
+    from tuner.device import Device
+    from tuner.frontends.model import ModelSpec
+    from tuner.graph.layout.plan import LayoutPlan
+    from tuner.precision import Precision
+    from tuner.precision.accuracy import Accuracy
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class Verified:
+    """A float model's tuned build, checked and timed.
+
+    Attributes:
+        base: TVM's untuned build; ``base_latency_s`` its latency.
+        tuned: the build with the database's best schedules; ``tuned_latency_s`` its latency
+            (timed interleaved with the peers' rows when ``peers`` is set).
+        tuned_outputs: its outputs on the check's input.
+        untuned_error: the largest relative difference from the untuned build's outputs.
+        check: the verification that decides (against ONNX Runtime for ONNX models where it
+            is installed, else against the untuned build).
+        peers: the fallback build and the fastest quick peer timed interleaved with the tuned
+            build (CPU only), or None.
+    """
+
+    base: Compiled
+    base_latency_s: float
+    tuned: Compiled
+    tuned_latency_s: float
+    tuned_outputs: Any
+    untuned_error: float
+    check: Verification
+    peers: ClosingComparison | None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the tuned build's outputs agree with the reference and the peer."""
+        return self.check.ok and (self.peers is None or self.peers.agree)
+
+
+@dataclass(kw_only=True)
+class VerifiedReduced:
+    """A reduced-precision model's build beside its fp32 build: latency and accuracy."""
+
+    reference: Compiled
+    reference_latency_s: float
+    tuned: Compiled
+    tuned_latency_s: float
+    accuracy: Accuracy
+    precision: Precision
+
+    @property
+    def ok(self) -> bool:
+        """Whether the reduced build's outputs are finite."""
+        import numpy as np
+
+        return bool(np.isfinite(self.accuracy.max_rel_error))
+
+
+def verify(spec: ModelSpec, device: Device, db: TuningDatabase, *, source: str | None = None,
+           plan: LayoutPlan | None = None, status: Status = _no_status) -> Verified:  # fmt: skip
+    """Compile untuned and tuned, run both on the same input, check and time them.
+
+    Beside the untuned build, the tuned one is timed interleaved with the zero-trial fallback
+    build and the faster of ONNX Runtime and OpenVINO (f32: ``INFERENCE_PRECISION_HINT=f32``)
+    where installed (``tuner.bench``).
+    """
+    from tuner.artifact import Verification, onnx_reference, scaled_error
+    from tuner.compile import compile_model, run_model
+
+    inputs = spec.random_inputs(seed=0)
+    with status("compiling and running the untuned model"):
+        base = compile_model(spec, device, None, plan=plan)
+        base_out, base_lat = run_model(base, device, inputs)
+    with status("compiling and running the tuned model"):
+        tuned = compile_model(spec, device, db, plan=plan)
+        tuned_out, tuned_lat = run_model(tuned, device, inputs)
+    worst = scaled_error(base_out, tuned_out)
+    check = Verification("untuned TVM build", worst)
+    if source is not None and source.lower().endswith(".onnx"):
+        reference = onnx_reference(source, inputs, int(device.target_config.get("num-cores", 1)))
+        if reference is not None:
+            check = Verification(reference[0], scaled_error(reference[1], tuned_out))
+    peers = None
+    if device.kind == "cpu":
+        from tuner.bench import QUICK_PEERS, BenchConfig, closing_comparison
+
+        with status("timing the tuned build against the fallback build and a peer"):
+            peers = closing_comparison(spec, device, db, tuned, source=source or spec.name,
+                                       config=BenchConfig(rounds=5, peers=QUICK_PEERS, plan=plan))  # fmt: skip
+        tuned_lat = peers.tuned  # timed interleaved with the fallback build and the peer
+    return Verified(base=base, base_latency_s=base_lat, tuned=tuned, tuned_latency_s=tuned_lat,
+                    tuned_outputs=tuned_out, untuned_error=worst, check=check, peers=peers)  # fmt: skip
+
+
+def verify_reduced(spec: ModelSpec, device: Device, db: TuningDatabase, *, plan: LayoutPlan | None,
+                   precision: Precision, num_inputs: int, fp32_spec: ModelSpec | None = None,
+                   status: Status = _no_status) -> VerifiedReduced:  # fmt: skip
+    """Compile the reduced-precision model and its fp32 build (the database's records of each)
+    and measure latency and accuracy against fp32 (:mod:`tuner.precision.accuracy`).
+    ``fp32_spec``: the float model a QDQ ``spec`` was quantized from, the reference when given."""
+    from tuner.compile import compile_model, run_model
+    from tuner.precision.accuracy import measure_accuracy
+
+    inputs = spec.random_inputs(seed=0)
+    with status("compiling and running the fp32 model"):
+        ref = compile_model(fp32_spec or spec, device, db, plan=plan)
+        _, ref_lat = run_model(ref, device, inputs)
+    with status(f"compiling and running the {precision} model"):
+        tuned = compile_model(spec, device, db, plan=plan, precision=precision)
+        _, tuned_lat = run_model(tuned, device, inputs)
+    with status(f"measuring accuracy on {num_inputs} inputs"):
+        acc = measure_accuracy(spec, device, ref, tuned, num_inputs=num_inputs)
+    return VerifiedReduced(reference=ref, reference_latency_s=ref_lat, tuned=tuned, tuned_latency_s=tuned_lat,
+                           accuracy=acc, precision=precision)  # fmt: skip
+
