@@ -54,7 +54,7 @@ def register_pooling_rules() -> None:
 
 def host_has_amx() -> bool:
     """Whether this machine's CPU lists AMX tiles (``amx_tile`` in /proc/cpuinfo)."""
-    from search_spaces.target import host_cpu_flags
+    from tuner.host import host_cpu_flags
 
     return "amx_tile" in host_cpu_flags()
 

@@ -85,8 +85,8 @@ def cpu_device():
 # `fast` is every test with none of them: `pytest -m fast` is the contributor's loop.
 _RAY_FIXTURES = {"ray_cluster", "multinode", "make_measurer"}
 _PG_FIXTURES = {"pg_server_url"}
-_RAY_CALLS = ("RayMeasurer", "connect(", "tune_main(", 'main(["tune"', "main(['tune'", "TuningJob(", "tune_tasks(",
-              "subprocess", "morning_job", "ray.init")  # fmt: skip
+_RAY_CALLS = ("RayMeasurer", "connect(", "tune_main(", '"tune"', "'tune'", "TuningJob(", "tune_tasks(", "morning_job",
+              "ray.init", "DeviceActor(")  # fmt: skip
 
 
 def _needs(item: pytest.Item) -> set[str]:

@@ -20,8 +20,8 @@ from typing import Any
 import psutil
 import tvm
 
-from search_spaces.target import host_cpu_flags
 from tuner.errors import UnknownDeviceError
+from tuner.host import host_cpu_flags
 from tuner.threads import size_thread_pool
 
 logger = logging.getLogger(__name__)

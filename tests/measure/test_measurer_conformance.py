@@ -58,3 +58,17 @@ def test_create_takes_an_instance_and_refuses_unknown_names(measurer, cpu_device
     assert measure.create(measurer, cpu_device) is measurer
     with pytest.raises(UserInputError, match="unknown measurer 'local'"):
         measure.create("local", cpu_device)  # type: ignore[arg-type]
+
+
+def test_the_timing_side_imports_with_tvms_runtime_alone():
+    """A device actor runs under TVM's runtime without the compiler (``TVM_USE_RUNTIME_LIB=1``):
+    the modules it imports, the device layer included, must not pull in the compiler side."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from tuner.measure.runner import CandidateRunner\nimport tuner.device, tuner.measure.device_actor\n"
+            "from tvm import base\nassert base._RUNTIME_ONLY\nprint(CandidateRunner('cpu').info()['runtime_only'])")
+    done = subprocess.run([sys.executable, "-c", code], env=os.environ | {"TVM_USE_RUNTIME_LIB": "1"},
+                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr[-2000:]

@@ -3,9 +3,9 @@ import tvm
 from tvm.target import codegen
 
 from search_spaces.constraints import limits_for
-from search_spaces.target import host_cpu_flags
 from tuner.device import _LLVM_FEATURES, hidden_features, host_cpu_info, parse_device, unnamed_features
 from tuner.errors import UnknownDeviceError
+from tuner.host import host_cpu_flags
 
 
 def test_cpu_device_targets_the_host():

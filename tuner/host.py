@@ -1,7 +1,9 @@
-"""What a search space knows about the machine it runs on, below the device layer.
+"""The host CPU's flags, read from /proc/cpuinfo: a leaf module without TVM or any other import
+of the project.
 
-``tuner.device`` builds devices (targets, fingerprints) on top of this; search spaces and
-their intrinsics read the host's CPU flags from here, never from ``tuner.device``.
+``tuner.device`` builds devices (targets, fingerprints) on top of it, and search spaces read
+the host's flags from here, never from ``tuner.device``; a runtime-only device actor (TVM's
+runtime without the compiler) imports it too, so it must stay free of compiler imports.
 """
 
 from __future__ import annotations
