@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("tuner", "search_spaces", "cost_models")
 #: What ``tuner.db`` may import from the stages above it: their result types and vocabulary.
 DB_MAY_IMPORT = {
-    "tuner", "tuner.errors", "tuner.device", "tuner.host", "tuner.trace_json", "tuner.graph.keys", "tuner.graph.layout.plan",
-    "tuner.measure.results",
+    "tuner", "tuner.errors", "tuner.device", "tuner.host", "tuner.trace_json", "tuner.graph.keys",
+    "tuner.graph.layout.plan", "tuner.measure.results",
 }  # fmt: skip
 
 

@@ -31,7 +31,7 @@ from search_spaces.templates.intrin_amx import AMX_TILE_FEATURE, register_amx_in
 from search_spaces.templates.intrin_x86 import target_has
 from tuner.codegen import per_function
 from tuner.db import TuningDatabase
-from tuner.db.database import FallbackPolicy
+from tuner.db.selection import FallbackPolicy
 from tuner.db.tvm_adapter import DEFAULT_LOWERING, Decision, MetaScheduleDatabase
 from tuner.device import Device
 from tuner.frontends import ModelSpec

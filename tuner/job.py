@@ -29,7 +29,7 @@ import cost_models
 import search_spaces
 from tuner import measure, search
 from tuner.db import NewRecord, TuningDatabase
-from tuner.db.database import measured_results
+from tuner.db.store import measured_results
 from tuner.db.validate import trace_rejection
 from tuner.device import Device
 from tuner.errors import DatabaseError, UserInputError

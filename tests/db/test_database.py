@@ -12,7 +12,7 @@ from dbtest_utils import add_mod, fake_cpu, matmul_mod
 
 from tuner.compile import fallback_schedule
 from tuner.db import NewRecord, TuningDatabase, database_url, migrate, redact
-from tuner.db.database import PruneResult
+from tuner.db.maintenance import PruneResult
 from tuner.db.tvm_adapter import MetaScheduleDatabase
 from tuner.errors import DatabaseError, UserInputError
 from tuner.graph.keys import workload_key
@@ -107,7 +107,7 @@ def test_writes_are_idempotent(db_url, cpu_device):
 def test_warm_and_cold_timings_are_separate_records_never_ranked_together(db_url, cpu_device):
     from dataclasses import replace
 
-    from tuner.db.database import measured_results
+    from tuner.db.store import measured_results
     from tuner.reuse import task_histories
 
     db, key, dev, job = _one_job(db_url, cpu_device)

@@ -7,8 +7,8 @@ from alembic import command
 from dbtest_utils import add_mod, fake_cpu, matmul_mod
 
 from tuner.db import NewRecord, TuningDatabase, database_url, migrate
-from tuner.db.database import create_engine
 from tuner.db.keys import record_key, record_key_v2
+from tuner.db.store import create_engine
 from tuner.graph.keys import workload_key
 
 NOW = "2026-01-01 00:00:00"
@@ -201,7 +201,7 @@ def test_an_operator_tuned_in_an_older_form_is_found_by_name_and_shapes(db, cpu_
     one with other shapes, or whose namesake has only failed records, is not."""
     from tvm import te
 
-    from tuner.db.database import workload_summary
+    from tuner.db.store import workload_summary
     from tuner.graph.layout.ops import matmul_packed
 
     def dense(packed: bool, n: int = 32) -> tvm.IRModule:

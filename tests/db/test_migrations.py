@@ -7,9 +7,9 @@ from alembic.runtime.migration import MigrationContext
 
 from tuner import cli
 from tuner.db import TuningDatabase, database_url, migrate
-from tuner.db.database import create_engine
 from tuner.db.keys import record_key, record_key_v2
 from tuner.db.schema import Base
+from tuner.db.store import create_engine
 from tuner.errors import DatabaseError
 
 HEAD = migrate.head_revision()

@@ -16,8 +16,8 @@ from tvm.s_tir.meta_schedule.database import JSONDatabase, TuningRecord, Workloa
 from tuner import cli
 from tuner.compile import fallback_record
 from tuner.db import NewRecord, TuningDatabase
-from tuner.db.database import IMPLAUSIBLE
 from tuner.db.interop import RECORD_FILE, WORKLOAD_FILE, import_json
+from tuner.db.store import IMPLAUSIBLE
 from tuner.db.tvm_adapter import MetaScheduleDatabase
 from tuner.db.validate import device_peak_flops, record_rejection, stored_target_has_amx, timing_rejection
 from tuner.graph.keys import workload_key

@@ -18,7 +18,7 @@ from test_interop import _fill
 
 from tuner import cli
 from tuner.db import TuningDatabase, database_url, migrate
-from tuner.db.database import create_engine
+from tuner.db.store import create_engine
 from tuner.errors import DatabaseError
 from tuner.search.optuna_search import optuna_storage
 

@@ -106,7 +106,7 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import DBAPIError
 
     from tuner.db import migrate, redact
-    from tuner.db.database import _describe, create_engine
+    from tuner.db.store import _describe, create_engine
     from tuner.errors import DatabaseError
 
     url = _url(args)

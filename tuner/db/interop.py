@@ -17,7 +17,7 @@ import tvm
 from tvm.s_tir.analysis import estimate_tir_flops
 from tvm.s_tir.meta_schedule.database import JSONDatabase, TuningRecord, Workload
 
-from tuner.db.database import ImportSource, NewRecord, TuningDatabase
+from tuner.db.store import ImportSource, NewRecord, TuningDatabase
 from tuner.db.validate import record_rejection
 from tuner.errors import UserInputError
 from tuner.graph.keys import trace_program_hash, workload_key

@@ -22,8 +22,9 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import Schedule
 from tvm.s_tir.meta_schedule.database import PyDatabase, TuningRecord, Workload
 
-from tuner.db.database import FallbackPolicy, NewRecord, TuningDatabase, workload_summary
 from tuner.db.schema import RecordRow
+from tuner.db.selection import FallbackPolicy
+from tuner.db.store import NewRecord, TuningDatabase, workload_summary
 from tuner.db.validate import record_rejection
 from tuner.graph.keys import trace_program_hash, workload_key
 from tuner.trace_json import record_as_json
@@ -51,7 +52,7 @@ class Decision:
             schedule), or ``"tvm-default"`` (no record and no fallback: TVM's lowering).
         detail: the record's time, the other device, or the fallback's description.
         summary: for a function without records, its workload summary
-            (:func:`tuner.db.database.workload_summary`), to find records of another form
+            (:func:`tuner.db.store.workload_summary`), to find records of another form
             of it (:meth:`TuningDatabase.other_forms`).
     """
 

@@ -73,7 +73,7 @@ def optuna_storage(url: str | None) -> optuna.storages.BaseStorage | None:
 
 def _open_storage(u: sa.URL) -> optuna.storages.RDBStorage:
     from tuner.db import migrate
-    from tuner.db.database import _SQLITE_BUSY_TIMEOUT_S, create_engine
+    from tuner.db.store import _SQLITE_BUSY_TIMEOUT_S, create_engine
     from tuner.db.url import redact
 
     engine = create_engine(u)

@@ -1,4 +1,9 @@
-"""The tuning database: engine, sessions, and the queries the tuner and compiler make."""
+"""The tuning database's store: engine, sessions, devices, workloads, jobs and records.
+
+The lookups and their trust policy are in :mod:`tuner.db.selection`, the upkeep (jobs' state,
+statistics, pruning) in :mod:`tuner.db.maintenance`, URL parsing and redaction in
+:mod:`tuner.db.url`; :class:`TuningDatabase` brings them together.
+"""
 
 from __future__ import annotations
 
@@ -13,18 +18,19 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, TypeVar
+from datetime import datetime
+from typing import Any, TypeVar
 
 import tvm
 from sqlalchemy import create_engine as sa_create_engine
-from sqlalchemy import delete, event, func, or_, select
+from sqlalchemy import event, func, or_, select
 from sqlalchemy.engine import URL, Engine
 from sqlalchemy.exc import DBAPIError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from tuner.db import migrate
 from tuner.db.keys import device_class, record_key
+from tuner.db.maintenance import Maintenance
 from tuner.db.schema import (
     CostModelRow,
     DeviceRow,
@@ -33,8 +39,9 @@ from tuner.db.schema import (
     WorkloadRow,
     _now,
 )
+from tuner.db.selection import PREFERRED_TIMINGS, RecordSelection, _best_stmt
 from tuner.db.url import _first_line, database_url, redact
-from tuner.db.validate import device_peak_flops, record_rejection, stored_target_has_amx, timing_rejection
+from tuner.db.validate import timing_rejection
 from tuner.device import Device
 from tuner.errors import DatabaseError, UserInputError
 from tuner.measure.results import ErrorClass, Timing
@@ -43,17 +50,8 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-FallbackPolicy = Literal["device", "same-arch"]
-# Where a looked-up record came from: this device's class, another device of its
-# architecture, or an imported (foreign) MetaSchedule database.
-Source = Literal["device", "same-arch", "foreign"]
-# The order in which lookups try the modes: cold timings rank candidates as they run inside a
-# whole model, where the previous operator has evicted this one's weights.
-PREFERRED_TIMINGS: tuple[Timing, ...] = ("cold", "warm")
 # Error class of a timing refused on write (below the roofline, MetaSchedule's failure value).
 IMPLAUSIBLE = "implausible_timing"
-# A running job whose heartbeat is older than this is dead (it writes one at least every minute).
-DEAD_AFTER = timedelta(minutes=5)
 
 # Retries of a write that lost a race (PostgreSQL deadlock or serialization failure, SQLite
 # busy past its timeout). Writes are idempotent, so repeating one is safe.
@@ -89,26 +87,6 @@ class NewRecord:
         if self.error_class is not None or not self.run_secs:
             return None
         return float(sum(self.run_secs) / len(self.run_secs))
-
-
-@dataclass(frozen=True)
-class BestRecord:
-    """A record found by :meth:`TuningDatabase.lookup`, with where it came from.
-
-    Attributes:
-        row: the record.
-        source: ``"device"`` (measured on the device asked for or an identical one: same
-            device class), ``"same-arch"`` (another device of the same kind and architecture;
-            its speed may differ) or ``"foreign"`` (imported from a MetaSchedule database: not
-            measured by Nightshift).
-        device_fingerprint: fingerprint of the device it is stored under.
-        same_tvm: whether it was written by this TVM version.
-    """
-
-    row: RecordRow
-    source: Source
-    device_fingerprint: str
-    same_tvm: bool
 
 
 @dataclass(frozen=True)
@@ -181,7 +159,7 @@ def _sqlite_begin(conn) -> None:
     conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
 
-class TuningDatabase:
+class TuningDatabase(RecordSelection, Maintenance):
     """Nightshift's SQL tuning database (SQLite file or PostgreSQL).
 
     Thread- and process-safe: every method runs in its own transaction; several processes
@@ -544,150 +522,6 @@ class TuningDatabase:
                     ids[key] = self._workload_ids[key] = wid
         return ids
 
-    def _flops_of(self, wids: set[int]) -> dict[int, float]:
-        with self.session(write=False) as s:
-            return {w: float(f or 0.0) for w, f in s.execute(
-                select(WorkloadRow.id, WorkloadRow.flops).where(WorkloadRow.id.in_(wids)))}  # fmt: skip
-
-    def _peak_flops(self, device_id: int) -> float:
-        peak = self._peaks.get(device_id)
-        if peak is None:
-            with self.session(write=False) as s:
-                row = s.get(DeviceRow, device_id)
-            try:
-                cores = int(json.loads(row.target).get("num-cores") or 0) if row is not None else 0
-            except (ValueError, AttributeError):
-                cores = 0
-            # Without a core count, the most any host has: refuse only the absurd.
-            amx = row is not None and row.kind == "cpu" and stored_target_has_amx(row.target)
-            peak = self._peaks[device_id] = device_peak_flops(row.kind if row else "cpu", cores or 1024, amx)
-        return peak
-
-    def best(self, workload_key: str, device_id: int, k: int = 1, *, origin: str = "local",
-             timing: Timing | None = None) -> list[RecordRow]:  # fmt: skip
-        """The ``k`` fastest successful records of a workload on one device (any TVM version),
-        measured by Nightshift (``origin="local"``) or imported (``"import"``), all of one
-        timing mode: ``timing``, or by default the first of :data:`PREFERRED_TIMINGS` that
-        has any."""
-        with self.session(write=False) as s:
-            wid = s.scalar(select(WorkloadRow.id).where(WorkloadRow.key == workload_key))
-            if wid is None:
-                return []
-            for mode in (timing,) if timing is not None else PREFERRED_TIMINGS:
-                rows = list(s.scalars(_best_stmt(wid, [device_id], origin, mode).limit(k)))
-                if rows:
-                    return rows
-            return []
-
-    def lookup(
-        self,
-        workload_key: str,
-        device_id: int,
-        k: int = 1,
-        *,
-        policy: FallbackPolicy = "same-arch",
-        replays: Callable[[RecordRow], bool] | None = None,
-        fits: Callable[[RecordRow], bool] | None = None,
-    ) -> list[BestRecord]:
-        """The ``k`` best usable records of a workload for a device, with the fallback policy.
-
-        In order, the first rule that finds any record wins:
-
-        1. records measured by Nightshift on this device or an identical one (same device
-           class: kind, TVM target and CPU/GPU model), fastest first, whichever machine;
-        2. with ``policy="same-arch"``, records of other devices of the same kind and
-           architecture (``source="same-arch"``);
-        3. imported (foreign) records of those devices (``source="foreign"``), only when
-           ``replays(row)`` says they replay cleanly here, whatever TVM version they claim.
-
-        Within a rule, cold-timed records are ranked first, alone; warm ones only where no
-        cold one is usable (:data:`PREFERRED_TIMINGS`). The ``k`` records are of one mode.
-
-        A different architecture is never used. A record whose trace fails the allow-list
-        (:mod:`tuner.db.validate`) is never returned; the reason is kept in :attr:`rejected`.
-        Records written by another TVM version are used only when ``replays(row)`` says they
-        replay cleanly on this one (without ``replays`` they are skipped). ``fits(row)``, when
-        given, is asked about every record: one it declines is passed over for the next.
-        """
-        wid = self._workload_ids_of({workload_key}).get(workload_key)
-        if wid is None:
-            return []
-        with self.session(write=False) as s:
-            me = self._device_row(s, device_id)
-            if me is None:
-                return []
-            # Not cached: an identical or same-architecture device may register at any time.
-            family = dict(s.execute(select(DeviceRow.id, DeviceRow.fingerprint).where(
-                DeviceRow.kind == me[1], DeviceRow.arch == me[2])).all())  # fmt: skip
-            classes = dict(s.execute(select(DeviceRow.id, DeviceRow.device_class).where(
-                DeviceRow.id.in_(list(family)))).all())  # fmt: skip
-            mine = {d: fp for d, fp in family.items() if d == device_id or (me[3] and classes[d] == me[3])}
-            others = {d: fp for d, fp in family.items() if d not in mine}
-            found = self._usable(s, wid, mine, k, "device", replays, fits)
-            if found:
-                return found
-            if policy == "same-arch" and others:
-                found = self._usable(s, wid, others, k, "same-arch", replays, fits)
-                if found:
-                    return found
-            if replays is None:
-                return []
-            return self._usable(s, wid, mine if policy == "device" else family, k, "foreign", replays, fits)
-
-    def _device_row(self, s: Session, device_id: int) -> tuple[str, str, str, str | None] | None:
-        me = self._device_rows.get(device_id)
-        if me is None:
-            row = s.get(DeviceRow, device_id)
-            if row is None:
-                return None
-            me = self._device_rows[device_id] = (row.fingerprint, row.kind, row.arch, row.device_class)
-        return me
-
-    def _usable(
-        self,
-        s: Session,
-        wid: int,
-        devices: dict[int, str],
-        k: int,
-        source: Source,
-        replays: Callable[[RecordRow], bool] | None,
-        fits: Callable[[RecordRow], bool] | None = None,
-    ) -> list[BestRecord]:
-        origin = "import" if source == "foreign" else "local"
-        for timing in PREFERRED_TIMINGS:  # the k records are of one mode: the first that has any
-            out: list[BestRecord] = []
-            # Usually every record is usable: fetch k, then more only if some were skipped.
-            page, offset = k, 0
-            while len(out) < k:
-                rows = list(s.scalars(_best_stmt(wid, list(devices), origin, timing).offset(offset).limit(page)))
-                for row in rows:
-                    if not self.trace_ok(row) or (fits is not None and not fits(row)):
-                        continue
-                    same = row.tvm_version == tvm.__version__
-                    # A foreign record's version is only what its importer said: always replay it.
-                    if (same and source != "foreign") or (replays is not None and replays(row)):
-                        out.append(BestRecord(row, source, devices[row.device_id], same))
-                        if len(out) == k:
-                            break
-                if len(rows) < page:
-                    break
-                offset += page
-                page = min(page * 4, 1024)
-            if out:
-                return out
-        return []
-
-    def trace_ok(self, row: RecordRow) -> bool:
-        """Whether a record's trace passes the allow-list; a rejection is logged once and kept."""
-        if row.id in self.rejected:
-            return False
-        reason = record_rejection(row.record_json)
-        if reason is None:
-            return True
-        self.rejected[row.id] = reason
-        logger.warning("record %d (host %s, job %s) rejected: %s", row.id, row.host, row.job_id, reason)
-        return False
-
     def count_records(self, workload_key: str | None = None, device_id: int | None = None) -> int:
         """Number of records, optionally of one workload and/or device."""
         with self.session(write=False) as s:
@@ -747,39 +581,6 @@ class TuningDatabase:
 
     # --- operations -------------------------------------------------------------------------
 
-    def stats(self) -> dict[str, Any]:
-        """Counts for ``nightshift db stats``: tables, records per device, jobs per state."""
-        with self.session(write=False) as s:
-            per_device = s.execute(
-                select(DeviceRow.fingerprint, DeviceRow.kind, DeviceRow.arch, func.count(RecordRow.id),
-                       func.count(RecordRow.mean_sec))
-                .join(RecordRow, RecordRow.device_id == DeviceRow.id, isouter=True)
-                .group_by(DeviceRow.id, DeviceRow.fingerprint, DeviceRow.kind, DeviceRow.arch)
-                .order_by(DeviceRow.id)
-            ).all()  # fmt: skip
-            jobs: dict[str, int] = {}
-            now = datetime.now(UTC)
-            for job in s.scalars(select(JobRow)):
-                state = job_state(job, now)
-                jobs[state] = jobs.get(state, 0) + 1
-            versions = dict(s.execute(select(RecordRow.tvm_version, func.count(RecordRow.id))
-                                      .group_by(RecordRow.tvm_version)).all())  # fmt: skip
-            return {
-                "url": redact(self.url),
-                "schema": self.schema.revision,
-                "workloads": int(s.scalar(select(func.count(WorkloadRow.id))) or 0),
-                "records": int(s.scalar(select(func.count(RecordRow.id))) or 0),
-                "failed_records": int(s.scalar(select(func.count(RecordRow.id))
-                                               .where(RecordRow.error_class.is_not(None))) or 0),
-                "cost_models": int(s.scalar(select(func.count(CostModelRow.id))) or 0),
-                "jobs": {str(k): int(v) for k, v in jobs.items()},
-                "tvm_versions": {str(k): int(v) for k, v in versions.items()},
-                "devices": [
-                    {"fingerprint": fp, "kind": kind, "arch": arch, "records": int(n), "ok": int(ok)}
-                    for fp, kind, arch, n, ok in per_device
-                ],
-            }
-
     def best_per_workload(self, device_id: int) -> list[tuple[WorkloadRow, RecordRow, int]]:
         """For every workload measured on the device: its best record and its record count.
 
@@ -833,105 +634,6 @@ class TuningDatabase:
                        RecordRow.mean_sec.is_not(None)).order_by(RecordRow.id))  # fmt: skip
         with self.session(write=False) as s:
             return [(w, r) for w, r in s.execute(stmt).all() if self.trace_ok(r)]
-
-    def jobs(self) -> list[tuple[JobRow, str]]:
-        """Every job, newest first, with its state as seen now: a "running" job whose heartbeat
-        (or, without one, its last update) is older than :data:`DEAD_AFTER` is ``"dead"``."""
-        with self.session(write=False) as s:
-            rows = list(s.scalars(select(JobRow).order_by(JobRow.id.desc())))
-        now = datetime.now(UTC)
-        return [(j, job_state(j, now)) for j in rows]
-
-    def prune(
-        self,
-        *,
-        keep_top: int | None = None,
-        keep_failed: bool = False,
-        device_id: int | None = None,
-        tvm_version: str | None = None,
-        older_than: timedelta | None = None,
-        dry_run: bool = False,
-    ) -> PruneResult:
-        """Delete records; return how many were (or, with ``dry_run``, would be) deleted and kept.
-
-        The records that may go are those of ``device_id``, written by ``tvm_version`` and
-        older than ``older_than`` (each filter only when given). Of those, with ``keep_top``,
-        the ``keep_top`` fastest successful ones of each workload, device, TVM version,
-        origin and timing mode stay (a schedule that replays on one TVM version may not on
-        another), and failed ones go unless ``keep_failed``; without ``keep_top``, all of
-        them go.
-
-        Raises:
-            UserInputError: ``keep_top`` is negative, or nothing says what to delete.
-        """
-        if keep_top is not None and keep_top < 0:
-            raise UserInputError(f"--keep-top must be 0 or more, got {keep_top}")
-        if keep_top is None and tvm_version is None and older_than is None:
-            raise UserInputError("say what to prune: --keep-top N, --tvm-version V and/or --older-than DAYS")
-        scope = []
-        if device_id is not None:
-            scope.append(RecordRow.device_id == device_id)
-        if tvm_version is not None:
-            scope.append(RecordRow.tvm_version == tvm_version)
-        if older_than is not None:
-            scope.append(RecordRow.created_at < (datetime.now(UTC) - older_than).replace(tzinfo=None))
-        if keep_top is None:
-            doomed = [select(RecordRow.id).where(*scope)]
-        else:
-            ranked = select(
-                RecordRow.id,
-                func.row_number().over(
-                    partition_by=(RecordRow.workload_id, RecordRow.device_id, RecordRow.tvm_version,
-                                  RecordRow.origin, RecordRow.timing),
-                    order_by=(RecordRow.mean_sec, RecordRow.id),
-                ).label("rank"),
-            ).where(RecordRow.mean_sec.is_not(None), RecordRow.error_class.is_(None), *scope)  # fmt: skip
-            sub = ranked.subquery()
-            doomed = [select(sub.c.id).where(sub.c.rank > keep_top)]
-            if not keep_failed:
-                doomed.append(select(RecordRow.id).where(
-                    (RecordRow.error_class.is_not(None)) | RecordRow.mean_sec.is_(None), *scope))  # fmt: skip
-
-        def work(s: Session) -> PruneResult:
-            total = int(s.scalar(select(func.count(RecordRow.id))) or 0)
-            n = sum(int(s.scalar(select(func.count()).select_from(d.subquery())) or 0) for d in doomed)
-            if not dry_run:
-                for d in doomed:
-                    s.execute(delete(RecordRow).where(RecordRow.id.in_(d)))
-            return PruneResult(n, total - n)
-
-        return self._write(work)
-
-
-@dataclass(frozen=True)
-class PruneResult:
-    """Records a prune deleted (or would delete) and the records left in the database."""
-
-    deleted: int
-    kept: int
-
-
-def job_state(job: JobRow, now: datetime) -> str:
-    """A job's state as seen at ``now``: ``"dead"`` for a running job whose heartbeat stopped."""
-    if job.state != "running":
-        return job.state
-    seen = job.heartbeat_at or job.updated_at
-    if seen is None:
-        return job.state
-    if seen.tzinfo is None:  # stored as naive UTC
-        seen = seen.replace(tzinfo=UTC)
-    return "dead" if now - seen > DEAD_AFTER else job.state
-
-
-def _best_stmt(workload_id: int, device_ids: list[int], origin: str | None, timing: Timing):
-    stmt = (
-        select(RecordRow)
-        .where(RecordRow.workload_id == workload_id, RecordRow.device_id.in_(device_ids),
-               RecordRow.timing == timing, RecordRow.error_class.is_(None), RecordRow.mean_sec.is_not(None))
-        .order_by(RecordRow.mean_sec, RecordRow.id)
-    )  # fmt: skip
-    return stmt if origin is None else stmt.where(RecordRow.origin == origin)
-
 
 def workload_summary(name: str, mod: tvm.IRModule) -> str:
     """``name(float32[1, 64, 56, 56], ...)``: a readable one-liner of a PrimFunc workload;
