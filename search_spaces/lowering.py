@@ -21,9 +21,9 @@ loops with a ``likely`` condition, which the Python sources of topi, Relax's leg
 and MetaSchedule never write; partitioning keeps a loop's meaning either way. A module
 without a hint lowers exactly as with TVM's pipeline (tested). A function whose kernels
 use AMX tiles also puts the calling thread's tile configuration back before it returns
-(:func:`search_spaces.templates.intrin_amx.keep_caller_tile_config`), and on CPUs with
+(:func:`search_spaces.x86.intrin_amx.keep_caller_tile_config`), and on CPUs with
 AVX512_BF16 its vector casts to bfloat16 run on ``vcvtneps2bf16``
-(:func:`search_spaces.bf16_casts.native_bf16_casts`). On CPUs, ``nearbyint`` (the rounding of
+(:func:`search_spaces.x86.bf16_casts.native_bf16_casts`). On CPUs, ``nearbyint`` (the rounding of
 every int8 requantize epilogue) goes to LLVM as its intrinsic, which TVM can vectorize
 (:func:`llvm_nearbyint`).
 
@@ -110,8 +110,8 @@ def _factory(**kwargs: Any) -> tuple[tvm.transform.Pass, Any, Any]:
 
     @tvm.transform.module_pass(opt_level=0, name="NightshiftTIRPipeline")
     def _pipeline(mod: tvm.IRModule, ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        from search_spaces.bf16_casts import native_bf16_casts
-        from search_spaces.templates.intrin_amx import keep_caller_tile_config
+        from search_spaces.x86.bf16_casts import native_bf16_casts
+        from search_spaces.x86.intrin_amx import keep_caller_tile_config
 
         mod = llvm_nearbyint(keep_caller_tile_config(mod))
         marked = mark_partitions(mod)

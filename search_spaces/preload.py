@@ -11,12 +11,12 @@ from search_spaces.quick_import import import_tvm_intrinsics
 @cache
 def preload_tensor_intrinsics() -> None:
     """Import TVM's tensor intrinsics fast (:func:`import_tvm_intrinsics`) and register
-    Nightshift's over them (``search_spaces.templates.intrin_x86``, and
+    Nightshift's over them (``search_spaces.x86.intrin``, and
     ``intrin_amx`` on a host with AMX): every process that builds or replays a schedule
     calls this first."""
     import_tvm_intrinsics()
-    from search_spaces.templates.intrin_amx import register_amx_intrinsics
-    from search_spaces.templates.intrin_x86 import register_intrinsics
+    from search_spaces.x86.intrin import register_intrinsics
+    from search_spaces.x86.intrin_amx import register_amx_intrinsics
 
     register_intrinsics()
     if host_has_amx():  # 132 intrinsics, seconds of TVMScript parsing: not where no record can use them

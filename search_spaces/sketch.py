@@ -16,9 +16,9 @@ from tvm.s_tir.schedule import Instruction, Trace
 
 from search_spaces.base import MAX_TRIES, InvalidPointError, Point, SearchSpace
 from search_spaces.constraints import Limits, limits_for, target_with_limits
+from search_spaces.cuda.thread_bounds import ThreadBound, count_within, thread_bounds
 from search_spaces.knobs import Knob, tile_choices
 from search_spaces.preload import preload_tensor_intrinsics
-from search_spaces.thread_bounds import ThreadBound, count_within, thread_bounds
 
 logger = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from tvm.s_tir.schedule import Trace
 from search_spaces import lowering
 from search_spaces.constraints import target_with_limits
 from search_spaces.preload import preload_tensor_intrinsics
-from search_spaces.templates.intrin_amx import AMX_TILE_FEATURE, register_amx_intrinsics
-from search_spaces.templates.intrin_x86 import target_has
+from search_spaces.x86.intrin import target_has
+from search_spaces.x86.intrin_amx import AMX_TILE_FEATURE, register_amx_intrinsics
 from tuner.codegen import per_function
 from tuner.db import TuningDatabase
 from tuner.db.selection import FallbackPolicy

@@ -30,7 +30,7 @@ from rich.console import Console
 from tvm import te, topi
 
 from search_spaces.template_space import TemplateSpace
-from search_spaces.templates.intrin_amx import register_amx_intrinsics
+from search_spaces.x86.intrin_amx import register_amx_intrinsics
 from tuner.measure.verify import arg_specs, random_args
 from tuner.db import TuningDatabase
 from tuner.device import parse_device

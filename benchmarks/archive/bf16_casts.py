@@ -21,9 +21,9 @@ from pathlib import Path
 import tvm
 from rich.console import Console
 
-import search_spaces.bf16_casts
-from search_spaces.templates.intrin_amx import register_amx_intrinsics
-from search_spaces.templates.intrin_x86 import target_has_bf16_dot
+import search_spaces.x86.bf16_casts
+from search_spaces.x86.intrin_amx import register_amx_intrinsics
+from search_spaces.x86.intrin import target_has_bf16_dot
 from tuner.db import TuningDatabase
 from tuner.device import parse_device
 from tuner.frontends import load_model

@@ -194,7 +194,7 @@ def shared_narrow_1x1():
 def tvm_bf16_casts():
     """Casts to bfloat16 as TVM lowers them, in integer instructions, as before the
     thirty-seventh session (``search_spaces.lowering`` looks the rewrite up when it lowers)."""
-    import search_spaces.bf16_casts
+    import search_spaces.x86.bf16_casts
 
     return swapped(search_spaces.bf16_casts, "native_bf16_casts", lambda mod: mod)
 

@@ -36,7 +36,9 @@ from tvm.sym.pattern import detect_linear_equation
 
 from search_spaces.constraints import Limits
 from search_spaces.knobs import Knob
-from search_spaces.templates.intrin_amx import (
+from search_spaces.templates.registry import Template, register_template
+from search_spaces.templates.x86_conv2d_nchwc_dot import _conv_block, _tail, accumulate_conv, schedule_pad
+from search_spaces.x86.intrin_amx import (
     AMX_DOTS,
     CONV_BLOCK,
     CONV_ROWS,
@@ -49,8 +51,6 @@ from search_spaces.templates.intrin_amx import (
     register_amx_intrinsics,
     target_has_amx,
 )
-from search_spaces.templates.registry import Template, register_template
-from search_spaces.templates.x86_conv2d_nchwc_dot import _conv_block, _tail, accumulate_conv, schedule_pad
 
 logger = logging.getLogger(__name__)
 

@@ -58,7 +58,6 @@ from search_spaces.templates.blocks import (
     iter_kinds,
     root_blocks,
 )
-from search_spaces.templates.intrin_x86 import AVX2_DOT, DotInstruction, dot_for, register_intrinsics, target_has
 from search_spaces.templates.registry import Template, register_template
 from search_spaces.templates.x86_conv2d_nchwc import (
     _MAX_UNROLLED_FMAS,
@@ -70,6 +69,7 @@ from search_spaces.templates.x86_conv2d_nchwc import (
     _pixel_violation,
     pixel_tiles,
 )
+from search_spaces.x86.intrin import AVX2_DOT, DotInstruction, dot_for, register_intrinsics, target_has
 
 logger = logging.getLogger(__name__)
 

@@ -29,15 +29,15 @@ from tvm.s_tir import Schedule
 from search_spaces.constraints import Limits
 from search_spaces.knobs import Knob, divisors
 from search_spaces.templates.blocks import elementwise_tail, root_blocks
-from search_spaces.templates.intrin_x86 import (
+from search_spaces.templates.registry import Template, register_template
+from search_spaces.templates.x86_conv2d_nchwc import _acc_budget, _regs_per_pixel
+from search_spaces.x86.intrin import (
     BF16_FEATURE,
     DOT_LANES,
     BF16_BITS_DOT_16x2_LOCAL_INTRIN,
     register_intrinsics,
     target_has,
 )
-from search_spaces.templates.registry import Template, register_template
-from search_spaces.templates.x86_conv2d_nchwc import _acc_budget, _regs_per_pixel
 
 logger = logging.getLogger(__name__)
 

@@ -30,7 +30,10 @@ from tvm.s_tir import Schedule
 
 from search_spaces.constraints import Limits
 from search_spaces.knobs import Knob, divisors
-from search_spaces.templates.intrin_amx import (
+from search_spaces.templates.registry import Template, register_template
+from search_spaces.templates.x86_dense_dot import _Dot, _matmul_block, _tail, accumulate_matmul, weight_block
+from search_spaces.x86.intrin import BF16_DOT, VNNI_DOT
+from search_spaces.x86.intrin_amx import (
     AMX_BF16,
     AMX_INT8,
     PREFETCH_STEPS,
@@ -42,9 +45,6 @@ from search_spaces.templates.intrin_amx import (
     register_amx_intrinsics,
     target_has_amx,
 )
-from search_spaces.templates.intrin_x86 import BF16_DOT, VNNI_DOT
-from search_spaces.templates.registry import Template, register_template
-from search_spaces.templates.x86_dense_dot import _Dot, _matmul_block, _tail, accumulate_matmul, weight_block
 
 logger = logging.getLogger(__name__)
 

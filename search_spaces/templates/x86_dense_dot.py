@@ -44,7 +44,8 @@ from search_spaces.templates.blocks import (
     iter_kinds,
     root_blocks,
 )
-from search_spaces.templates.intrin_x86 import (
+from search_spaces.templates.registry import Template, register_template
+from search_spaces.x86.intrin import (
     AVX2_DOT,
     BF16_DOT,
     VNNI_DOT,
@@ -52,7 +53,6 @@ from search_spaces.templates.intrin_x86 import (
     register_intrinsics,
     target_has,
 )
-from search_spaces.templates.registry import Template, register_template
 
 logger = logging.getLogger(__name__)
 

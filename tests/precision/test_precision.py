@@ -385,7 +385,7 @@ def test_7_bit_weights_are_a_recipe_of_their_own_that_avx2_sums_exactly(tmp_path
     saturate, and the rewrite for such a target says so and keeps its matmul off it."""
     pytest.importorskip("onnxruntime.quantization")
     pytest.importorskip("torch")
-    from search_spaces.templates.intrin_x86 import AVX2_DOT, exact_for
+    from search_spaces.x86.intrin import AVX2_DOT, exact_for
     from tuner.precision.qdq import to_int8
     from tuner.precision.quantize import quantized_model
 

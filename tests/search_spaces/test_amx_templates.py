@@ -171,7 +171,7 @@ def test_kernels_of_different_tile_configurations_alternate_on_one_thread():
 def test_only_functions_that_configure_tiles_save_and_restore_the_callers_configuration():
     """keep_caller_tile_config wraps a function whose kernels call the tiles' init helper in
     one save and one restore of the calling thread's configuration; others stay as they are."""
-    from search_spaces.templates.intrin_amx import RESTORE, SAVE, keep_caller_tile_config
+    from search_spaces.x86.intrin_amx import RESTORE, SAVE, keep_caller_tile_config
 
     sp, points = _points("x86-dense-amx-bf16", "dense_bf16", 1, 7, "llvm-amx")
     kept = keep_caller_tile_config(sp.apply(points[0]).mod).script()
@@ -189,7 +189,7 @@ def test_a_kernel_leaves_the_calling_threads_tile_configuration_as_it_found_it()
     thread): the thread's configuration, read before and after an AMX kernel, is the same."""
     from tvm.script import tirx as T
 
-    from search_spaces.templates.intrin_amx import AMX_BF16, SAVE, TileShape, _helpers
+    from search_spaces.x86.intrin_amx import AMX_BF16, SAVE, TileShape, _helpers
 
     ir = _helpers(AMX_BF16, TileShape(1, 1))[3]
 

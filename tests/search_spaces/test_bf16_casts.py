@@ -1,4 +1,4 @@
-"""Casts to bfloat16 on vcvtneps2bf16 where the CPU has AVX512_BF16 (search_spaces.bf16_casts)."""
+"""Casts to bfloat16 on vcvtneps2bf16 where the CPU has AVX512_BF16 (search_spaces.x86.bf16_casts)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from conftest import needs_bf16, target
 from tvm import te, tirx
 from tvm.s_tir import Schedule
 
-from search_spaces import bf16_casts, lowering
+from search_spaces import lowering
+from search_spaces.x86 import bf16_casts
 
 _SIZE = 4096
 # A Sapphire Rapids has AVX512_BF16; a Skylake server has AVX-512 without it.

@@ -22,7 +22,7 @@ from conftest import (
 )
 
 import search_spaces
-from search_spaces.templates.intrin_x86 import BF16_DOT_16x2_INTRIN, register_intrinsics, target_has_bf16_dot
+from search_spaces.x86.intrin import BF16_DOT_16x2_INTRIN, register_intrinsics, target_has_bf16_dot
 from tuner.measure.verify import arg_specs, check_point, reference
 
 
@@ -125,7 +125,7 @@ def test_avx2_int8_sums_pairs_in_int16_where_exact_for_says_so():
     hold. ``exact_for`` says which weights are safe (each pair's positive and negative parts
     at most 128: every 7-bit weight); tuner.graph.layout and tuner.precision.qdq let only those
     reach the instruction (tests/precision)."""
-    from search_spaces.templates.intrin_x86 import AVX2_DOT, VNNI_DOT, exact_for
+    from search_spaces.x86.intrin import AVX2_DOT, VNNI_DOT, exact_for
 
     mod = task("conv_nchwc_u8_avx2")
     sp = space("x86-conv2d-nchwc-dot", "conv_nchwc_u8_avx2", "llvm-avx2")

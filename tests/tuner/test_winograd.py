@@ -288,7 +288,7 @@ def test_bf16_bits_round_to_nearest_even_as_numpy_does():
     carries into the exponent; ``bf16_value`` widens them back exactly."""
     import ml_dtypes
 
-    from search_spaces.templates.intrin_x86 import bf16_bits, bf16_value
+    from search_spaces.x86.intrin import bf16_bits, bf16_value
 
     rng = np.random.default_rng(0)
     ties = np.array([0x3F808000, 0x3F818000, 0x3F7FFFFF, 0x3F80FFFF, 0xBF808001], np.uint32).view(np.float32)

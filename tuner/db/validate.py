@@ -197,8 +197,8 @@ def stored_target_has_amx(target_json: str) -> bool:
     False where it cannot tell."""
     import tvm
 
-    from search_spaces.templates.intrin_amx import AMX_TILE_FEATURE
-    from search_spaces.templates.intrin_x86 import target_has
+    from search_spaces.x86.intrin import target_has
+    from search_spaces.x86.intrin_amx import AMX_TILE_FEATURE
 
     try:
         return target_has(tvm.target.Target(json.loads(target_json)), AMX_TILE_FEATURE)

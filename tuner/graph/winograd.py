@@ -34,7 +34,7 @@ In a bf16 model (:mod:`tuner.precision.bf16`) a 3x3 conv runs here in one of two
   (``benchmarks/winograd_bf16_rounding.py``). In ResNet-50 the model's largest error from
   fp32 went from 4.6e-3 to 4.9e-3, top-1 100% of 200 inputs either way. ``data_pack``
   holds the rounded values as their ``uint16`` bits: TVM gives a ``bfloat16`` buffer that a
-  function allocates float32 storage, which the instruction cannot read (:mod:`search_spaces.templates.intrin_x86`).
+  function allocates float32 storage, which the instruction cannot read (:mod:`search_spaces.x86.intrin`).
 - F(4, 3) in float32 (an explicit ``--layout NCHWc:w4``): it reads the same bf16-rounded
   activation and weights, transformed from their bf16 values and kept float32, so it rounds
   no more than the bf16 direct conv does. Measured on a Zen 4, it did not pay
@@ -50,7 +50,7 @@ import numpy as np
 from tvm import te, tirx, topi
 from tvm.topi.nn.winograd_util import _cook_toom_convolution, _interpolation_points
 
-from search_spaces.templates.intrin_x86 import bf16_bits, bf16_value
+from search_spaces.x86.intrin import bf16_bits, bf16_value
 
 # Output tile sizes a plan may ask for.
 TILES = (2, 4)

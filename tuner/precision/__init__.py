@@ -188,7 +188,7 @@ def bf16_arithmetic(target: tvm.target.Target | None) -> Literal["bf16", "fp32"]
         return forced  # type: ignore[return-value]
     if target is None or str(target.kind.name) != "llvm":
         return "bf16"
-    from search_spaces.templates.intrin_amx import AMX_BF16, target_has_amx
+    from search_spaces.x86.intrin_amx import AMX_BF16, target_has_amx
 
     if target_has_amx(target, AMX_BF16) or str(target.attrs.get("mcpu", "")).startswith("znver"):
         return "bf16"

@@ -102,7 +102,7 @@ def emit_weight_matmul(
     weights up to a multiple of ``columns`` (default: whole 16-lane vectors) and sliced off
     after (ResNet-50's 1000 classes: 1008), so a classifier gets the packed layout the
     dot-product templates read instead of one 1000-column block that no vector divides."""
-    from search_spaces.templates.intrin_x86 import DOT_LANES
+    from search_spaces.x86.intrin import DOT_LANES
 
     n = weight.shape[1]
     padded = np.pad(weight, ((0, 0), (0, -n % (columns or DOT_LANES))))
@@ -219,7 +219,7 @@ def packable_activation(a: relax.Expr, b: relax.Expr) -> bool:
     """Whether ``a @ b`` of two float32 activations can take ``b`` packed in pairs: static
     shapes, the same batch dimensions (no broadcasting), an even K and whole 16-lane column
     vectors (x86-dense-bf16's)."""
-    from search_spaces.templates.intrin_x86 import DOT_LANES
+    from search_spaces.x86.intrin import DOT_LANES
 
     shapes = [getattr(x.ty, "shape", None) for x in (a, b)]
     if any(s is None or not all(isinstance(d, tvm.tirx.IntImm) for d in s) for s in shapes):
@@ -326,7 +326,7 @@ def bf16_summary(mod: tvm.IRModule, fp32_arithmetic: bool = False, why: str = ""
 
 
 def _convert(mod: tvm.IRModule, fp32_arithmetic: bool = False) -> tuple[tvm.IRModule, dict[str, int]]:
-    from search_spaces.templates.intrin_x86 import register_intrinsics
+    from search_spaces.x86.intrin import register_intrinsics
 
     # Records of x86-dense-bf16 replay a tensorize by the intrinsic's name.
     register_intrinsics()

@@ -267,7 +267,7 @@ class _ToInt8(relax.PyExprMutator):
         OpenVINO's (``INFERENCE_PRECISION_HINT=f32``, running the file's int8 kernels) on the
         same QDQ file (benchmarks/README.md).
         """
-        from search_spaces.templates.intrin_x86 import VNNI_DOT
+        from search_spaces.x86.intrin import VNNI_DOT
 
         extra = -wq.shape[1] % VNNI_DOT.elements
         top, left, bottom, right = (int(p) for p in attrs.padding)
@@ -290,7 +290,7 @@ class _ToInt8(relax.PyExprMutator):
         weight packed ``[N/b, K/4, b, 4]`` (:func:`~tuner.precision.bf16.pack_weight`: what vpdpbusd
         and tdpbusd read, templates ``x86-dense-vnni`` and ``x86-dense-amx-int8``); the
         correction is a constant per output column, exact in int32."""
-        from search_spaces.templates.intrin_x86 import VNNI_DOT
+        from search_spaces.x86.intrin import VNNI_DOT
         from tuner.precision.bf16 import emit_weight_matmul
 
         acc = emit_weight_matmul(self.builder_, q, wq, VNNI_DOT.elements, np.int8, "int32", INT8_MATMUL)
@@ -303,13 +303,13 @@ def _pairs_exact(wq: np.ndarray, axis: int) -> bool:
     """Whether AVX2's int8 dot product sums ``wq`` exactly along its reduction ``axis``
     (``intrin_x86.exact_for``). A conv's input channels are paired as its blocks pair them;
     ``tuner.graph.layout.plan.dot_elements`` checks the packed weights again."""
-    from search_spaces.templates.intrin_x86 import AVX2_DOT, exact_for
+    from search_spaces.x86.intrin import AVX2_DOT, exact_for
 
     return exact_for(AVX2_DOT, wq, axis)
 
 
 def _packable(wq: np.ndarray) -> bool:
-    from search_spaces.templates.intrin_x86 import VNNI_DOT
+    from search_spaces.x86.intrin import VNNI_DOT
 
     return wq.shape[0] % VNNI_DOT.elements == 0
 

@@ -73,7 +73,7 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call,
         # 64-byte block holds 16 slots a channel for 7 taps, and the quantize that writes
         # them took 0.68 ms in ResNet-50's int8 job, against 0.48 for the stem and its input
         # function without (twenty-eighth session, an AMX Xeon).
-        from search_spaces.templates.intrin_x86 import BF16_DOT
+        from search_spaces.x86.intrin import BF16_DOT
 
         taps = bb.emit_te(row_taps, data, [int(p) for p in attrs.padding], int(weight.ty.shape.values[3]),
                           int(attrs.strides[1]), block, primfunc_name_hint="row_taps")  # fmt: skip

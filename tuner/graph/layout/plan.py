@@ -246,7 +246,7 @@ def dot_elements(call: relax.Call, weight: Constant | None) -> int | None:
     vpmaddubsw + vpmaddwd on AVX2's 8), its ``weight`` is a constant (it is re-packed now)
     whose sums the instruction computes exactly (``intrin_x86.exact_for``) and its blocks fit
     the instruction; else None."""
-    from search_spaces.templates.intrin_x86 import dot_for, exact_for
+    from search_spaces.x86.intrin import dot_for, exact_for
 
     if weight is None or int(call.attrs.groups) != 1:
         return None
@@ -264,7 +264,7 @@ def wide_blocks(target: tvm.target.Target) -> dict[str, int]:
     where ``target`` has the tile multiply: a conv whose data is padded by another function
     (:data:`PAD_APART`) reads it in that block (``x86-conv2d-amx``: each tile
     multiply then does 2x, 4x the work of one 16-channel block, for the same cycles)."""
-    from search_spaces.templates.intrin_amx import AMX_DOTS, target_has_amx
+    from search_spaces.x86.intrin_amx import AMX_DOTS, target_has_amx
 
     return {inst.dtypes[0]: inst.step for inst in AMX_DOTS.values() if target_has_amx(target, inst)}
 
@@ -386,8 +386,8 @@ def auto_layouts(target: tvm.target.Target, precision: str = "fp32") -> tuple[st
     if preferred == NCHW or precision.blocked_only:
         return (preferred,)
     if precision is Precision.BF16 and bf16_arithmetic(target) == "bf16":
-        from search_spaces.templates.intrin_amx import AMX_BF16, target_has_amx
-        from search_spaces.templates.intrin_x86 import target_has_bf16_dot
+        from search_spaces.x86.intrin import target_has_bf16_dot
+        from search_spaces.x86.intrin_amx import AMX_BF16, target_has_amx
         from tuner.graph.winograd import DOT_TILE
 
         if target_has_bf16_dot(target) and not target_has_amx(target, AMX_BF16):

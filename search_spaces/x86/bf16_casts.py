@@ -29,7 +29,7 @@ from tvm.ir.prim.expr import BitwiseAnd as _BitwiseAnd
 from tvm.ir.prim.expr import RShift as _RShift
 
 from search_spaces.ir_map import map_functions
-from search_spaces.templates.intrin_x86 import target_has_bf16_dot
+from search_spaces.x86.intrin import target_has_bf16_dot
 
 # Lanes -> LLVM's intrinsic for them (the 256-bit form needs AVX512VL, which every CPU with
 # AVX512_BF16 has).

@@ -29,7 +29,7 @@ The instructions need the process to ask Linux for the tile data state once
 helper makes that system call the first time it runs, so a compiled model is
 self-contained wherever it is loaded. The helpers are LLVM IR (tile registers are
 immediates), linked into the module through ``pragma_import_llvm`` as
-:mod:`search_spaces.templates.intrin_x86` links its ``vdpbf16ps`` helper.
+:mod:`search_spaces.x86.intrin` links its ``vdpbf16ps`` helper.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ import tvm_ffi
 from tvm.s_tir import Schedule, TensorIntrin
 from tvm.script import tirx as T
 
-from search_spaces.templates.intrin_x86 import target_has
+from search_spaces.x86.intrin import target_has
 
 #: Rows and accumulator columns of one tile; bytes per tile row.
 TILE = 16
