@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 
     from tuner.device import Device
     from tuner.graph.tasks import Task
+    from tuner.measure.results import Measurement
 
 MeasurerName = Literal["ray", "inline"]
 MEASURERS: tuple[str, ...] = ("ray", "inline")
@@ -94,6 +96,13 @@ class MeasureStats:
     device_busy_s: float = 0.0
     first_submit: float | None = None
     last_done: float | None = None
+
+    def finished(self, m: Measurement) -> None:
+        """Count a candidate's end: the time of the last result, and its error class."""
+        self.last_done = time.monotonic()
+        if m.error_class is not None:
+            key = str(m.error_class)
+            self.errors[key] = self.errors.get(key, 0) + 1
 
     @property
     def wall_s(self) -> float:

@@ -202,9 +202,6 @@ class InlineMeasurer:
     def _finish(self, item: _Item, build: BuildResult, run: RunResult) -> None:
         m = Measurement(build, run)
         with self._cv:
-            self.stats.last_done = time.monotonic()
-            if m.error_class is not None:
-                key = str(m.error_class)
-                self.stats.errors[key] = self.stats.errors.get(key, 0) + 1
+            self.stats.finished(m)
         if item.future is not None and not item.future.done():
             item.future.set_result(m)

@@ -735,10 +735,7 @@ class RayMeasurer:
         build = c.build or BuildResult(None, 0.0)
         m = Measurement(build, run)
         with self._cv:
-            self.stats.last_done = time.monotonic()
-            if m.error_class is not None:
-                key = str(m.error_class)
-                self.stats.errors[key] = self.stats.errors.get(key, 0) + 1
+            self.stats.finished(m)
         if c.future is not None and not c.future.done():
             c.future.set_result(m)
 
