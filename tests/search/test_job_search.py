@@ -1,5 +1,6 @@
-"""A real job (Ray builds and timings, SQLite) searching with the evolutionary strategy: the
-second job seeds from the first one's records and never measures a point again."""
+"""Real jobs (builds and timings in this process, SQLite and PostgreSQL) searching with the
+evolutionary strategy and Optuna: the second job seeds from the first one's records and never
+measures a point again."""
 
 from __future__ import annotations
 
@@ -120,7 +121,7 @@ def test_second_job_seeds_from_the_first_and_never_remeasures(cpu_device, tmp_pa
     db.close()
 
 
-def test_records_of_an_earlier_version_of_a_space_are_not_bred_from(ray_cluster, cpu_device, tmp_path,
+def test_records_of_an_earlier_version_of_a_space_are_not_bred_from(cpu_device, tmp_path,
                                                                     builtin_templates_only):
     """A template that gained a knob (x86-conv2d-nchwc's tile_oc did) leaves records whose
     points have one decision fewer. A later job on the same database runs: the old points
@@ -130,7 +131,8 @@ def test_records_of_an_earlier_version_of_a_space_are_not_bred_from(ray_cluster,
     db_path = tmp_path / "t.db"
     db = TuningDatabase(f"sqlite:///{db_path}")
     tasks = [search_tasks.task("conv")]
-    first = TuningJob(tasks, cpu_device, db, TuneConfig(trials=8, batch_size=4, seed=0), model_name="t")
+    first = TuningJob(tasks, cpu_device, db, TuneConfig(trials=8, batch_size=4, seed=0, measurer="inline"),
+                      model_name="t")
     assert first.run().trials == 8
     with sqlite3.connect(db_path) as conn:
         rows = conn.execute("SELECT id, point FROM records").fetchall()
@@ -138,7 +140,8 @@ def test_records_of_an_earlier_version_of_a_space_are_not_bred_from(ray_cluster,
             old = json.loads(text)
             old["decisions"] = old["decisions"][:-1]  # the point as the space before the knob wrote it
             conn.execute("UPDATE records SET point = ? WHERE id = ?", (json.dumps(old), rid))
-    second = TuningJob(tasks, cpu_device, db, TuneConfig(trials=8, batch_size=4, seed=1), model_name="t")
+    second = TuningJob(tasks, cpu_device, db, TuneConfig(trials=8, batch_size=4, seed=1, measurer="inline"),
+                       model_name="t")
     s2 = second.run()
     assert s2.trials == 8
     for space, strategy in zip(second.searches[0].spaces, second.searches[0].strategies, strict=True):
@@ -146,7 +149,7 @@ def test_records_of_an_earlier_version_of_a_space_are_not_bred_from(ray_cluster,
     db.close()
 
 
-def test_optuna_job_interrupted_and_resumed_keeps_one_study(ray_cluster, cpu_device, db_url, builtin_templates_only):
+def test_optuna_job_interrupted_and_resumed_keeps_one_study(cpu_device, db_url, builtin_templates_only):
     """An optuna-tpe job stopped with its second batch in flight (Ctrl-C: that batch is
     dropped) and resumed: one study per space, in the tuning database, whose trials the
     killed run left running are measured on resume as those trials; no point has two."""
@@ -158,7 +161,7 @@ def test_optuna_job_interrupted_and_resumed_keeps_one_study(ray_cluster, cpu_dev
     db = TuningDatabase(db_url)
     storage = optuna_storage(db_url)
     tasks = [search_tasks.task("matmul")]
-    config = TuneConfig(trials=8, batch_size=4, seed=0, strategy="optuna-tpe", name="opt")
+    config = TuneConfig(trials=8, batch_size=4, seed=0, strategy="optuna-tpe", name="opt", measurer="inline")
 
     events: list[str] = []
 

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif("avx512_bf16" not in host_cpu_info()["isa_flags"
                                 reason="this CPU has no AVX512_BF16")  # fmt: skip
 
 
-def test_a_job_measures_the_template_starts_first(ray_cluster, cpu_device, tmp_path):
+def test_a_job_measures_the_template_starts_first(cpu_device, tmp_path):
     from search_spaces.template_space import TemplateSpace
 
     db = TuningDatabase(f"sqlite:///{tmp_path / 't.db'}")
@@ -24,7 +24,8 @@ def test_a_job_measures_the_template_starts_first(ray_cluster, cpu_device, tmp_p
     space = TemplateSpace(task.mod, cpu_device.target, "x86-dense-bf16")
     starts = {record_point("x86-dense-bf16", p) for p in space.starts()}
     assert len(starts) == 3
-    job = TuningJob([task], cpu_device, db, TuneConfig(trials=8, batch_size=4, name="starts"), model_name="m")
+    job = TuningJob([task], cpu_device, db, TuneConfig(trials=8, batch_size=4, name="starts", measurer="inline"),
+                    model_name="m")
     job.run()
     measured = db.measured_points(task.workload_key, db.device_id(cpu_device), job.timing)
     assert starts <= {p for p in measured if json.loads(p)["kind"] == "x86-dense-bf16"}, (starts, measured)

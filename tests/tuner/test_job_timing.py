@@ -17,13 +17,14 @@ from tuner.report.data import job_data, list_jobs
 
 
 def _run(db: TuningDatabase, device, task: Task, mode: str, **kwargs) -> TuningJob:
-    config = TuneConfig(trials=8, batch_size=4, name=mode, measure=MeasureConfig(timing=TimingConfig.of_mode(mode)))
+    config = TuneConfig(trials=8, batch_size=4, name=mode, measure=MeasureConfig(timing=TimingConfig.of_mode(mode)),
+                        measurer="inline")
     job = TuningJob([task], device, db, config, model_name="m", **kwargs)
     job.run()
     return job
 
 
-def test_cold_job_records_stay_apart_from_warm_ones(ray_cluster, cpu_device, tmp_path):
+def test_cold_job_records_stay_apart_from_warm_ones(cpu_device, tmp_path):
     db = TuningDatabase(f"sqlite:///{tmp_path / 't.db'}")
     task = matmul_task(64)
     cold = _run(db, cpu_device, task, "cold")

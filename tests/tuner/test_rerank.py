@@ -14,7 +14,7 @@ from tuner.errors import UserInputError
 from tuner.job import TuneConfig, TuningJob
 
 
-def test_job_times_its_fastest_records_in_rounds_and_ranks_them_by_those_times(ray_cluster, cpu_device, tmp_path):
+def test_job_times_its_fastest_records_in_rounds_and_ranks_them_by_those_times(cpu_device, tmp_path):
     db = TuningDatabase(f"sqlite:///{tmp_path / 't.db'}")
     task = matmul_task(64)
     snapshot: dict[int, list[float]] = {}
@@ -27,7 +27,7 @@ def test_job_times_its_fastest_records_in_rounds_and_ranks_them_by_those_times(r
             snapshot.clear()
             snapshot.update({r.id: json.loads(r.run_secs) for r in db.best(task.workload_key, dev, k=3)})
 
-    config = TuneConfig(trials=12, batch_size=4, rerank_top=3, rerank_rounds=5)
+    config = TuneConfig(trials=12, batch_size=4, rerank_top=3, rerank_rounds=5, measurer="inline")
     summary = TuningJob([task], cpu_device, db, config, model_name="m", on_event=on_event).run()
     dev = db.find_device_id(cpu_device)
     [reranked] = [e for e in events if e["event"] == "task_reranked"]
