@@ -266,15 +266,11 @@ def register_intrinsics() -> None:
 
 
 def target_has(target: tvm.target.Target, feature: str) -> bool:
-    """Whether ``target`` (an LLVM CPU) has the LLVM CPU ``feature``."""
-    from tvm.target import codegen
+    """Whether ``target`` (an LLVM CPU) has the LLVM CPU ``feature`` (asked once per target:
+    :class:`~search_spaces.x86.features.CpuFeatures`)."""
+    from search_spaces.x86.features import CpuFeatures
 
-    if str(target.kind.name) != "llvm":
-        return False
-    try:
-        return bool(codegen.target_has_features(feature, target))
-    except (RuntimeError, ValueError):  # an mcpu LLVM does not know
-        return False
+    return CpuFeatures.of(target).has(feature)
 
 
 def target_has_bf16_dot(target: tvm.target.Target) -> bool:

@@ -130,15 +130,9 @@ def int8_weight_bits(target: tvm.target.Target) -> int:
     pairs of them in int16 first (AVX2's and AVX-512BW's ``vpmaddubsw``), which 8-bit weights
     can saturate and 7-bit ones cannot (onnxruntime's ``reduce_range``, which its
     documentation advises on such CPUs for the same reason)."""
-    from tvm.target import codegen
+    from search_spaces.x86.features import CpuFeatures
 
-    for llvm_name, _ in _EXACT_INT8:
-        try:
-            if codegen.target_has_features(llvm_name, target):
-                return 8
-        except (RuntimeError, ValueError):  # a target LLVM cannot resolve
-            return 8
-    return 7
+    return CpuFeatures.of(target).int8_weight_bits
 
 
 def check_device(precision: str, device) -> None:
@@ -188,9 +182,10 @@ def bf16_arithmetic(target: tvm.target.Target | None) -> Literal["bf16", "fp32"]
         return forced  # type: ignore[return-value]
     if target is None or str(target.kind.name) != "llvm":
         return "bf16"
-    from search_spaces.x86.intrin_amx import AMX_BF16, target_has_amx
+    from search_spaces.x86.features import CpuFeatures
 
-    if target_has_amx(target, AMX_BF16) or str(target.attrs.get("mcpu", "")).startswith("znver"):
+    features = CpuFeatures.of(target)
+    if features.amx_bf16 or features.amd:
         return "bf16"
     return "fp32"
 

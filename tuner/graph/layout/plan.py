@@ -386,11 +386,11 @@ def auto_layouts(target: tvm.target.Target, precision: str = "fp32") -> tuple[st
     if preferred == NCHW or precision.blocked_only:
         return (preferred,)
     if precision is Precision.BF16 and bf16_arithmetic(target) == "bf16":
-        from search_spaces.x86.intrin import target_has_bf16_dot
-        from search_spaces.x86.intrin_amx import AMX_BF16, target_has_amx
+        from search_spaces.x86.features import CpuFeatures
         from tuner.graph.winograd import DOT_TILE
 
-        if target_has_bf16_dot(target) and not target_has_amx(target, AMX_BF16):
+        features = CpuFeatures.of(target)
+        if features.bf16_dot and not features.amx_bf16:
             return (preferred, winograd(preferred, DOT_TILE))
         return (preferred,)
     return (preferred, winograd(preferred, 4), winograd(preferred, 2), NCHW)
