@@ -556,3 +556,49 @@ def test_a_conv_over_row_taps_is_the_conv(channels, stride):
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert row_taps_fit(weight.shape, block) and not row_taps_fit(weight.shape, 16)
+
+
+def _fire_onnx(path, left: int, right: int):
+    """SqueezeNet's fire module in ONNX: a 1x1 conv, then a 1x1 and a 3x3 conv of ``left`` and
+    ``right`` channels concatenated, a dropout (ONNX Dropout, identity at inference) and a conv."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights, nodes = [], []
+
+    def conv(name: str, inp: str, cin: int, cout: int, k: int) -> None:
+        weights.append(numpy_helper.from_array(rng.standard_normal((cout, cin, k, k)).astype(np.float32), f"{name}_w"))
+        nodes.append(helper.make_node("Conv", [inp, f"{name}_w"], [name], kernel_shape=[k, k], pads=[k // 2] * 4))
+
+    conv("squeeze", "x", 3, 16, 1)
+    nodes.append(helper.make_node("Relu", ["squeeze"], ["s"]))
+    conv("e1", "s", 16, left, 1)
+    conv("e3", "s", 16, right, 3)
+    nodes += [helper.make_node("Relu", ["e1"], ["r1"]), helper.make_node("Relu", ["e3"], ["r3"]),
+              helper.make_node("Concat", ["r1", "r3"], ["cat"], axis=1),
+              helper.make_node("Dropout", ["cat"], ["dropped"])]  # fmt: skip
+    conv("out", "dropped", left + right, 8, 1)
+    graph = helper.make_graph(nodes, "fire", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 8, 16, 16])], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize("channels", [(8, 8), (5, 7), (16, 16)])
+def test_a_concatenation_of_blocked_convs_and_a_dropout_convert(channels, cpu_device, tmp_path):
+    """ConvertLayout's own inference failed on a concat of blocked convs ("Invalid layout axis
+    16b", "5b") and on dropout's tuple ("Expected nested to match tuple"): both now convert,
+    every conv in the blocked layout, and compute what the model computes in NCHW."""
+    spec = load_model(str(_fire_onnx(tmp_path / "fire.onnx", *channels)))
+    bound, target = spec.bound(), cpu_device.target
+    tasks = extract_layout_tasks(bound, target, auto_layouts(target))
+    assert any("concatenate" in t.name for t in tasks)
+    inputs = spec.random_inputs(seed=0)
+    want = _run(prepare(bound, target, LayoutPlan.parse("NCHW", target)), target, inputs)
+    blocked = prepare(bound, target, LayoutPlan.parse("NCHW8c", target))
+    convs = [gv.name_hint for gv in blocked.functions if "conv2d" in gv.name_hint]
+    assert convs and all("conv2d_NCHWc" in name for name in convs), convs
+    assert _scaled_error(want, _run(blocked, target, inputs)) < 1e-5

@@ -79,6 +79,73 @@ def simplify_sums(mod: tvm.IRModule) -> tvm.IRModule:
     return tvm.IRModule(funcs, attrs=mod.attrs)
 
 
+def dropout_as_identity(mod: tvm.IRModule) -> tvm.IRModule:
+    """Rewrite ``dropout(x)`` as the tuple ``(x, x)``: the identity it is at inference.
+
+    ONNX's importer keeps a ``Dropout`` node as ``relax.nn.dropout``, whose result is a tuple
+    (the output and a mask of the same type). ``ConvertLayout`` infers one leaf layout for that
+    tuple and then fails ("Expected nested to match tuple"); as a tuple of the input it carries
+    the input's layout through, and the bindings of its parts fold away.
+    """
+    return _rewrite_calls(mod, {"relax.nn.dropout": lambda _bb, call: relax.Tuple([call.args[0], call.args[0]])})
+
+
+def concat_apart(mod: tvm.IRModule) -> tvm.IRModule:
+    """Put every ``concat`` in a TIR function of its own before ``ConvertLayout``.
+
+    ``ConvertLayout``'s layout inference for ``concat`` fails on inputs in a blocked layout
+    (TVM 0.27: "Invalid layout axis 16b" where an input's channels are not a multiple of the
+    block, or of 5 and 7 channels; "Expected nested to match tuple" through a tuple): as a
+    ``call_tir``, which has no layout inference, its inputs are transformed back to the layout
+    the graph was imported in, and each transform fuses into the concatenation's function.
+    """
+    from tvm import topi
+
+    def apart(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+        arg, axis = call.args[0], int(call.attrs.axis)
+        if isinstance(arg, relax.Tuple):
+            parts = list(arg.fields)
+        else:
+            parts = [relax.TupleGetItem(arg, i) for i in range(len(relax.analysis.get_static_type(arg).fields))]
+        return bb.call_te(lambda *xs: topi.concatenate(xs, axis), *parts, primfunc_name_hint="concatenate")
+
+    return _rewrite_calls(mod, {"relax.concat": apart})
+
+
+def _rewrite_calls(mod: tvm.IRModule, rewrites: dict) -> tvm.IRModule:
+    """``mod`` with each call of an operator in ``rewrites`` replaced by what its function
+    (``(block_builder, call) -> expr``) returns; every other binding is kept as it is (no
+    common-subexpression merging, so a model's convs stay one binding each)."""
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    if not any(isinstance(f, relax.Function) and _calls_any(f, rewrites) for f in mod.functions.values()):
+        return mod
+
+    @mutator
+    class _Rewrite(PyExprMutator):
+        def visit_call_(self, call: relax.Call) -> relax.Expr:
+            call = super().visit_call_(call)
+            rewrite = rewrites.get(call.op.name) if isinstance(call.op, tvm.ir.Op) else None
+            return call if rewrite is None else rewrite(self.builder_, call)
+
+    mutator_ = _Rewrite(mod)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            mutator_.builder_.update_func(gv, mutator_.visit_expr(func))
+    return mutator_.builder_.get()
+
+
+def _calls_any(func: relax.Function, ops: dict) -> bool:
+    found = []
+
+    def visit(expr: relax.Expr) -> None:
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name in ops:
+            found.append(expr)
+
+    relax.analysis.post_order_visit(func, visit)
+    return bool(found)
+
+
 def clip_as_min_max(mod: tvm.IRModule) -> tvm.IRModule:
     """Rewrite ``clip(x, lo, hi)`` (ReLU6) as ``minimum(maximum(x, lo), hi)``.
 
@@ -142,7 +209,7 @@ def prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> t
     if not converted and not cpu:
         return mod
     if converted:
-        mod = clip_as_min_max(simplify_sums(mod))
+        mod = concat_apart(dropout_as_identity(clip_as_min_max(simplify_sums(mod))))
 
     # ConvertLayout asks for the layouts of the original call (before it rewrites its args).
     def layout_cb(call: relax.Call) -> dict[str, list[str]]:
