@@ -99,3 +99,37 @@ def test_config_file_unknown_key_and_missing_model(tmp_path):
     (tmp_path / "bad.toml").write_text('model = "tiny"\ntrails = 5\n')
     assert "trails" in _one_line_error(run("tune", "--config", "bad.toml", cwd=tmp_path))
     assert "no model" in _one_line_error(run("tune", cwd=tmp_path))
+
+
+def test_a_graph_tvm_cannot_import_is_one_line(tmp_path):
+    """A valid ONNX graph that ONNX Runtime runs but TVM's importer does not know (DFT)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 4, 8, 2]) for n in ("x", "y")]
+    graph = helper.make_graph([helper.make_node("DFT", ["x"], ["y"])], "dft", io[:1], io[1:])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), str(tmp_path / "dft.onnx"))
+    for command in (["nightshift", "tasks"], ["tune", "--no-verify", "--db", "t.db"]):
+        line = _one_line_error(run(*command, "--model", "dft.onnx", cwd=tmp_path))
+        assert "DFT" in line and "TVM cannot import" in line
+    assert not (tmp_path / "t.db").exists()
+
+
+def test_a_failure_inside_tvm_is_one_line_and_its_trace_is_behind_v(capsys):
+    """Any error a command does not expect (TVM's InternalError here) ends it with one line and
+    exit 2; ``-v`` shows the trace."""
+    import argparse
+
+    import tvm
+
+    from tuner.cli import _run
+
+    def fails(_args: argparse.Namespace) -> int:
+        raise tvm.error.InternalError("Traceback of TVM's C++ side\n  File x.cc, line 1\nCheck failed: (a) is false: b")
+
+    assert _run(fails, argparse.Namespace(verbose=False)) == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "InternalError: Check failed: (a) is false: b" in lines[0] and "-v" in lines[0], err
+    assert _run(fails, argparse.Namespace(verbose=True)) == 2
+    assert "Traceback" in capsys.readouterr().err

@@ -80,6 +80,21 @@ def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) ->
     except KeyboardInterrupt:
         console.print(f"interrupted after {time.perf_counter() - start:.0f} s; measurements so far are saved")
         return 130
+    except Exception as err:  # TVM's or a library's failure: one line here, the trace with -v
+        if getattr(args, "verbose", False):
+            console.print_exception()
+        console.print(f"[red]error:[/] {_one_line(err)}; nothing measured is lost. "
+                      + ("The trace is above." if getattr(args, "verbose", False) else
+                         "Run again with -v for the trace, and report it with the model if it persists."),
+                      soft_wrap=True, highlight=False)  # fmt: skip
+        return 2
+
+
+def _one_line(err: BaseException) -> str:
+    """``Type: the message's last line`` (TVM's errors end with the check that failed)."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    text = f"{type(err).__name__}: {lines[-1]}" if lines else type(err).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def build_parser(prog: str = "nightshift") -> argparse.ArgumentParser:
