@@ -9,7 +9,7 @@ from conftest import target, task
 from user_templates import USER_GEMM
 
 import search_spaces
-import search_spaces.templates as registry
+import search_spaces.templates.registry as registry
 
 
 def test_builtin_and_user_templates_are_kinds():

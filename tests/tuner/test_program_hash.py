@@ -53,7 +53,7 @@ import json, sys, tvm
 import search_spaces
 from search_spaces import Point
 from tuner.compile import preload_tensor_intrinsics
-from tuner.graph.tasks import program_hash, trace_program_hash
+from tuner.graph.keys import program_hash, trace_program_hash
 from tests.tuner.test_program_hash import TARGET, matmul_mod
 preload_tensor_intrinsics()
 space = search_spaces.create(matmul_mod(), tvm.target.Target(TARGET), seed=1)
