@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 SCRIPT = """
 import tvm
 from tvm import te
@@ -17,6 +19,7 @@ print("OK", tvm_ffi.__version__)
 """
 
 
+@pytest.mark.slow
 def test_primfunc_json_round_trip_in_a_subprocess():
     # A subprocess so that a segfault is a test failure, not a dead test run.
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+import pytest
 import tvm
 from tvm import te
 from tvm.s_tir import meta_schedule as ms
@@ -39,6 +40,7 @@ def _time(mod: tvm.IRModule, sch, target, dev, args) -> float:
     return float(np.min(evaluator(*args).results))
 
 
+@pytest.mark.slow
 def test_xgb_ranks_held_out_measured_schedules(cpu_device):
     mod = _dense()
     target = cpu_device.target

@@ -210,6 +210,7 @@ def _opener(url: str, index: int, upgrade: bool, barrier, errors) -> None:
 
 
 @pytest.mark.parametrize("fixture", ["main_0005", None], ids=["e085552-database", "empty"])
+@pytest.mark.slow
 def test_processes_open_a_database_at_once(db_url, tmp_path, fixture):
     """Each process upgrades the old database and moves its revision (or creates the schema)
     and Optuna's tables at once: one of each wins, the others find them made."""

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 import tvm
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
@@ -65,6 +66,7 @@ def test_onnx_gather_takes_negative_indices_too(tmp_path):
     assert [(i.name, i.bounds) for i in load_model(str(path)).inputs] == [("ids", (-ROWS, ROWS))]
 
 
+@pytest.mark.slow
 def test_nightshift_run_refuses_an_index_beyond_the_table(cpu_device, tmp_path):
     spec = _embedding()
     compiled = compile_model(spec, cpu_device, None)

@@ -86,6 +86,7 @@ def test_cuda_candidate_builds_to_device_code(make):
     assert b"__global__" not in result.artifact
 
 
+@pytest.mark.slow
 def test_kernel_formats_tells_source_from_device_code(tmp_path):
     """The check the builder relies on: TVM's fallback (source) module reads as ``cuda``."""
     import subprocess

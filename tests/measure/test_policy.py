@@ -96,6 +96,7 @@ def test_hopeless_candidate_stopped_early_with_probe_only(runner, task, good):
     assert fine.ok and not fine.early_stopped and len(fine.run_secs) >= 5
 
 
+@pytest.mark.slow
 def test_probe_calls_count_as_repeats_when_each_is_one(runner, task, good):
     # No remeasuring however noisy the runs (a microsecond call on a loaded 2-core machine
     # has measured an IQR over 10x its median): this is about counting the probe.

@@ -300,6 +300,7 @@ def test_a_strided_1x1_conv_on_amx_reads_a_wide_copy_of_its_pixels():
     assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 3e-2
 
 
+@pytest.mark.slow
 def test_int8_on_a_float_model_quantizes_it_first_and_reuses_the_file(tmp_path):
     """``--precision int8`` on a zoo model: onnxruntime quantizes it (calibration count shown),
     the file is cached by content, and a second command reuses it, so the tasks (and their
@@ -418,6 +419,7 @@ def test_7_bit_weights_are_a_recipe_of_their_own_that_avx2_sums_exactly(tmp_path
         assert sum("conv2d_NCHWc_dot" in n or "matmul_u8s8" in n for n in names) == on_dot, names
 
 
+@pytest.mark.slow
 def test_compiling_registers_the_intrinsics_that_records_replay():
     """A database record of a dot-product template replays ``tensorize`` by the intrinsic's
     name: compiling registers Nightshift's intrinsics first, in a process that has not tuned

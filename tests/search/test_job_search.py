@@ -67,6 +67,7 @@ def builtin_templates_only(monkeypatch):
     monkeypatch.setattr(registry, "_REGISTRY", shipped)
 
 
+@pytest.mark.slow
 def test_second_job_seeds_from_the_first_and_never_remeasures(cpu_device, tmp_path,
                                                               builtin_templates_only, caplog):
     caplog.set_level(logging.INFO, logger="tuner.job")
@@ -121,6 +122,7 @@ def test_second_job_seeds_from_the_first_and_never_remeasures(cpu_device, tmp_pa
     db.close()
 
 
+@pytest.mark.slow
 def test_records_of_an_earlier_version_of_a_space_are_not_bred_from(cpu_device, tmp_path,
                                                                     builtin_templates_only):
     """A template that gained a knob (x86-conv2d-nchwc's tile_oc did) leaves records whose

@@ -454,6 +454,8 @@ def _cases() -> list[tuple[str, str, str]]:
 
 
 CASES = _cases()
+# TVM's sketch rules on the Winograd conv take tens of seconds a use on 2 cores.
+HEAVY_CASES = {("sketch", "conv_winograd", "llvm")}
 
 
 @functools.cache
@@ -462,7 +464,8 @@ def space(kind: str, task_name: str, target_name: str) -> SearchSpace:
     return search_spaces.create(task(task_name), target(target_name), kind=kind)
 
 
-@pytest.fixture(params=CASES, ids=["-".join(c) for c in CASES])
+@pytest.fixture(params=[pytest.param(c, marks=pytest.mark.slow) if c in HEAVY_CASES else c for c in CASES],
+                ids=["-".join(c) for c in CASES])
 def case(request) -> tuple[str, str, str]:
     """One (kind, task, target) case of the conformance suite."""
     return request.param

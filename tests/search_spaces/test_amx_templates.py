@@ -168,6 +168,7 @@ def test_kernels_of_different_tile_configurations_alternate_on_one_thread():
         np.testing.assert_allclose(run(), want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_only_functions_that_configure_tiles_save_and_restore_the_callers_configuration():
     """keep_caller_tile_config wraps a function whose kernels call the tiles' init helper in
     one save and one restore of the calling thread's configuration; others stay as they are."""

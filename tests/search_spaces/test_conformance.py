@@ -196,6 +196,7 @@ def test_enumerate(case_space):
     assert {sp.sample(rng).to_json() for _ in range(5)} <= set(keys)
 
 
+@pytest.mark.slow
 def test_points_apply_identically_in_another_process(tmp_path: Path):
     """Every case's points give the same schedule (structural hash) in a fresh process."""
     wanted = []

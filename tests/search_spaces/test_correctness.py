@@ -79,6 +79,7 @@ def test_a_wrong_schedule_is_caught():
     assert check.error == "wrong"
 
 
+@pytest.mark.slow
 def test_every_task_of_the_tiny_model():
     tgt = target("llvm")
     tasks = extract_tasks(load_model("tiny").bound(), tgt)

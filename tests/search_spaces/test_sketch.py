@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tvm
 from conftest import TARGETS, target, task
 from tvm.script import tirx as T
@@ -53,6 +54,7 @@ def _build(mod: tvm.IRModule, target_config: dict) -> subprocess.CompletedProces
                           capture_output=True, text=True, timeout=300)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_points_that_vectorize_a_tensorized_dot_product_are_rejected_before_they_build(monkeypatch):
     """MetaSchedule's vectorize postprocessor vectorizes loops around a tensorized vpdpbusd;
     such a point fails to build (or crashes the build process), so the space rejects it, and

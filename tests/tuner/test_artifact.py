@@ -11,6 +11,9 @@ import numpy as np
 import pytest
 from morning_job import one_line_error, run, tiny_job
 
+# Each compiles a model and runs it in processes of its own: seconds to tens of seconds.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):

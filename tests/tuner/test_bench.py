@@ -217,6 +217,7 @@ def test_torch_twin_fails_loudly_on_a_wrong_parameter(spec):
         torch_zoo_model(ModelSpec(spec.name, spec.mod, params))
 
 
+@pytest.mark.slow
 def test_torch_compile_matches_eager(spec, tmp_path):
     """torch.compile runs (it needs a C++ compiler) and computes what eager mode does."""
     pytest.importorskip("torch")
@@ -259,6 +260,7 @@ def test_cli_bench_writes_json(tmp_path: Path):
     ("mobilenet_v2", {"image_size": 32}),
     ("bert-base", {"seq_len": 8}),
 ])  # fmt: skip
+@pytest.mark.slow
 def test_torch_twin_computes_what_the_zoo_does(name, options, device):
     """Each zoo network rebuilt in PyTorch gives TVM's output on the same weights (small inputs)."""
     torch = pytest.importorskip("torch")

@@ -45,6 +45,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, expect):
     assert expect in line
 
 
+@pytest.mark.slow
 def test_unknown_model_lists_known_ones(tmp_path):
     line = _one_line_error(run("nightshift", "tasks", "--model", "nope", cwd=tmp_path))
     for name in ("resnet18", "resnet50", "mobilenet_v2", "bert-base", "tiny"):
@@ -63,6 +64,7 @@ def test_corrupt_database(tmp_path):
     assert "cannot open tuning database" in line
 
 
+@pytest.mark.slow
 def test_tasks_table(tmp_path):
     proc = run("nightshift", "tasks", "--model", "tiny", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr

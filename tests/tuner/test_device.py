@@ -66,6 +66,7 @@ print(tvm.get_global_func("runtime.NumThreads")())
 """
 
 
+@pytest.mark.slow
 def test_use_threads_sizes_the_thread_pool_to_the_target():
     """TVM alone takes half the logical CPUs on x86; a model tuned for N cores runs on N."""
     import os

@@ -7,6 +7,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from morning_job import TRIALS, run, tiny_job
 
+# Each runs the command line in processes of its own: seconds each.
+pytestmark = pytest.mark.slow
+
 
 def _rows(stdout: str) -> dict[str, str]:
     """Table lines by job id (the first cell)."""

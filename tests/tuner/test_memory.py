@@ -62,6 +62,7 @@ def _fresh_process_check() -> None:
 # knobs) and on fragmentation. A new interpreter: in the test session's process a fresh array
 # can land in memory an earlier test's libraries had advised and kept (seen in the full suite).
 @pytest.mark.skipif(not _THP.exists(), reason="needs a Linux kernel with transparent huge pages")
+@pytest.mark.slow
 def test_large_arrays_are_not_advised_after_small_pages():
     here = str(Path(__file__).parent)
     code = f"import sys; sys.path.insert(0, {here!r}); import test_memory; test_memory._fresh_process_check()"

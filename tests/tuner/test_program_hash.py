@@ -62,6 +62,7 @@ print(json.dumps([program_hash(space.apply(p).mod) for p in points]))
 """
 
 
+@pytest.mark.slow
 def test_stable_across_processes():
     space = search_spaces.create(matmul_mod(), tvm.target.Target(TARGET), seed=1)
     rng = np.random.default_rng(0)

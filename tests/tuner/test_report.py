@@ -14,6 +14,9 @@ import numpy as np
 import pytest
 from morning_job import TRIALS, one_line_error, run, tiny_job
 
+# A real job's report and the browser: tens of seconds.
+pytestmark = pytest.mark.slow
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 

@@ -14,6 +14,7 @@ from tuner.errors import UserInputError
 from tuner.job import TuneConfig, TuningJob
 
 
+@pytest.mark.slow
 def test_job_times_its_fastest_records_in_rounds_and_ranks_them_by_those_times(cpu_device, tmp_path):
     db = TuningDatabase(f"sqlite:///{tmp_path / 't.db'}")
     task = matmul_task(64)

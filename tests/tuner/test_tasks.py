@@ -1,8 +1,11 @@
+import pytest
+
 from tuner.frontends import load_model
 from tuner.graph.keys import workload_key
 from tuner.graph.tasks import extract_tasks
 
 
+@pytest.mark.slow
 def test_light_resnet50_tasks(cpu_device, light_resnet50):
     spec = load_model(str(light_resnet50))
     tasks = extract_tasks(spec.bound(), cpu_device.target)

@@ -231,6 +231,7 @@ def test_a_bf16_model_runs_its_3x3_stride_1_conv_by_winograd_where_planned(cpu_d
     assert sorted(t.layout for t in tasks if t.layout) == ["NCHW16c", "NCHW16c", "NCHW16c:w4"]
 
 
+@pytest.mark.slow
 def test_the_chooser_gives_a_bf16_conv_winograd_where_it_was_measured_faster(cpu_device):
     """bf16 candidates: the 3x3 stride-1 conv measured faster by Winograd F(4, 3) than on the
     dot product, the others with one (blocked) variant: the plan runs that conv by Winograd
