@@ -82,7 +82,7 @@ def cpu_device():
 # Markers by what a test needs, set here from its fixtures and its body so that no test has to
 # remember them: `ray` (a Ray cluster: the fixtures, or a job or `tune` run that starts one),
 # `postgres` (the PostgreSQL server), `browser` (headless Chromium), `slow` (set by hand);
-# `fast` is every test with none of them: `pytest -m fast` is the contributor's loop.
+# `fast` is every test with none of them: `pytest -m fast -n 2` is the contributor's loop.
 _RAY_FIXTURES = {"ray_cluster", "multinode", "make_measurer", "two_nodes"}
 _PG_FIXTURES = {"pg_server_url"}
 _RAY_CALLS = ("RayMeasurer", "connect(", "tune_main(", '"tune"', "'tune'", "TuningJob(", "tune_tasks(", "morning_job",
