@@ -28,7 +28,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from tuner.device import Device
-from tuner.errors import UserInputError
+from tuner.errors import UserInputError, install_hint
 from tuner.frontends import ModelSpec
 from tuner.peers import Peer, PeerModel, PeerSkipped, create
 from tuner.precision import Precision
@@ -40,7 +40,7 @@ DEFAULT_PEERS = ("onnxruntime", "openvino-f32", "openvino", "torch", "torch.comp
 #: The peers ``tune``'s closing table picks its one comparison from (f32, quick to prepare).
 QUICK_PEERS = ("onnxruntime", "openvino-f32")
 #: Installs every peer and what the zoo's export needs.
-BENCH_EXTRA = "pip install 'nightshift[bench]'"
+BENCH_EXTRA = install_hint("bench")
 
 TVM_DB = "tvm"
 TVM_FALLBACK = "tvm-fallback"

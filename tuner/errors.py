@@ -17,6 +17,12 @@ class UserInputError(NightshiftError):
     """
 
 
+def install_hint(extra: str) -> str:
+    """How to install one of the package's extras (``onnx``, ``torch``, ``bench``, ``cuda``): from
+    the checkout, since Nightshift is not on a package index yet."""
+    return f"pip install -e '.[{extra}]' in Nightshift's checkout"
+
+
 class UnknownModelError(UserInputError):
     """A model name, file or factory that cannot be loaded."""
 

@@ -135,3 +135,17 @@ def test_a_failure_inside_tvm_is_one_line_and_its_trace_is_behind_v(capsys):
     assert len(lines) == 1 and "InternalError: Check failed: (a) is false: b" in lines[0] and "-v" in lines[0], err
     assert _run(fails, argparse.Namespace(verbose=True)) == 2
     assert "Traceback" in capsys.readouterr().err
+
+
+def test_hints_keep_their_brackets(capsys):
+    """Rich reads ``[onnx]`` as markup: an error's text is printed as it is, extras included."""
+    import argparse
+
+    from tuner.cli import _run
+    from tuner.errors import UserInputError, install_hint
+
+    def fails(_args: argparse.Namespace) -> int:
+        raise UserInputError(f"reading ONNX files needs the onnx package: {install_hint('onnx')}")
+
+    assert _run(fails, argparse.Namespace(verbose=False)) == 2
+    assert "pip install -e '.[onnx]' in Nightshift's checkout" in capsys.readouterr().err

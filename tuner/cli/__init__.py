@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rich.logging import RichHandler
+from rich.markup import escape
 
 from tuner.cli.bench import cmd_bench
 from tuner.cli.common import _add_db_arg, _add_model_args, console, out
@@ -75,7 +76,7 @@ def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) ->
     try:
         return func(args)
     except NightshiftError as err:
-        console.print(f"[red]error:[/] {err}", soft_wrap=True, highlight=False)
+        console.print(f"[red]error:[/] {escape(str(err))}", soft_wrap=True, highlight=False)
         return 2
     except KeyboardInterrupt:
         console.print(f"interrupted after {time.perf_counter() - start:.0f} s; measurements so far are saved")
@@ -83,7 +84,7 @@ def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) ->
     except Exception as err:  # TVM's or a library's failure: one line here, the trace with -v
         if getattr(args, "verbose", False):
             console.print_exception()
-        console.print(f"[red]error:[/] {_one_line(err)}; nothing measured is lost. "
+        console.print(f"[red]error:[/] {escape(_one_line(err))}; nothing measured is lost. "
                       + ("The trace is above." if getattr(args, "verbose", False) else
                          "Run again with -v for the trace, and report it with the model if it persists."),
                       soft_wrap=True, highlight=False)  # fmt: skip

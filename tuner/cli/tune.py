@@ -251,7 +251,7 @@ def _verify(spec, device, db, output: Path | None, source: str | None = None, *,
     out.print(f"speed-up {r.base_latency_s / r.tuned_latency_s:.2f}x; max relative output difference "
               f"{r.untuned_error:.2e}")  # fmt: skip
     if peers is not None:
-        out.print(peers.summary)
+        out.print(peers.summary, markup=False, highlight=False)
     if r.check.reference != "untuned TVM build":
         out.print(f"max relative output difference vs {r.check.reference} {r.check.max_error:.2e}")
     if output is not None:

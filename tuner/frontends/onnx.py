@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from tuner.errors import UnknownModelError
+from tuner.errors import UnknownModelError, install_hint
 from tuner.frontends.model import ModelSpec
 
 logger = logging.getLogger(__name__)
@@ -24,7 +24,7 @@ def load_onnx(path: str | Path) -> ModelSpec:
         import onnx
     except ImportError as err:
         raise UnknownModelError(
-            "reading ONNX files needs the onnx package: pip install 'nightshift[onnx]'"
+            f"reading ONNX files needs the onnx package: {install_hint('onnx')}"
         ) from err
     try:
         proto = onnx.load(str(path))

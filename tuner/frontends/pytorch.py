@@ -6,7 +6,7 @@ import importlib
 import inspect
 import logging
 
-from tuner.errors import UnknownModelError
+from tuner.errors import UnknownModelError, install_hint
 from tuner.frontends.model import ModelSpec
 
 logger = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ def load_torch_factory(target: str, *, batch_size: int = 1) -> ModelSpec:
     except ImportError as err:
         raise UnknownModelError(
             f"--model {target} is a PyTorch program but torch is not installed: "
-            "pip install 'nightshift[torch]'"
+            f"{install_hint('torch')}"
         ) from err
     try:
         factory = getattr(importlib.import_module(module_name), attr)

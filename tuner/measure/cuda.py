@@ -22,7 +22,7 @@ import shutil
 from typing import Any, Literal
 
 from tuner.cuda_runtime import load_cuda_runtime, wheel_cuda_home
-from tuner.errors import CudaToolchainError
+from tuner.errors import CudaToolchainError, install_hint
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def cuda_compiler() -> Literal["nvcc", "nvrtc"]:
         from cuda.bindings import nvrtc  # noqa: F401
     except ImportError:
         raise CudaToolchainError(
-            "building CUDA kernels needs nvcc on PATH or NVRTC: pip install 'nightshift[cuda]'"
+            f"building CUDA kernels needs nvcc on PATH or NVRTC: {install_hint('cuda')}"
         ) from None
     return "nvrtc"
 
