@@ -35,6 +35,8 @@ START, END = "<!-- summary:start -->", "<!-- summary:end -->"
 BENCHMARKS = ("e2e_vs_peers", "precision_vs_peers", "cuda_e2e")
 
 MODELS = {"resnet50": "ResNet-50", "bert-base": "BERT-base", "mobilenet_v2": "MobileNet-V2"}
+# "openvino-f32" is OpenVINO run with INFERENCE_PRECISION_HINT f32 (its default is bf16 on CPUs with
+# AVX512_BF16 or AMX); "openvino" is its default precision, named from the entry's own precision field.
 PEERS = {
     "onnxruntime": "ONNX Runtime",
     "openvino-f32": "OpenVINO f32",

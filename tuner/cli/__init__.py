@@ -51,7 +51,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--verify", choices=("auto", "on", "off"), default="auto",
                    help="check the output against the untuned build (auto, default: when that build is cheap)")
     p.set_defaults(func=cmd_compile)
-    p = sub.add_parser("bench", help="time the tuned and fallback builds against ONNX Runtime, OpenVINO, PyTorch")
+    p = sub.add_parser("bench", help="time the tuned and fallback builds against ONNX Runtime, OpenVINO "
+                                     "(INFERENCE_PRECISION_HINT f32 for fp32) and PyTorch")
     _add_model_args(p)
     _add_db_arg(p)
     p.add_argument("--json", type=Path, default=None, help="also write the results as JSON to this file")
