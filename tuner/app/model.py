@@ -33,7 +33,8 @@ logger = logging.getLogger(__name__)
 Status = Callable[[str], contextlib.AbstractContextManager[Any]]
 
 
-def _no_status(_text: str) -> contextlib.AbstractContextManager[Any]:
+def no_status(_text: str) -> contextlib.AbstractContextManager[Any]:
+    """A :data:`Status` that shows nothing (the default of every use case)."""
     return contextlib.nullcontext()
 
 
@@ -167,7 +168,7 @@ class LoadedModel:
         return self._chosen
 
 
-def load(options: ModelOptions, *, status: Status = _no_status) -> LoadedModel:
+def load(options: ModelOptions, *, status: Status = no_status) -> LoadedModel:
     """The model ``options`` name on its device; for int8, a float model quantized first.
 
     The device is checked for the precision before any work (no silent slow emulation).

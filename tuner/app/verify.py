@@ -9,7 +9,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tuner.app.model import Status, _no_status
+from tuner.app.model import Status, no_status
 
 if TYPE_CHECKING:
     from tuner.artifact import Verification
@@ -76,7 +76,7 @@ class VerifiedReduced:
 
 
 def verify(spec: ModelSpec, device: Device, db: TuningDatabase, *, source: str | None = None,
-           plan: LayoutPlan | None = None, status: Status = _no_status) -> Verified:  # fmt: skip
+           plan: LayoutPlan | None = None, status: Status = no_status) -> Verified:  # fmt: skip
     """Compile untuned and tuned, run both on the same input, check and time them.
 
     Beside the untuned build, the tuned one is timed interleaved with the zero-trial fallback
@@ -113,7 +113,7 @@ def verify(spec: ModelSpec, device: Device, db: TuningDatabase, *, source: str |
 
 def verify_reduced(spec: ModelSpec, device: Device, db: TuningDatabase, *, plan: LayoutPlan | None,
                    precision: Precision, num_inputs: int, fp32_spec: ModelSpec | None = None,
-                   status: Status = _no_status) -> VerifiedReduced:  # fmt: skip
+                   status: Status = no_status) -> VerifiedReduced:  # fmt: skip
     """Compile the reduced-precision model and its fp32 build (the database's records of each)
     and measure latency and accuracy against fp32 (:mod:`tuner.precision.accuracy`).
     ``fp32_spec``: the float model a QDQ ``spec`` was quantized from, the reference when given."""
