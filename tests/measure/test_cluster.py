@@ -79,8 +79,8 @@ def test_lost_artifact_is_lost_for_that_candidate_only(multinode, cpu_device, ta
     with RayMeasurer(cpu_device, config) as m:
         assert m.measure(task, [workloads.tiled(task, 8)])[0].error_class is None
         before = m.stats.built  # the task's reference and that candidate
-        lease, me = quiet.ensure(device_node.node_id), quiet.holder()
-        ray.get(lease.acquire_timing.remote(me))  # the device waits: built artifacts queue up
+        held = quiet.TimingLease(device_node.node_id)
+        held.acquire()  # the device waits: built artifacts queue up
         try:
             futures = m.submit(task, [workloads.tiled(task, t) for t in (4, 16, 32)])
             deadline = time.monotonic() + 300
@@ -92,7 +92,7 @@ def test_lost_artifact_is_lost_for_that_candidate_only(multinode, cpu_device, ta
             while _alive(builder.node_id) and time.monotonic() < deadline:
                 time.sleep(0.2)
         finally:
-            ray.get(lease.release_timing.remote(me))
+            held.release()
         results = [f.result(timeout=300) for f in futures]
     assert all(r.error_class in (None, ErrorClass.LOST) for r in results), [r.error_msg for r in results]
     lost = [r for r in results if r.error_class is ErrorClass.LOST]
@@ -223,15 +223,15 @@ def test_device_node_that_joins_mid_job_times_its_candidates_one_record_each(mul
         time.sleep(0.1)
     # The first device is held from now on: only the node that joins can time, so the job
     # goes on only if the measurer picks that node up.
-    lease, me = quiet.ensure(first.node_id), quiet.holder()
-    ray.get(lease.acquire_timing.remote(me))
+    held = quiet.TimingLease(first.node_id)
+    held.acquire()
     try:
         before = measured(first.node_id)
         joined = multinode.add_node(num_cpus=0, resources={resource: 1}).node_id
         while measured(joined) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
     finally:
-        ray.get(lease.release_timing.remote(me))
+        held.release()
     runner.join(timeout=300)
     summary = out["summary"]
     assert summary.trials == 16

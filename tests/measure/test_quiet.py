@@ -114,15 +114,14 @@ def test_builds_waiting_for_a_timing_do_not_time_out(node, make_measurer, task):
     """The build timeout counts the time a build runs, not the time it waited for the node."""
     m = make_measurer(MeasureConfig(build_timeout_s=8, build_start_timeout_s=300))
     m.build(task, [workloads.tiled(task, 8)])  # build workers are up
-    lease = quiet.lookup(node)
-    me = quiet.holder()
-    ray.get(lease.acquire_timing.remote(me))  # this process times for longer than the timeout
+    held = quiet.TimingLease(node)
+    held.acquire()  # this process times for longer than the timeout
     try:
         futures = m.submit(task, [workloads.tiled(task, t) for t in (4, 16)], time_them=False)
         time.sleep(12)
         assert not any(f.done() for f in futures), "a build ran while the node was held for a timing"
     finally:
-        ray.get(lease.release_timing.remote(me))
+        held.release()
     for f in futures:
         r = f.result(timeout=120).build
         assert r.ok, r.error_msg
@@ -148,16 +147,16 @@ def test_a_build_paused_for_a_timing_between_its_stages_does_not_time_out(node, 
     m = make_measurer(MeasureConfig(build_timeout_s=20, build_start_timeout_s=300))
     m.build(task, [workloads.tiled(task, 8)])  # build workers are up
     lease = quiet.lookup(node)
-    me = quiet.holder()
+    held = quiet.TimingLease(node)
     [future] = m.submit(task, [workloads.unrolled(task, 32)], time_them=False)  # LLVM compiles for seconds
     _until(lambda: ray.get(lease.state.remote())["shared"] == 1)
-    ray.get(lease.acquire_timing.remote(me))
+    held.acquire()
     try:
         assert not future.done(), "the timing waited for the whole build"
         time.sleep(22)
         assert not future.done(), "the build went on during the timing"
     finally:
-        ray.get(lease.release_timing.remote(me))
+        held.release()
     r = future.result(timeout=300).build
     assert r.ok, r.error_msg
     assert r.build_sec < 20
@@ -169,6 +168,6 @@ def test_builds_pinned_to_the_cores_a_timing_leaves_free():
     if len(cores) < 2:
         pytest.skip("one core: nothing to keep apart by affinity")
     lease.set_timing_cores(cores[:1])
-    grant = asyncio.run(lease.acquire_shared(quiet.holder()))
+    grant = asyncio.run(lease.acquire_shared(quiet._request("test")))
     assert grant["cores"] == cores[1:]
     assert lease.state()["shared"] == 0  # a pinned build holds no lease: timings need not wait for it

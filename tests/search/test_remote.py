@@ -118,13 +118,11 @@ def two_nodes() -> Iterator:
 def test_proposal_work_spreads_over_nodes_and_waits_for_a_timing(two_nodes):
     """On two nodes the points are applied on both, none on the driver's (it has no CPU);
     while timings hold the nodes' leases, no proposal work runs."""
-    import ray
-
     from tuner.measure import quiet
 
     _, nodes = two_nodes
     # The nodes time CPU candidates: each has its lease actor (as a device actor starts it).
-    leases = [quiet.ensure(n.node_id) for n in nodes]
+    held = [quiet.TimingLease(n.node_id) for n in nodes]
     space = search_tasks.space("sketch", "matmul")
     applier = applier_for("sketch", "matmul")
     rng = np.random.default_rng(0)
@@ -134,8 +132,8 @@ def test_proposal_work_spreads_over_nodes_and_waits_for_a_timing(two_nodes):
     assert {a.node_id for a in got} == {n.node_id for n in nodes}, "the work did not spread over both nodes"
 
     # Timings hold both nodes: no proposal work runs until they are done.
-    me = quiet.holder()
-    ray.get([lease.acquire_timing.remote(me) for lease in leases])
+    for lease in held:
+        lease.acquire()
     done = threading.Event()
     out: list = []
 
@@ -148,7 +146,8 @@ def test_proposal_work_spreads_over_nodes_and_waits_for_a_timing(two_nodes):
         thread.start()
         assert not done.wait(8.0), "proposal work ran beside a timing"
     finally:
-        ray.get([lease.release_timing.remote(me) for lease in leases])
+        for lease in held:
+            lease.release()
     assert done.wait(300)
     thread.join()
     assert len(out) == 6 and all(not isinstance(a, str) for a in out)

@@ -34,6 +34,10 @@ if TYPE_CHECKING:
     from tuner.measure.results import Measurement
 
 MeasurerName = Literal["ray", "inline"]
+#: Slack of a timing's lease wait over the build timeout (see ``MeasureConfig.lease_wait_s``).
+LEASE_MARGIN_S = 30.0
+#: Slack of a job's wait for a result over the measurer's own bounds (``candidate_wait``).
+RESULT_MARGIN_S = 60.0
 MEASURERS: tuple[str, ...] = ("ray", "inline")
 
 
@@ -68,6 +72,10 @@ class MeasureConfig:
         node_scan_s: how often, while it has work, the measurer looks for nodes that joined the
             cluster with the device's resource; their device actors take timings once they
             answer with the fingerprint the measurer times on.
+        lease_wait_s: how long a CPU timing waits for its node's lease (the builds and
+            searches holding the node) before the candidate is recorded as
+            ``LEASE_TIMEOUT``; default: ``build_timeout_s`` + ``LEASE_MARGIN_S`` (a build
+            holds the node for one stage at most).
     """
 
     build_timeout_s: float = 60.0
@@ -82,6 +90,18 @@ class MeasureConfig:
     build_retries: int = 1
     build_start_timeout_s: float = 300.0
     node_scan_s: float = 5.0
+    lease_wait_s: float | None = None
+
+    def lease_wait(self) -> float:
+        """How long a CPU timing waits for its node's lease (``lease_wait_s``)."""
+        return self.lease_wait_s if self.lease_wait_s is not None else self.build_timeout_s + LEASE_MARGIN_S
+
+    def candidate_wait(self) -> float:
+        """The longest a measurer may take over one candidate by its own bounds (a CPU, the
+        build, the node's lease, the reference and the timing), plus ``RESULT_MARGIN_S``: a
+        job that waits this long for the next result of a batch gives up on the rest."""
+        own = self.build_start_timeout_s + self.build_timeout_s + self.lease_wait() + 2 * self.run_timeout_s
+        return own + RESULT_MARGIN_S
 
 
 @dataclass

@@ -21,7 +21,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from tuner.measure.results import RunResult
+from tuner.measure.quiet import LeaseTimeout
+from tuner.measure.results import ErrorClass, RunResult
 from tuner.measure.runner import CandidateRunner, Reference, TimingConfig
 
 logger = logging.getLogger(__name__)
@@ -143,11 +144,23 @@ class DeviceActor(CandidateRunner):
         reference: Reference | None,
         best_sec: float | None,
         run_timeout_s: float,
+        lease_wait_s: float | None = None,
     ) -> Iterator[float | RunResult]:
         """Wait for the device's turn and, on a CPU, for the node's lease; say so (the start
-        time, from which the caller's run timeout counts); then check and time the candidate."""
+        time, from which the caller's run timeout counts); then check and time the candidate.
+
+        A CPU timing that does not get the node's lease within ``lease_wait_s`` (default: the
+        lease's) is not timed: its result is ``LEASE_TIMEOUT``, naming who held the node.
+        """
         with self._turns:
-            grant = self._hold()
+            try:
+                grant = self._hold(lease_wait_s)
+            except LeaseTimeout as err:
+                logger.warning("candidate of %s not timed: %s", task_key[:60], err)
+                yield time.time()
+                yield RunResult(error_class=ErrorClass.LEASE_TIMEOUT, error_msg=str(err),
+                                device_fingerprint=self.device.fingerprint)  # fmt: skip
+                return
             self._current = (time.monotonic(), run_timeout_s)
             # A measurer sends a batch with the best it knew when it sent it; the actor knows
             # the best of the candidates it timed since (on this device, for any job).
@@ -174,12 +187,12 @@ class DeviceActor(CandidateRunner):
             # TVM's pool threads, started by the first timing on this thread, inherit it.
             os.sched_setaffinity(0, self._timing_cores)
 
-    def _hold(self) -> dict[str, Any]:
+    def _hold(self, wait_s: float | None) -> dict[str, Any]:
         if self.lease is None:
             return {}
         if self._held_since is not None:  # kept from the call before
             return {"waited_s": 0.0, "shared_waited": 0}
-        grant = self.lease.acquire()
+        grant = self.lease.acquire(wait_s)
         self._held_since = time.monotonic()
         return grant
 

@@ -17,12 +17,15 @@ Every fault ends as a ``Measurement`` with an error class, for that candidate on
 that raises, runs past its timeout or crashes its process; a lost artifact; a candidate that
 crashes the actor (the actor restarts), hangs (the actor is killed and restarts) or gives a
 wrong answer; any other error of a call; a node that disappears (builds are retried
-elsewhere by Ray, timings in flight go to another device or are marked ``LOST``).
+elsewhere by Ray, timings in flight go to another device or are marked ``LOST``); a CPU timing
+whose node's lease stays taken past ``MeasureConfig.lease_wait_s`` (``LEASE_TIMEOUT``, logged
+with the holders).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -318,7 +321,7 @@ class RayMeasurer:
         if here not in nodes:
             logger.info("no device actor of this measurer times on the driver's node")
             return None
-        return TimingLease(here)
+        return TimingLease(here, wait_s=self.config.lease_wait())
 
     def close(self) -> None:
         """Stop the engine and mark unfinished candidates ``LOST``; the device actors stay for
@@ -578,7 +581,7 @@ class RayMeasurer:
             stream = d.actor.measure_stream.options(
                 num_returns="streaming", _generator_backpressure_num_objects=1
             ).remote(c.task_key, c.artifact, c.entry, self.config.timing, reference, self._best.get(c.task_key),
-                     self._budget(d, c))  # fmt: skip
+                     self._budget(d, c), self.config.lease_wait())  # fmt: skip
             d.calls.append(_Call(stream, c))
 
     def _depth(self, d: _Dev) -> int:
@@ -619,6 +622,10 @@ class RayMeasurer:
             self._finish(c, RunResult(error_class=ErrorClass.RUN_ERROR, error_msg=msg, node_id=d.node_id))
             return
         run = item
+        if run.error_class == ErrorClass.LEASE_TIMEOUT:
+            logger.warning("candidate %d not timed on %s: %s", c.id, d.name, (run.error_msg or "")[:500])
+            self._finish(c, dataclasses.replace(run, node_id=d.node_id))
+            return
         d.refs.add(c.task_key)
         self.stats.device_busy_s += run.busy_s
         if run.ok:

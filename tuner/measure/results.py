@@ -23,6 +23,9 @@ class ErrorClass(StrEnum):
     RUN_TIMEOUT = "run_timeout"
     WRONG_RESULT = "wrong_result"
     LOST = "lost"
+    # A CPU timing that did not get its node's lease within its bound (the node stayed busy
+    # with builds or searches): says nothing of the candidate.
+    LEASE_TIMEOUT = "lease_timeout"
     # Measured, but its trace fails tuner.db.validate's allow-list: no compile would use it.
     REFUSED_TRACE = "refused_trace"
 
