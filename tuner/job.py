@@ -6,6 +6,7 @@ model, the task scheduler, the batches in flight, errors and counters); ``tune_t
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -35,7 +36,7 @@ from tuner.device import Device
 from tuner.errors import DatabaseError, UserInputError
 from tuner.graph.tasks import Task
 from tuner.measure.base import MEASURERS, MeasureConfig, MeasureError, Measurer
-from tuner.measure.results import ErrorClass
+from tuner.measure.results import BuildResult, ErrorClass, Measurement, RunResult
 from tuner.progress import EventSink, event
 from tuner.rerank import rerank_task
 from tuner.reuse import SEED_POINTS, TaskHistory, job_points, other_mode, seed_line, task_histories
@@ -726,7 +727,7 @@ class TuningJob:
         batch is not recorded: a resumed job measures it)."""
         assert self.measurer is not None
         try:
-            results = [f.result() for f in batch.futures]
+            results = self._await(batch.futures)
             if not all(m.error_class == ErrorClass.LOST for m in results) or self.measurer.alive():
                 return results
             cause: BaseException = RuntimeError(results[0].error_msg or "every candidate lost")
@@ -750,7 +751,30 @@ class TuningJob:
         # Batches proposed before the loss were submitted to the old measurer: submit them again.
         for other in self.inflight:
             other.futures = self.measurer.submit(self.tasks[other.task], [c.mod for c in other.candidates])
-        return [f.result() for f in again]
+        return self._await(again)
+
+    def _await(self, futures: list[concurrent.futures.Future]) -> list[Measurement]:
+        """The measurements of ``futures``, in order, waiting at most the measure config's
+        ``candidate_wait()`` for each next one: a measurer that stops resolving a candidate
+        (a lost call, an engine bug) must not hang the job, so the rest are ``LOST`` (measured
+        again by a later run) and the job goes on.
+
+        Raises:
+            MeasureError: as ``Future.result`` (the measurer itself failed).
+        """
+        bound = self.config.measure.candidate_wait()
+        pending = set(futures)
+        while pending:
+            done, pending = concurrent.futures.wait(pending, timeout=bound,
+                                                    return_when=concurrent.futures.FIRST_COMPLETED)  # fmt: skip
+            if not done:
+                logger.error("%d of %d candidates got no result within %.0f s of the last one; recorded as lost",
+                             len(pending), len(futures), bound)  # fmt: skip
+                break
+        msg = f"no result within {bound:.0f} s (the job stopped waiting)"
+        lost = Measurement(BuildResult(None, 0.0), RunResult(error_class=ErrorClass.LOST, error_msg=msg))
+        # The measurer may still resolve those later: its futures are left alone.
+        return [f.result() if f.done() else lost for f in futures]
 
     def _complete(self, batch: _Batch) -> None:
         """Wait for a batch, store it, and tell the strategy, model, bandit and scheduler."""

@@ -36,8 +36,6 @@ if TYPE_CHECKING:
 MeasurerName = Literal["ray", "inline"]
 #: Slack of a timing's lease wait over the build timeout (see ``MeasureConfig.lease_wait_s``).
 LEASE_MARGIN_S = 30.0
-#: Slack of a job's wait for a result over the measurer's own bounds (``candidate_wait``).
-RESULT_MARGIN_S = 60.0
 MEASURERS: tuple[str, ...] = ("ray", "inline")
 
 
@@ -76,6 +74,8 @@ class MeasureConfig:
             searches holding the node) before the candidate is recorded as
             ``LEASE_TIMEOUT``; default: ``build_timeout_s`` + ``LEASE_MARGIN_S`` (a build
             holds the node for one stage at most).
+        result_margin_s: slack of a job's wait for a candidate's result over the measurer's
+            own bounds (see ``candidate_wait``).
     """
 
     build_timeout_s: float = 60.0
@@ -91,6 +91,7 @@ class MeasureConfig:
     build_start_timeout_s: float = 300.0
     node_scan_s: float = 5.0
     lease_wait_s: float | None = None
+    result_margin_s: float = 60.0
 
     def lease_wait(self) -> float:
         """How long a CPU timing waits for its node's lease (``lease_wait_s``)."""
@@ -98,10 +99,10 @@ class MeasureConfig:
 
     def candidate_wait(self) -> float:
         """The longest a measurer may take over one candidate by its own bounds (a CPU, the
-        build, the node's lease, the reference and the timing), plus ``RESULT_MARGIN_S``: a
+        build, the node's lease, the reference and the timing), plus ``result_margin_s``: a
         job that waits this long for the next result of a batch gives up on the rest."""
         own = self.build_start_timeout_s + self.build_timeout_s + self.lease_wait() + 2 * self.run_timeout_s
-        return own + RESULT_MARGIN_S
+        return own + self.result_margin_s
 
 
 @dataclass

@@ -109,6 +109,8 @@ def _task_label() -> str:
         import ray
 
         ctx = ray.get_runtime_context()
+        if ctx.worker.mode != ray.WORKER_MODE:  # a driver (its task calls would log warnings)
+            return "driver"
         name = ctx.get_actor_name() or ctx.get_task_name()
         task_id = ctx.get_task_id()
     except Exception:  # no Ray here, or a context without a task: the pid says enough
