@@ -35,5 +35,9 @@ class DatabaseError(NightshiftError):
     """The tuning database cannot be opened, read or written."""
 
 
+class JobConflict(UserInputError):
+    """A job of that name already runs on the device (another process started it first)."""
+
+
 class CudaToolchainError(NightshiftError):
     """CUDA kernels cannot be built or run here (no runtime library, no nvcc or NVRTC)."""

@@ -33,7 +33,7 @@ from tuner.db import NewRecord, TuningDatabase
 from tuner.db.store import measured_results
 from tuner.db.validate import trace_rejection
 from tuner.device import Device
-from tuner.errors import DatabaseError, UserInputError
+from tuner.errors import DatabaseError, JobConflict, UserInputError
 from tuner.graph.tasks import Task
 from tuner.measure.base import MEASURERS, MeasureConfig, MeasureError, Measurer
 from tuner.measure.results import BuildResult, ErrorClass, Measurement, RunResult
@@ -57,6 +57,9 @@ _PROPOSE_ROUNDS = 3
 # "running" job whose stamp is older than STALE_AFTER_S is dead (killed) and may be resumed.
 HEARTBEAT_S = 20.0
 STALE_AFTER_S = 90.0
+# Rounds of look-and-claim in _open_job before giving up on a job that other processes keep
+# starting and stopping (each round loses only to a process that did take the job).
+_OPEN_ATTEMPTS = 5
 # Tasks over which a run's failures must spread before TuneConfig.hopeless_after stops it.
 HOPELESS_TASKS = 3
 # The end-of-job re-ranking covers the tasks down to this share of the estimated latency:
@@ -499,17 +502,33 @@ class TuningJob:
                    best_sec={t.name: s for t, s in zip(self.tasks, self.scheduler.best_sec, strict=True)})  # fmt: skip
 
     def _open_job(self) -> None:
-        """Resume the unfinished job of this name on this device, or start a new one."""
+        """Resume the unfinished job of this name on this device, or start a new one.
+
+        Several processes may open the same name at once: the database lets one of them
+        insert a running row (``ux_jobs_running``) or take over a stopped one
+        (:meth:`TuningDatabase.claim_job`); the others then see it running and stop.
+
+        Raises:
+            JobRunning: another live process runs the job.
+        """
         assert self.device_id is not None
         db, config = self.db, self.config
-        row = db.find_job(self.name, self.device_id)
         # The process id lets a rerun on the same host see at once that a killed run is dead.
         settings = {"device": self.device.name, "pid": os.getpid(), "timing": self.timing} | _jsonable(asdict(config))
         # The report weighs each task's best by how often the model calls it.
         settings["tasks"] = [{"workload_key": t.workload_key, "weight": t.weight, "choice": t.choice}
                              for t in self.tasks]
         total = config.trials or 0
-        if row is not None and row.state != "done":
+        for _ in range(_OPEN_ATTEMPTS):
+            # A running row first: an older killed run may sit under a newer finished one.
+            row = db.find_job(self.name, self.device_id, state="running") or db.find_job(self.name, self.device_id)
+            if row is None or row.state == "done":
+                try:
+                    self.job_id = db.start_job(self.model_name, self.device_id, settings, total, name=self.name,
+                                               time_budget_sec=config.time_budget_s)  # fmt: skip
+                    return
+                except JobConflict:
+                    continue  # another process started it just now: look at its row
             if row.model != self.model_name:
                 raise UserInputError(f"job {self.name!r} tunes {row.model}, not {self.model_name}; "
                                      "pass another --job name")  # fmt: skip
@@ -518,18 +537,21 @@ class TuningJob:
                 beat = beat.replace(tzinfo=UTC)  # SQLite hands back naive UTC
             age = None if beat is None else (datetime.now(UTC) - beat).total_seconds()
             if row.state == "running" and age is not None and age < STALE_AFTER_S and _alive(row):
-                raise JobRunning(f"job {self.name!r} is running on {row.host} (heartbeat {age:.0f} s ago); "
-                                 "wait for it or stop it, or pass another --job name")  # fmt: skip
+                raise JobRunning(f"job {self.name!r} (#{row.id}) is running on {row.host}, process "
+                                 f"{_pid(row) or '?'} (heartbeat {age:.0f} s ago); wait for it or stop it, "
+                                 "or pass another --job name")  # fmt: skip
+            done = db.job_trials(row.id)
+            if not db.claim_job(row.id, seen_state=row.state, seen_heartbeat=row.heartbeat_at, config=settings,
+                                trials_done=done, trials_total=total, time_budget_sec=config.time_budget_s):
+                continue  # another process resumed it first
             self.job_id, self.resumed = row.id, True
             self.elapsed_before = float(row.elapsed_sec or 0.0)
-            self.done = self.submitted = db.job_trials(row.id)
-            db.update_job(row.id, state="running", heartbeat=True, trials_done=self.done, trials_total=total,
-                          time_budget_sec=config.time_budget_s, config=settings)  # fmt: skip
+            self.done = self.submitted = done
             logger.info("resuming job %s (#%d): %d trials, %.0f s so far", self.name, row.id, self.done,
                         self.elapsed_before)  # fmt: skip
             return
-        self.job_id = db.start_job(self.model_name, self.device_id, settings, total, name=self.name,
-                                   time_budget_sec=config.time_budget_s)  # fmt: skip
+        raise JobRunning(f"job {self.name!r} keeps being started by other processes; wait for them, "
+                         "or pass another --job name")
 
     def _restore(self) -> list[str]:
         """Rebuild the scheduler from the database and decide each task's reuse; return the
@@ -1052,16 +1074,22 @@ def _connection_lost(err: DatabaseError) -> bool:
     return False
 
 
+def _pid(row: Any) -> int | None:
+    """The process id a job's row names (None: an older row without one)."""
+    try:
+        pid = int(json.loads(row.config).get("pid", 0))
+    except (ValueError, TypeError, AttributeError):
+        return None
+    return pid if pid > 0 else None
+
+
 def _alive(row: Any) -> bool:
     """Whether the process that last ran a job may still run: on another host, assume so
     (its heartbeat decides); on this one, whether its process exists."""
     if row.host != socket.gethostname():
         return True
-    try:
-        pid = int(json.loads(row.config).get("pid", 0))
-    except (ValueError, TypeError, AttributeError):
-        return True
-    if pid <= 0:
+    pid = _pid(row)
+    if pid is None:
         return True
     try:
         os.kill(pid, 0)

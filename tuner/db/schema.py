@@ -25,7 +25,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # Kept in nightshift_meta by the migrations, for people reading the database; alembic's
 # revision is what Nightshift checks.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 
 def _now() -> datetime:
@@ -80,7 +80,13 @@ class JobRow(Base):
     """A tuning job: its configuration, state and progress."""
 
     __tablename__ = "jobs"
-    __table_args__ = (Index("ix_jobs_name", "name"),)
+    __table_args__ = (
+        Index("ix_jobs_name", "name"),
+        # One running job per name and device: two `tune --job X` started at once cannot
+        # both run (the loser's insert fails; migration 0007).
+        Index("ux_jobs_running", "name", "device_id", unique=True,
+              sqlite_where=text("state = 'running'"), postgresql_where=text("state = 'running'")),
+    )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     # What a user resumes by (tune --job NAME); NULL for jobs older than schema 4.
     name: Mapped[str | None] = mapped_column(String(256), nullable=True)

@@ -25,7 +25,7 @@ import tvm
 from sqlalchemy import create_engine as sa_create_engine
 from sqlalchemy import event, func, or_, select
 from sqlalchemy.engine import URL, Engine
-from sqlalchemy.exc import DBAPIError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, IntegrityError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from tuner.db import migrate
@@ -43,7 +43,7 @@ from tuner.db.selection import PREFERRED_TIMINGS, RecordSelection, _best_stmt
 from tuner.db.url import _first_line, database_url, redact
 from tuner.db.validate import timing_rejection
 from tuner.device import Device
-from tuner.errors import DatabaseError, UserInputError
+from tuner.errors import DatabaseError, JobConflict, UserInputError
 from tuner.measure.results import ErrorClass, Timing
 
 logger = logging.getLogger(__name__)
@@ -317,6 +317,9 @@ class TuningDatabase(RecordSelection, Maintenance):
         Args:
             name: what ``tune --job NAME`` resumes it by.
             time_budget_sec: tuning time the job may spend over all its runs (None: no limit).
+
+        Raises:
+            JobConflict: a job called ``name`` is running on the device (``ux_jobs_running``).
         """
 
         def work(s: Session) -> int:
@@ -331,8 +334,39 @@ class TuningDatabase(RecordSelection, Maintenance):
             return job.id
 
         # Not retried: a retry after a lost commit acknowledgement would start a second job.
-        with self.session() as s:
-            return work(s)
+        try:
+            with self.session() as s:
+                return work(s)
+        except DatabaseError as err:
+            if name is not None and _unique_violation(err.__cause__):
+                raise JobConflict(f"a job {name!r} is already running on this device") from err
+            raise
+
+    def claim_job(self, job_id: int, *, seen_state: str, seen_heartbeat: datetime | None, config: dict,
+                  trials_done: int, trials_total: int, time_budget_sec: float | None) -> bool:  # fmt: skip
+        """Mark job ``job_id`` running on this host, if it is still as the caller saw it.
+
+        The caller read the row, judged that nothing runs it (stopped, failed, or dead) and
+        resumes it; another process may have judged the same. The row is read again under a
+        lock (``FOR UPDATE`` on PostgreSQL, ``BEGIN IMMEDIATE`` on SQLite) and taken only if its
+        state and heartbeat are unchanged, so only one of them resumes it.
+
+        Returns:
+            True if this process now runs the job; False if another one took it first.
+        """
+
+        def work(s: Session) -> bool:
+            job = s.get(JobRow, job_id, with_for_update=True, populate_existing=True)
+            if job is None:
+                raise DatabaseError(f"job {job_id} is not in the database")
+            if job.state != seen_state or job.heartbeat_at != seen_heartbeat:
+                return False
+            job.state, job.host, job.heartbeat_at = "running", socket.gethostname(), _utcnow()
+            job.trials_done, job.trials_total, job.time_budget_sec = trials_done, trials_total, time_budget_sec
+            job.config = json.dumps(config, sort_keys=True)
+            return True
+
+        return self._write(work)
 
     def update_job(self, job_id: int, *, trials_done: int | None = None, state: str | None = None,
                    elapsed_sec: float | None = None, time_budget_sec: float | None = None,
@@ -367,11 +401,13 @@ class TuningDatabase(RecordSelection, Maintenance):
 
         self._write(work)
 
-    def find_job(self, name: str, device_id: int | None = None) -> JobRow | None:
-        """The newest job called ``name`` (on ``device_id`` if given), or None."""
+    def find_job(self, name: str, device_id: int | None = None, *, state: str | None = None) -> JobRow | None:
+        """The newest job called ``name`` (on ``device_id``, in ``state`` if given), or None."""
         stmt = select(JobRow).where(JobRow.name == name)
         if device_id is not None:
             stmt = stmt.where(JobRow.device_id == device_id)
+        if state is not None:
+            stmt = stmt.where(JobRow.state == state)
         with self.session(write=False) as s:
             return s.scalar(stmt.order_by(JobRow.id.desc()).limit(1))
 
@@ -678,6 +714,14 @@ def _transient(err: BaseException | None) -> bool:
         return True
     text = str(orig or "").lower()
     return "database is locked" in text or "database is busy" in text
+
+
+def _unique_violation(err: BaseException | None) -> bool:
+    """Whether ``err`` is a unique constraint's refusal (SQLite's or PostgreSQL's 23505)."""
+    if not isinstance(err, IntegrityError):
+        return False
+    code = getattr(err.orig, "sqlstate", None)
+    return code == "23505" or "UNIQUE constraint failed" in str(err.orig)
 
 
 def _describe(err: BaseException) -> str:
