@@ -17,7 +17,7 @@ from rich.logging import RichHandler
 from rich.markup import escape
 
 from tuner.cli.bench import cmd_bench
-from tuner.cli.common import _add_db_arg, _add_model_args, console, out
+from tuner.cli.common import _add_db_arg, _add_model_args, _one_line, console, out
 from tuner.cli.compile import cmd_compile
 from tuner.cli.db import add_db_commands
 from tuner.cli.model import add_model_commands
@@ -77,6 +77,8 @@ def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) ->
     try:
         return func(args)
     except NightshiftError as err:
+        if getattr(args, "verbose", False) and err.__cause__ is not None:
+            console.print_exception()  # the TVM or library failure behind the message
         console.print(f"[red]error:[/] {escape(str(err))}", soft_wrap=True, highlight=False)
         return 2
     except KeyboardInterrupt:
@@ -90,13 +92,6 @@ def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) ->
                          "Run again with -v for the trace, and report it with the model if it persists."),
                       soft_wrap=True, highlight=False)  # fmt: skip
         return 2
-
-
-def _one_line(err: BaseException) -> str:
-    """``Type: the message's last line`` (TVM's errors end with the check that failed)."""
-    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
-    text = f"{type(err).__name__}: {lines[-1]}" if lines else type(err).__name__
-    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def build_parser(prog: str = "nightshift") -> argparse.ArgumentParser:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from tuner.cli.common import _load, _open_db, _plan, console, out
+from tuner.cli.common import _load, _open_db, _plan, check_output, console, out
 from tuner.errors import UserInputError
 
 logger = logging.getLogger(__name__)
@@ -17,8 +17,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from tuner.bench import BenchConfig, bench, render
 
-    if args.json is not None and not args.json.parent.is_dir():
-        raise UserInputError(f"--json {args.json}: folder {args.json.parent} does not exist")
+    if args.json is not None:
+        check_output(args.json, "--json")
     loaded = _load(args)
     spec, device = loaded.spec, loaded.device
     db = _open_db(args.db)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -66,6 +67,82 @@ def _open_db(text: str | None, *, create: bool = False):
     """The tuning database of ``--db``/the environment; only ``tune`` creates a missing one."""
 
     return open_existing(db_text(text), create=create)
+
+
+def check_output(path: Path, option: str = "-o") -> None:
+    """Refuse an output path that cannot be written, before any work: an artifact ``X.so``
+    (``X.json`` beside it) or a folder (created), or another file (``--json``).
+
+    Raises:
+        UserInputError: its folder does not exist or cannot be written, or the path is a
+            folder where a file is wanted (or the reverse).
+    """
+    artifact_folder = option == "-o" and path.suffix != ".so"
+    if artifact_folder and path.exists() and not path.is_dir():
+        raise UserInputError(f"{option} {path} is a file; an artifact is X.so or a folder: pass another {option}")
+    if not artifact_folder and path.is_dir():
+        raise UserInputError(f"{option} {path} is a folder; pass a file path such as {path / 'model.so'}"
+                             if option == "-o" else f"{option} {path} is a folder; pass a file path")
+    # A folder artifact is created by the writer: its parent must exist; a file's folder must.
+    folder = path if artifact_folder and path.is_dir() else path.resolve().parent
+    if not folder.is_dir():
+        raise UserInputError(f"{option} {path}: folder {folder} does not exist; create it or pass another {option}")
+    try:
+        # What the export does, minutes or hours later: create a file there (/proc refuses).
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".nightshift-write-test-"):
+            pass
+    except OSError as err:
+        raise UserInputError(f"{option} {path}: cannot write in {folder} ({err.strerror}); "
+                             f"pass a writable {option}") from err
+
+
+def check_db(text: str):
+    """The URL of ``text``, checked before any work and without creating anything: a SQLite
+    file's folder is writable and the path is not a folder; a PostgreSQL server answers.
+
+    Raises:
+        UserInputError: a malformed URL or an unusable SQLite path.
+        DatabaseError: the PostgreSQL server cannot be reached or refuses the login.
+    """
+    from tuner.db import database_url
+    from tuner.db.store import check_reachable
+
+    url = database_url(text)
+    if url.get_backend_name() == "postgresql":
+        check_reachable(url)
+    return url
+
+
+def extract_tasks(loaded: LoadedModel) -> list:
+    """The model's tasks (:meth:`LoadedModel.tasks`); TVM's failure in its graph passes
+    becomes one line that says which layout failed and what to try.
+
+    Raises:
+        UserInputError: TVM's graph passes or task extraction failed (the cause is chained:
+            ``-v`` shows its trace).
+    """
+    from tuner.errors import NightshiftError
+
+    try:
+        return loaded.tasks()
+    except (NightshiftError, KeyboardInterrupt):
+        raise
+    except Exception as err:
+        layout = loaded.options.layout
+        other = "--layout NCHW" if layout != "NCHW" else "another --layout"
+        raise UserInputError(
+            f"{loaded.spec.name}: TVM's graph passes failed under --layout {layout} ({_one_line(err)}); "
+            f"try {other}, or run again with -v for the trace and report it with the model"
+        ) from err
+
+
+def _one_line(err: BaseException) -> str:
+    """``Type: the message's last line`` (TVM's errors end with the check that failed)."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    name = type(err).__name__
+    # TVM's own last line often names the type already ("InternalError: Check failed: ...").
+    text = (lines[-1] if lines[-1].startswith(f"{name}:") else f"{name}: {lines[-1]}") if lines else name
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def _load(args: argparse.Namespace) -> LoadedModel:

@@ -7,7 +7,7 @@ import logging
 
 from rich.table import Table
 
-from tuner.cli.common import _load, _open_db, _plan, console, out
+from tuner.cli.common import _load, _open_db, _plan, check_output, console, out
 
 logger = logging.getLogger(__name__)
 
@@ -16,6 +16,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     """Compile a model with the database's best schedules into a deployable library."""
     from tuner.compile import compile_model
 
+    check_output(args.output)  # before the compile it would lose
     loaded = _load(args)
     spec, device = loaded.spec, loaded.device
     db = _open_db(args.db)

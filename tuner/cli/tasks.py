@@ -7,7 +7,7 @@ import logging
 
 from rich.table import Table
 
-from tuner.cli.common import _load, _print_precision, console, out
+from tuner.cli.common import _load, _print_precision, console, extract_tasks, out
 
 logger = logging.getLogger(__name__)
 
@@ -17,7 +17,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     loaded = _load(args)
     spec, device = loaded.spec, loaded.device
     with console.status("extracting tasks"):
-        tasks = loaded.tasks()
+        tasks = extract_tasks(loaded)
     table = Table(title=f"{spec.name} on {device.name} ({device.arch}), {loaded.precision}: {len(tasks)} tasks")
     for col in ("#", "task", "layout", "weight", "MFLOP", "workload key"):
         table.add_column(col, justify="right" if col in ("#", "weight", "MFLOP") else "left")

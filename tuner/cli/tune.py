@@ -15,10 +15,14 @@ from tuner.cli.common import (
     _add_db_arg,
     _add_model_args,
     _load,
-    _open_db,
     _plan,
     _print_precision,
+    check_db,
+    check_output,
     console,
+    db_text,
+    extract_tasks,
+    open_existing,
     out,
 )
 from tuner.errors import UserInputError
@@ -89,6 +93,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
         logging.getLogger().setLevel(logging.DEBUG)
     budget = None if args.time_budget is None else parse_duration(args.time_budget)
     trials = args.trials if args.trials is not None or budget is not None else 64
+    # Everything that can be refused is refused before the model loads, tuning starts and the
+    # database is created: a bad -o or --db found after hours of tuning loses the artifact.
+    if args.output is not None and not args.no_verify:
+        check_output(args.output)
+    db_url = check_db(db_text(args.db))
     loaded = _load(args)
     spec, device = loaded.spec, loaded.device
     if args.timing == "cold" and device.kind != "cpu":
@@ -113,9 +122,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
             log = JsonLog(args.log_json)
         except OSError as err:
             raise UserInputError(f"cannot write --log-json {args.log_json}: {err.strerror}") from err
-    db = _open_db(args.db, create=True)
     with console.status("extracting tasks"):
-        tasks = loaded.tasks()
+        tasks = extract_tasks(loaded)
+    db = open_existing(db_url, create=True)
     from tuner.db import redact
 
     _print_precision(spec, loaded.precision, device.target)

@@ -130,6 +130,23 @@ def create_engine(url: URL) -> Engine:
                              "use postgresql+psycopg://... (psycopg 3 comes with Nightshift)") from err
 
 
+def check_reachable(url: URL) -> None:
+    """Connect to ``url`` once and leave: a server that is down, unknown or refuses the login
+    is reported before any work, and nothing is created.
+
+    Raises:
+        DatabaseError: the database cannot be reached or opened.
+    """
+    engine = create_engine(url)
+    try:
+        with engine.connect():
+            pass
+    except DBAPIError as err:
+        raise DatabaseError(f"cannot open tuning database {redact(url)}: {_describe(err)}") from err
+    finally:
+        engine.dispose()
+
+
 def _sqlite_connect(dbapi_conn, _record) -> None:
     # Take transaction control from the sqlite3 module, which would otherwise BEGIN lazily
     # (deferred) and commit implicitly before DDL; _sqlite_begin issues BEGIN itself.
@@ -735,6 +752,8 @@ def _describe(err: BaseException) -> str:
         return f"{line}; is the PostgreSQL server running and reachable?"
     if "file is not a database" in low or "malformed" in low:
         return f"{line}; the file is not a healthy SQLite database: pass another --db or restore a backup"
+    if "unable to open database file" in low:
+        return f"{line}; --db must be a SQLite file in a writable folder (not a folder itself)"
     if "does not exist" in low and "database" in low:
         return f"{line}; create it (createdb) or fix the database name in --db"
     return line

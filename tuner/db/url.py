@@ -40,6 +40,9 @@ def database_url(text: str) -> URL:
         # psycopg 3 is what Nightshift installs; plain postgresql:// would ask for psycopg2.
         url = url.set(drivername="postgresql+psycopg")
     if backend == "sqlite" and url.database not in (None, "", ":memory:"):
+        if Path(url.database).is_dir():
+            raise UserInputError(f"--db {url.database} is a folder; pass a database file such as "
+                                 f"{Path(url.database) / 'nightshift.db'}")  # fmt: skip
         folder = Path(url.database).resolve().parent
         if not folder.is_dir():
             raise UserInputError(f"database folder {folder} does not exist; create it or pass another --db")
