@@ -598,6 +598,8 @@ ENV_NIGHTSHIFT: dict[str, str] = {
     "NIGHTSHIFT_BF16_ARITHMETIC": "`bf16` or `fp32`: the arithmetic `--precision bf16` computes convs and "
                                   "matmuls in, instead of the one chosen for the CPU.",
     "NIGHTSHIFT_BIND": "docker/docker-compose.yml: the address its ports are published on (default 127.0.0.1).",
+    "NIGHTSHIFT_DB_PASSWORD": "docker/docker-compose.yml: the password of `nightshift`, the database role "
+                              "Nightshift connects as (not a superuser: docker/postgres-init/ creates it).",
 }
 
 #: Variables read by TVM, numpy, Ray or libpq that matter to Nightshift's users.
@@ -610,7 +612,11 @@ ENV_OTHERS: dict[str, str] = {
     "NUMPY_MADVISE_HUGEPAGE": "`0`: numpy does not advise transparent huge pages; set it in a process "
                               "of your own that runs a deployed module beside numpy.",
     "RAY_AUTH_TOKEN": "Ray's token for a cluster that runs with token authentication (the compose "
-                      "setup): every node, driver and Jobs API client needs it.",
+                      "setup): every node, driver and Jobs API client needs it. The local cluster `tune` "
+                      "starts uses it too, else the file `RAY_AUTH_TOKEN_PATH` or `~/.ray/auth_token` "
+                      "(created 0600).",
+    "RAY_AUTH_MODE": "Ray's authentication mode; the local cluster `tune` starts always requires its token "
+                     "(and listens on 127.0.0.1 only), whatever this says.",
     "PGPASSFILE": "libpq's password file (default `~/.pgpass`): where a PostgreSQL password belongs.",
 }
 

@@ -98,13 +98,22 @@ def test_compose_has_the_team_services_and_existing_build_contexts():
 
 def test_compose_requires_its_secrets_and_listens_on_localhost_only():
     text = COMPOSE.read_text()
-    with pytest.raises(KeyError, match=r"POSTGRES_PASSWORD|RAY_AUTH_TOKEN"):
-        _interpolate(text, {})
-    secrets = {"POSTGRES_PASSWORD": "pw-from-env", "RAY_AUTH_TOKEN": "token-from-env"}
+    secrets = {"POSTGRES_PASSWORD": "pw-from-env", "NIGHTSHIFT_DB_PASSWORD": "app-pw-from-env",
+               "RAY_AUTH_TOKEN": "token-from-env"}  # fmt: skip
+    for missing in secrets:
+        with pytest.raises(KeyError, match=missing):
+            _interpolate(text, {k: v for k, v in secrets.items() if k != missing})
     compose = yaml.safe_load(_interpolate(text, secrets))
     services = compose["services"]
-    assert services["postgres"]["environment"]["POSTGRES_PASSWORD"] == "pw-from-env"
-    assert "pw-from-env" in services["ray-head"]["environment"]["NIGHTSHIFT_DB"]
+    pg = services["postgres"]["environment"]
+    assert pg["POSTGRES_PASSWORD"] == "pw-from-env" and pg["NIGHTSHIFT_DB_PASSWORD"] == "app-pw-from-env"
+    # Nightshift connects as the role the init script makes (not the superuser), with its password.
+    url = services["ray-head"]["environment"]["NIGHTSHIFT_DB"]
+    assert url.startswith("postgresql+psycopg://nightshift:app-pw-from-env@") and "pw-from-env@" not in url.replace(
+        "app-pw-from-env@", "")
+    assert pg["POSTGRES_USER"] != "nightshift"
+    init = [v for v in services["postgres"]["volumes"] if v.split(":")[1] == "/docker-entrypoint-initdb.d"]
+    assert init and (COMPOSE.parent / init[0].split(":")[0] / "10-nightshift-role.sh").is_file()
     published = [(name, str(port)) for name, svc in services.items() for port in svc.get("ports", [])]
     assert published
     for name, port in published:

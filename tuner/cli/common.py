@@ -206,28 +206,36 @@ def db_text(arg: str | None) -> str:
 
     A password need never be on a command line (where ``ps`` and Ray's job list show it): put
     the URL in the environment or a file, or leave the password out of the URL and let libpq
-    find it (``~/.pgpass``, ``PGPASSFILE``, ``?service=`` with ``~/.pg_service.conf``).
+    find it (``~/.pgpass``, ``PGPASSFILE``, ``?service=`` with ``~/.pg_service.conf``). A
+    ``--db`` whose password reads ``***`` (as Nightshift prints and submits it) takes the
+    password of the same URL in the environment, or else libpq's.
     """
-    from tuner.db.url import redact
+    from tuner.db.url import redact, with_password
 
     if arg:
         if redact(arg) != arg:
             console.print(f"[yellow]warning:[/] --db {redact(arg)} has a password on the command line, where other "
                           f"users and Ray's job list can read it; use ${DB_ENV}, ${DB_FILE_ENV} or ~/.pgpass",
                           soft_wrap=True, highlight=False)  # fmt: skip
-        return arg
+        # A hidden password (a resume hint, a job submitted to a cluster) is this machine's.
+        return with_password(arg, _environment_db())
+    return _environment_db() or DEFAULT_DB
+
+
+def _environment_db() -> str | None:
+    """``$NIGHTSHIFT_DB``, else the first line of the file ``$NIGHTSHIFT_DB_FILE``, else None."""
     if os.environ.get(DB_ENV):
         return os.environ[DB_ENV]
     path = os.environ.get(DB_FILE_ENV)
-    if path:
-        try:
-            text = next((ln.strip() for ln in Path(path).read_text().splitlines() if ln.strip()), "")
-        except OSError as err:
-            raise UserInputError(f"${DB_FILE_ENV}: cannot read {path} ({err.strerror})") from err
-        if not text:
-            raise UserInputError(f"${DB_FILE_ENV}: {path} is empty; write the database URL in it")
-        return text
-    return DEFAULT_DB
+    if not path:
+        return None
+    try:
+        text = next((ln.strip() for ln in Path(path).read_text().splitlines() if ln.strip()), "")
+    except OSError as err:
+        raise UserInputError(f"${DB_FILE_ENV}: cannot read {path} ({err.strerror})") from err
+    if not text:
+        raise UserInputError(f"${DB_FILE_ENV}: {path} is empty; write the database URL in it")
+    return text
 
 
 def open_existing(text_or_url, *, create: bool = False):

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from tuner.app.verify import verify, verify_reduced
 from tuner.cli.common import (
+    DB_ENV,
     _add_db_arg,
     _add_model_args,
     _load,
@@ -25,6 +26,7 @@ from tuner.cli.common import (
     open_existing,
     out,
 )
+from tuner.db.url import redact_argv
 from tuner.errors import UserInputError
 
 logger = logging.getLogger(__name__)
@@ -86,7 +88,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     check_address(args.ray_address)
     if is_jobs_address(args.ray_address):  # the driver runs on the head; this process follows it
-        return submit(args.ray_address, getattr(args, "argv", None) or [], token=os.environ.get("RAY_AUTH_TOKEN"))
+        argv = getattr(args, "argv", None) or []
+        # Ray keeps the entrypoint in its job list: the password stays here, and the head
+        # takes it from its own $NIGHTSHIFT_DB or ~/.pgpass (db_text).
+        shown = redact_argv(argv)
+        if shown != argv:
+            console.print("the job's command line carries --db without its password: the head reads it from its "
+                          f"${DB_ENV} (the same URL) or ~/.pgpass", soft_wrap=True, highlight=False)  # fmt: skip
+        return submit(args.ray_address, shown, token=os.environ.get("RAY_AUTH_TOKEN"))
 
     apply_config(args)
     if args.verbose:
@@ -188,7 +197,10 @@ def _resume_command(name: str) -> str:
         argv = ["tune", *sys.argv[1:]]
     if "--job" not in argv and not any(a.startswith("--job=") for a in argv):
         argv += ["--job", name]
-    return shlex.join(argv)
+    shown = redact_argv(argv)
+    # The hidden password is found again where the hint is run (db_text).
+    note = f"  (the password from ${DB_ENV} or ~/.pgpass)" if shown != argv else ""
+    return shlex.join(shown) + note
 
 
 def _gpu_worker_device(device, ray_address: str | None):

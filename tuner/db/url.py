@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from sqlalchemy.engine import URL, make_url
@@ -13,6 +14,8 @@ from sqlalchemy.exc import ArgumentError
 from tuner.errors import UserInputError
 
 logger = logging.getLogger(__name__)
+#: What a hidden password reads as (SQLAlchemy's own rendering).
+REDACTED = "***"
 _SECRET_PARAMS = {"password", "passwd", "pwd", "sslpassword", "sslkey_password", "secret", "token"}
 _SECRET_RE = re.compile(r"(?i)\b(password|passwd|pwd|sslpassword|secret|token)(\s*=\s*)('[^']*'|[^\s&;]+)")
 _USERINFO_RE = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/@\s:]*):([^/@\s]*)@")
@@ -69,6 +72,43 @@ def redact(url: URL | str) -> str:
         url = url.update_query_dict(
             {k: "***" for k in url.query if k.lower() in _SECRET_PARAMS}, append=False)  # fmt: skip
     return _redact_text(url.render_as_string(hide_password=True))
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """A command line with every password in it hidden (``--db postgresql://u:***@h/db``): what
+    may be printed, or handed to Ray's Jobs API, whose job list keeps the entrypoint."""
+    return [_redact_text(arg) for arg in argv]
+
+
+def with_password(text: str, source: str | None) -> str:
+    """``text`` with a hidden password (``***``, as :func:`redact_argv` leaves it) restored.
+
+    The password comes from ``source`` (``$NIGHTSHIFT_DB`` on the machine that runs the
+    command) when it names the same user, server and database; otherwise it is dropped, and
+    libpq looks it up itself (``~/.pgpass``, ``PGPASSFILE``, ``PGPASSWORD``). Any other text
+    is returned as it is.
+    """
+    if "://" not in text:
+        return text
+    try:
+        url = make_url(text)
+    except (ArgumentError, ValueError):
+        return text
+    if url.password != REDACTED:
+        return text
+    password = None
+    if source and "://" in source:
+        try:
+            other = make_url(source)
+        except (ArgumentError, ValueError):
+            other = None
+        same = other is not None and (other.get_backend_name(), other.username, other.host, other.port,
+                                      other.database) == (url.get_backend_name(), url.username, url.host,
+                                                          url.port, url.database)  # fmt: skip
+        if same and other is not None and other.password not in (None, REDACTED):
+            password = other.password
+    # URL.set() takes None as "unchanged"; the named tuple's _replace clears it.
+    return url._replace(password=password).render_as_string(hide_password=False)
 
 
 def _redact_text(text: str) -> str:

@@ -77,7 +77,11 @@ def connect(address: str | None = None, *, num_cpus: int | None = None,
     """Join the Ray cluster at ``address`` (``auto``, ``ray://...``) or start a local one.
 
     A local cluster offers this machine's device resources (``local_device_resources``) plus
-    ``resources``. Does nothing if Ray is already initialized.
+    ``resources``. It listens on 127.0.0.1 only (GCS, raylet, workers, the metrics agent) and
+    requires Ray's token, whatever ``RAY_AUTH_MODE`` says: whoever reaches its ports runs code
+    as this user. The token is ``RAY_AUTH_TOKEN``, else the file Ray reads
+    (``RAY_AUTH_TOKEN_PATH``, default ``~/.ray/auth_token``), created or tightened to 0600.
+    Does nothing if Ray is already initialized.
     """
     if ray.is_initialized():
         return
@@ -85,11 +89,43 @@ def connect(address: str | None = None, *, num_cpus: int | None = None,
                               "logging_level": logging.WARNING}
     if address:
         ray.init(address=address, **kwargs)
-    else:
+        logger.info("Ray cluster: %s", ray.cluster_resources())
+        return
+    import os
+    import secrets
+    import stat
+    from pathlib import Path
+    from unittest import mock
+
+    from ray._private import services
+    from ray._private.authentication import authentication_token_setup as ray_auth
+
+    mode = os.environ.get(ray_auth.AUTH_MODE_ENV_VAR)
+    if mode is not None and mode.lower() != "token":
+        logger.warning("%s=%s ignored: the local Ray cluster always requires its token", ray_auth.AUTH_MODE_ENV_VAR,
+                       mode)  # fmt: skip
+    if not os.environ.get("RAY_AUTH_TOKEN"):
+        # Ray writes the token it generates with the umask (0644 here): any local user could read it.
+        token_file = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or ray_auth._get_default_token_path())
+        token_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            if stat.S_IMODE(token_file.stat().st_mode) & 0o077:
+                token_file.chmod(0o600)
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32))  # Ray's own format: 256 random bits in hex
+    # Sets RAY_AUTH_MODE=token for this process and the cluster it starts, and refreshes the
+    # configuration Ray has cached from the environment.
+    ray_auth._enable_token_auth()
+    # ray.init turns a 127.0.0.1 node address into the machine's LAN address; kept, it makes
+    # every server of the node listen on the loopback interface only.
+    with mock.patch.object(services, "resolve_ip_for_localhost", lambda host: host):
         # "local", not None: with None, Ray joins the newest cluster a `ray start` on this
         # machine recorded in /tmp/ray (another user's), and then refuses our resources.
         ray.init(address="local", num_cpus=num_cpus, resources=local_device_resources() | (resources or {}),
-                 **kwargs)  # fmt: skip
+                 _node_ip_address="127.0.0.1", **kwargs)  # fmt: skip
     logger.info("Ray cluster: %s", ray.cluster_resources())
 
 
