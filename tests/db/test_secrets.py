@@ -116,13 +116,14 @@ def test_the_compose_application_role_has_only_the_rights_it_needs(pg_password_u
     import subprocess
 
     import sqlalchemy as sa
-    from conftest import PG_BIN
     from sqlalchemy import make_url
 
     from tuner.db import TuningDatabase
     from tuner.device import parse_device
 
     admin_url = make_url(pg_password_url)
+    # psql from the binaries the fixture's server runs (tests/db/conftest.py): not on PATH.
+    pg_bin = next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin"))))
     script = Path(__file__).resolve().parents[2] / "docker" / "postgres-init" / "10-nightshift-role.sh"
     admin = sa.create_engine(pg_password_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
@@ -132,7 +133,7 @@ def test_the_compose_application_role_has_only_the_rights_it_needs(pg_password_u
     env = os.environ | {"POSTGRES_USER": admin_url.username, "POSTGRES_DB": "nightshift",
                         "NIGHTSHIFT_DB_PASSWORD": "app-pw", "PGHOST": admin_url.host,
                         "PGPORT": str(admin_url.port), "PGPASSWORD": admin_url.password,
-                        "PATH": f"{PG_BIN}:{os.environ['PATH']}"}  # fmt: skip
+                        "PATH": f"{pg_bin}:{os.environ['PATH']}"}  # fmt: skip
     proc = subprocess.run(["sh", str(script)], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     app = admin_url.set(username="nightshift", password="app-pw", database="nightshift")
