@@ -95,7 +95,6 @@ def connect(address: str | None = None, *, num_cpus: int | None = None,
     import secrets
     import stat
     from pathlib import Path
-    from unittest import mock
 
     from ray._private import services
     from ray._private.authentication import authentication_token_setup as ray_auth
@@ -119,13 +118,18 @@ def connect(address: str | None = None, *, num_cpus: int | None = None,
     # Sets RAY_AUTH_MODE=token for this process and the cluster it starts, and refreshes the
     # configuration Ray has cached from the environment.
     ray_auth._enable_token_auth()
-    # ray.init turns a 127.0.0.1 node address into the machine's LAN address; kept, it makes
-    # every server of the node listen on the loopback interface only.
-    with mock.patch.object(services, "resolve_ip_for_localhost", lambda host: host):
+    # ray.init turns a 127.0.0.1 node address into the machine's LAN address, and Ray 2.60 has
+    # no option to keep it; kept, every server of the node listens on the loopback interface
+    # only. tests/measure/test_local_cluster.py fails if a Ray upgrade changes this.
+    resolve = services.resolve_ip_for_localhost
+    services.resolve_ip_for_localhost = lambda host: host
+    try:
         # "local", not None: with None, Ray joins the newest cluster a `ray start` on this
         # machine recorded in /tmp/ray (another user's), and then refuses our resources.
         ray.init(address="local", num_cpus=num_cpus, resources=local_device_resources() | (resources or {}),
                  _node_ip_address="127.0.0.1", **kwargs)  # fmt: skip
+    finally:
+        services.resolve_ip_for_localhost = resolve
     logger.info("Ray cluster: %s", ray.cluster_resources())
 
 
