@@ -137,8 +137,9 @@ def compile_model(
         fallback=(lambda w: fallback_record(w, target)) if fallback and not gpu else None,
         untuned=GPU_DEFAULT_DESCRIPTION if gpu else DEFAULT_LOWERING,
     )  # fmt: skip
-    # The CUDA compile callback reads the arch from the target in scope.
-    with codegen, target if gpu else contextlib.nullcontext():
+    # The CUDA compile callback reads the arch from the target in scope; the records refused
+    # on the way are said once for the whole compile, not once per function.
+    with codegen, target if gpu else contextlib.nullcontext(), db.reading("compile"):
         ex = compile_with_database(adapter, mod, target)
     decisions = dict(adapter.decisions)
     return Compiled(ex, adapter.hits, adapter.misses, time.perf_counter() - start, decisions)

@@ -86,6 +86,8 @@ def rerank_task(db: TuningDatabase, task: Task, device_id: int, target: tvm.targ
             :class:`~tuner.measure.quiet.TimingLease`; None: no lease.
         cpu_work: a context manager held around the builds (the node's shared CPU lease).
     """
+    # Every row comes through db.best, the gate: a record whose trace is off the allow-list
+    # is never built nor loaded here (loading runs a library's constructors).
     first = db.best(task.workload_key, device_id, k=top, timing=timing)
     if len(first) < 2:
         return None
@@ -146,6 +148,13 @@ def record_program(task: Task, record_json: str) -> tvm.IRModule | None:
     from tvm.s_tir import Schedule
     from tvm.s_tir.meta_schedule.database import TuningRecord, Workload
 
+    from tuner.db.validate import record_rejection
+
+    # Rows from TuningDatabase.best passed the gate already; a caller with other text must too.
+    refused = record_rejection(record_json)
+    if refused is not None:
+        logger.warning("task %s: a record refused (%s); not replayed", task.name, refused)
+        return None
     try:
         record = TuningRecord.from_json(json.loads(record_json), Workload(task.mod))
         sch = Schedule(task.mod)

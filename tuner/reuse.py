@@ -38,7 +38,8 @@ class TaskHistory:
 def task_histories(db: TuningDatabase, device_id: int, job_id: int, keys: list[str],
                    timing: Timing = "warm") -> dict[str, TaskHistory]:  # fmt: skip
     """:class:`TaskHistory` of each workload key, from its records timed in ``timing`` mode
-    (absent keys have none). Two grouped SELECTs."""
+    (absent keys have none): two grouped SELECTs, then each best through the gate
+    (:meth:`TuningDatabase.best`)."""
     ok = RecordRow.error_class.is_(None) & RecordRow.mean_sec.is_not(None)
     base = (select(WorkloadRow.key).join(RecordRow, RecordRow.workload_id == WorkloadRow.id)
             .where(WorkloadRow.key.in_(keys), RecordRow.device_id == device_id, RecordRow.timing == timing)
@@ -50,11 +51,23 @@ def task_histories(db: TuningDatabase, device_id: int, job_id: int, keys: list[s
         RecordRow.job_id == job_id)  # fmt: skip
     with db.session(write=False) as s:
         mine = {k: (int(n), b) for k, n, b in s.execute(own)}
-        out = {}
-        for key, n, n_ok, jobs, best in s.execute(every):
-            o = mine.get(key, (0, None))
-            out[key] = TaskHistory(int(n), int(n_ok), int(jobs), best, o[0], o[1])
+        every_row = list(s.execute(every))
+    out = {}
+    for key, n, n_ok, jobs, best in every_row:
+        o = mine.get(key, (0, None))
+        # The bests as the gate leaves them: a time set by SQL below the floor (or with a
+        # refused trace) would otherwise set where the scheduler starts.
+        if best is not None:
+            best = _gated_best(db, key, device_id, timing)
+        own_best = _gated_best(db, key, device_id, timing, job_id) if o[1] is not None else None
+        out[key] = TaskHistory(int(n), int(n_ok), int(jobs), best, o[0], own_best)
     return out
+
+
+def _gated_best(db: TuningDatabase, key: str, device_id: int, timing: Timing,
+                job_id: int | None = None) -> float | None:  # fmt: skip
+    rows = db.best(key, device_id, origin=None, timing=timing, job_id=job_id)
+    return float(rows[0].mean_sec) if rows else None
 
 
 def other_mode(timing: Timing) -> Timing:

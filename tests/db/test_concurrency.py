@@ -14,7 +14,7 @@ JOIN_TIMEOUT_S = 240
 def _writer(url: str, index: int, barrier, errors) -> None:
     """One tuning process: opens the (maybe still empty) database and writes its records."""
     try:
-        from dbtest_utils import add_mod
+        from dbtest_utils import EMPTY_RECORD, add_mod
 
         from tuner.db import NewRecord, TuningDatabase
         from tuner.device import parse_device
@@ -32,7 +32,7 @@ def _writer(url: str, index: int, barrier, errors) -> None:
         for b in range(BATCHES):
             batch = [
                 NewRecord(workload_key=keys[(b + i) % 3], point=f'{{"proc": {index}, "i": {b * PER_BATCH + i}}}',
-                          record_json="[]", run_secs=[1e-3 + 1e-6 * i])
+                          record_json=EMPTY_RECORD, run_secs=[1e-3 + 1e-6 * i])
                 for i in range(PER_BATCH)
             ]  # fmt: skip
             db.add_records(device, job, batch)
@@ -40,7 +40,7 @@ def _writer(url: str, index: int, barrier, errors) -> None:
             db.add_records(device, job, batch[: PER_BATCH // 2])
             db.update_job(job, trials_done=(b + 1) * PER_BATCH)
         # Records every process writes without a job (e.g. an import run on every machine).
-        shared = [NewRecord(workload_key=keys[0], point=f'{{"shared": {i}}}', record_json="[]", run_secs=[2e-3])
+        shared = [NewRecord(workload_key=keys[0], point=f'{{"shared": {i}}}', record_json=EMPTY_RECORD, run_secs=[2e-3])
                   for i in range(SHARED)]  # fmt: skip
         db.add_records(device, None, shared[::-1] if index % 2 else shared)
         db.update_job(job, state="done")

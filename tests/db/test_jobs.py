@@ -2,7 +2,7 @@
 
 from datetime import UTC, datetime
 
-from dbtest_utils import add_mod
+from dbtest_utils import EMPTY_RECORD, add_mod
 
 from tuner.db import NewRecord, TuningDatabase
 from tuner.graph.keys import workload_key
@@ -39,7 +39,7 @@ def test_job_trials_count_its_records(db_url, cpu_device):
     db.workload_id(key, "add", mod, 8.0)
     dev = db.device_id(cpu_device)
     job = db.start_job("m", dev, {}, 4, name="j")
-    rec = [NewRecord(workload_key=key, point=p, record_json="[]", run_secs=[1e-3]) for p in "abc"]
+    rec = [NewRecord(workload_key=key, point=p, record_json=EMPTY_RECORD, run_secs=[1e-3]) for p in "abc"]
     db.add_records(dev, job, rec)
-    db.add_records(dev, None, [NewRecord(workload_key=key, point="z", record_json="[]", run_secs=[1e-3])])
+    db.add_records(dev, None, [NewRecord(workload_key=key, point="z", record_json=EMPTY_RECORD, run_secs=[1e-3])])
     assert db.job_trials(job) == 3

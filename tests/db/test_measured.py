@@ -4,7 +4,7 @@ import pytest
 import sqlalchemy as sa
 import tvm
 from alembic import command
-from dbtest_utils import add_mod, fake_cpu, matmul_mod
+from dbtest_utils import EMPTY_RECORD, add_mod, fake_cpu, matmul_mod
 
 from tuner.db import NewRecord, TuningDatabase, database_url, migrate
 from tuner.db.keys import record_key, record_key_v2
@@ -15,7 +15,7 @@ NOW = "2026-01-01 00:00:00"
 
 
 def _rec(key, point, secs, error=None, program_hash=None):
-    return NewRecord(workload_key=key, point=point, record_json="[]", run_secs=secs, error_class=error,
+    return NewRecord(workload_key=key, point=point, record_json=EMPTY_RECORD, run_secs=secs, error_class=error,
                      program_hash=program_hash)  # fmt: skip
 
 
@@ -128,8 +128,8 @@ def _schema2_database(url: str) -> None:
             conn.execute(sa.text(
                 "INSERT INTO records (id, record_key, workload_id, device_id, job_id, point, record_json, run_secs, "
                 "mean_sec, error_class, tvm_version, host, created_at) "
-                f"VALUES ({rid}, '{rkey}', 1, 1, {job or 'NULL'}, '{point}', '[]', '[]', {mean}, {error}, '0.27.0', "
-                f"'h', '{NOW}')"))  # fmt: skip
+                f"VALUES ({rid}, '{rkey}', 1, 1, {job or 'NULL'}, '{point}', '{EMPTY_RECORD}', '[]', {mean}, {error}, "
+                f"'0.27.0', 'h', '{NOW}')"))  # fmt: skip
         if parsed.get_backend_name() == "postgresql":
             for table in ("devices", "workloads", "jobs", "records"):
                 conn.execute(sa.text(f"SELECT setval('{table}_id_seq', (SELECT max(id) FROM {table}))"))

@@ -4,6 +4,7 @@ import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from dbtest_utils import EMPTY_RECORD
 
 from tuner import cli
 from tuner.db import TuningDatabase, database_url, migrate
@@ -39,7 +40,7 @@ def _first_schema_database(url: str, *, legacy: bool) -> None:
             conn.execute(sa.text(
                 "INSERT INTO records (id, workload_id, device_id, job_id, point, record_json, run_secs, mean_sec, "
                 "tvm_version, host, created_at) "
-                f"VALUES ({rid}, 1, 1, {job}, '{point}', '[]', '[]', {mean}, '0.27.0', 'h', '{NOW}')"))
+                f"VALUES ({rid}, 1, 1, {job}, '{point}', '{EMPTY_RECORD}', '[]', {mean}, '0.27.0', 'h', '{NOW}')"))
         conn.execute(sa.text(
             "INSERT INTO cost_models (id, device_id, kind, format, num_samples, blob, created_at) "
             f"VALUES (1, 1, 'xgb', 'ubj', 3, :blob, '{NOW}')"), {"blob": b"{UBJ"})  # fmt: skip
@@ -80,7 +81,8 @@ def test_upgrade_from_first_schema(db_url, legacy, capsys):
     # New writes work on migrated data, idempotently.
     from tuner.db import NewRecord
 
-    assert db.add_records(1, 1, [NewRecord("k1", "p1", "[]", [0.002]), NewRecord("k1", "p3", "[]", [0.003])]) == 1
+    new = [NewRecord("k1", "p1", EMPTY_RECORD, [0.002]), NewRecord("k1", "p3", EMPTY_RECORD, [0.003])]
+    assert db.add_records(1, 1, new) == 1
     # A second upgrade is a no-op.
     assert cli.main(["db", "upgrade", "--db", db_url]) == 0
     assert f"already at schema {HEAD}" in capsys.readouterr().out

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 import tvm
-from dbtest_utils import add_mod, fake_cpu, matmul_mod
+from dbtest_utils import EMPTY_RECORD, add_mod, fake_cpu, matmul_mod
 from tvm import te
 from tvm.s_tir import Schedule
 from tvm.s_tir.meta_schedule.database import JSONDatabase, TuningRecord, Workload
@@ -61,8 +62,9 @@ def test_injected_llvm_pragma_never_gets_through(db_url, cpu_device, tmp_path):
     db = TuningDatabase(db_url)
     dev = db.device_id(cpu_device)
     db.workload_id(key, "victim", mod, 64.0)
-    # Someone with write access stores the faster-looking malicious record.
-    db.add_records(dev, None, [NewRecord(key, "evil", json.dumps(evil), [1e-7])])
+    # Someone with write access stores the faster-looking malicious record, by SQL
+    # (add_records refuses it: test_the_payload_is_refused_on_write).
+    _plant(db, dev, key, "evil", json.dumps(evil), 1e-7)
     adapter = MetaScheduleDatabase(db, dev, read_only=True, fallback=lambda w: fallback_record(w, cpu_device.target))
     got = adapter.get_top_k(Workload(mod), 1)
     assert adapter.decisions[key].kind == "fallback"  # not the malicious record
@@ -353,3 +355,287 @@ def test_an_empty_tensorize_annotation_passes_and_nothing_else_empty_does():
     assert record_rejection(record("meta_schedule.auto_tensorize", "dot_16x4_vnni")) is None
     assert "disallowed value" in record_rejection(record("meta_schedule.cache_type", ""))
     assert "disallowed value" in record_rejection(record("meta_schedule.auto_tensorize", "a b"))
+
+
+# --- The one gate: a record that runs native code when loaded, planted by SQL ---------------
+# A database writer can put any row in the records table, around add_records' checks. The
+# payload is real: LLVM IR linked into the kernel by `pragma_import_llvm`, whose load-time
+# constructor (llvm.global_ctors) creates a marker file. TVM gives the imported IR's functions
+# available_externally linkage (their bodies are dropped), so the constructor is module-level
+# assembly, as an attacker would write it. x86-64 Linux, the project's hosts.
+
+
+def _payload_ir(marker: Path) -> str:
+    asm = [".text", ".globl nightshift_payload", ".hidden nightshift_payload", ".type nightshift_payload,@function",
+           "nightshift_payload:", "push %rbx", "lea nightshift_marker(%rip), %rdi", "lea nightshift_mode(%rip), %rsi",
+           "call fopen@PLT", "test %rax, %rax", "je 1f", "mov %rax, %rdi", "call fclose@PLT", "1:", "pop %rbx", "ret",
+           ".section .rodata", f'nightshift_marker: .asciz "{marker}"', 'nightshift_mode: .asciz "w"',
+           ".text"]  # fmt: skip
+    return "".join('module asm "' + line.replace('"', "\\22") + '"\n' for line in asm) + (
+        "@llvm.global_ctors = appending global [1 x { i32, ptr, ptr }] "
+        "[{ i32, ptr, ptr } { i32 65535, ptr @nightshift_payload, ptr null }]\n"
+        "declare void @nightshift_payload()\n"
+    )
+
+
+def _payload_record(mod, target, marker: Path, secs: list[float]) -> str:
+    """A record of ``mod`` (its fallback schedule) whose first loop carries the payload."""
+    from tuner.trace_json import record_as_json
+
+    record, _ = fallback_record(Workload(mod), target)
+    sch = Schedule(mod)
+    record.trace.apply_to_schedule(sch, remove_postproc=False)
+    block = sch.get_child_blocks(sch.get_sblock("root"))[0]
+    sch.annotate(sch.get_loops(block)[0], "pragma_import_llvm", _payload_ir(marker))
+    return json.dumps(record_as_json(TuningRecord(sch.trace, Workload(mod), secs, target, record.args_info)))
+
+
+def _plant(db: TuningDatabase, dev: int, key: str, point: str, record_json: str, mean_sec: float | None,
+           error_class: str | None = None) -> None:  # fmt: skip
+    """The attack of a database writer: a row stored by SQL, around add_records' checks."""
+    db.add_records(dev, None, [NewRecord(key, point, EMPTY_RECORD, [1.0])])
+    with db.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE records SET record_json = :j, mean_sec = :m, run_secs = :r, error_class = :e "
+                             "WHERE point = :p"),
+                     {"j": record_json, "m": mean_sec, "r": json.dumps([mean_sec]), "e": error_class, "p": point})
+
+
+@pytest.fixture(scope="module")
+def tiny_tasks(cpu_device):
+    """The zoo's tiny model and its tasks; the payload goes into its small matmul's record."""
+    from tuner.frontends import load_model
+    from tuner.graph.tasks import extract_tasks
+
+    spec = load_model("tiny")
+    tasks = extract_tasks(spec.bound(), cpu_device.target)
+    return spec, tasks, next(t for t in tasks if "matmul" in t.name)
+
+
+def test_the_payload_runs_native_code_on_load_when_nothing_checks_it(tiny_tasks, cpu_device, tmp_path):
+    """The control: replayed, built and loaded as rerank_task did before the gate, the record
+    runs its constructor on this host."""
+    import tvm_ffi
+
+    from tuner.measure.builder import build_candidate
+
+    _, _, task = tiny_tasks
+    marker = tmp_path / "owned"
+    text = _payload_record(task.mod, cpu_device.target, marker, [1e-7])
+    sch = Schedule(task.mod)
+    TuningRecord.from_json(json.loads(text), Workload(task.mod)).trace.apply_to_schedule(sch, remove_postproc=False)
+    built = build_candidate(tvm.ir.save_json(sch.mod), dict(cpu_device.target.export()))
+    assert built.artifact is not None and not marker.exists()
+    (tmp_path / "lib.so").write_bytes(built.artifact)
+    tvm_ffi.load_module(str(tmp_path / "lib.so"))
+    assert marker.exists(), "the payload did not run: the tests below would prove nothing"
+
+
+def _gated_db(db_url, cpu_device, task, marker: Path, *, failed: bool = False) -> tuple[TuningDatabase, int]:
+    """Two honest records of ``task`` (20 and 30 us) and the payload planted as the fastest (1 us)."""
+    db = TuningDatabase(db_url)
+    dev = db.device_id(cpu_device)
+    db.workload_id(task.workload_key, task.name, task.mod, task.flops)
+    honest = json.dumps(_record(task.mod, cpu_device.target, [2e-5]))
+    db.add_records(dev, None, [NewRecord(task.workload_key, "honest-a", honest, [2e-5]),
+                               NewRecord(task.workload_key, "honest-b", honest, [3e-5])])  # fmt: skip
+    evil = _payload_record(task.mod, cpu_device.target, marker, [1e-6])
+    _plant(db, dev, task.workload_key, "evil", evil, None if failed else 1e-6, "build_error" if failed else None)
+    return db, dev
+
+
+READERS = ["lookup", "db-best", "db-best-workload", "compile", "rerank", "pretrain", "export", "warm-start"]
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_a_planted_payload_is_refused_by_every_reader(reader, db_url, tiny_tasks, cpu_device, tmp_path, caplog):
+    """Each path that applies a stored trace reads the planted record through the gate, passes
+    it over, says so once, and its constructor never runs."""
+    spec, _, task = tiny_tasks
+    marker = tmp_path / "owned"
+    db, dev = _gated_db(db_url, cpu_device, task, marker)
+    key = task.workload_key
+    caplog.set_level("WARNING")
+    if reader == "lookup":
+        assert [b.row.point for b in db.lookup(key, dev, k=3)] == ["honest-a", "honest-b"]
+        assert [r.point for r in db.best(key, dev, k=3)] == ["honest-a", "honest-b"]
+        assert [r.point for _, r, _ in db.best_per_workload(dev)] == ["honest-a"]
+        assert sorted(r.point for _, r in db.successful_records(dev)) == ["honest-a", "honest-b"]
+    elif reader.startswith("db-best"):
+        arg = db_url if not db_url.startswith("sqlite") else db_url.removeprefix("sqlite:///")
+        one = ["--workload", key] if reader == "db-best-workload" else []
+        assert cli.main(["db", "best", "--db", arg, *one]) == 0
+    elif reader == "compile":
+        from tuner.compile import compile_model, run_model
+
+        compiled = compile_model(spec, cpu_device, db)
+        assert compiled.decisions[key].kind == "tuned" and compiled.decisions[key].detail == "0.020 ms"
+        run_model(compiled, cpu_device, spec.random_inputs(), budget_s=0.05)
+    elif reader == "rerank":
+        from tuner.measure.runner import TimingConfig
+        from tuner.rerank import rerank_task
+
+        done = rerank_task(db, task, dev, cpu_device.target, "warm", TimingConfig(repeat=1, min_repeat_ms=1), top=3,
+                           rounds=2)  # fmt: skip
+        assert done is not None and done.retimed == 2
+    elif reader == "pretrain":
+        from cost_models.dataset import load_dataset
+
+        assert len(load_dataset(db, cpu_device)) == 2
+    elif reader == "export":
+        from tuner.db.interop import export_json
+
+        assert export_json(db, dev, tmp_path / "out").records == 2
+        assert "pragma_import" not in (tmp_path / "out" / RECORD_FILE).read_text()
+    elif reader == "warm-start":
+        from tuner.db.store import REFUSED, measured_results
+        from tuner.reuse import task_histories
+
+        told = {p: (m, e) for p, m, e in measured_results(db, key, dev)}
+        assert told["evil"] == (None, REFUSED) and told["honest-a"] == (pytest.approx(2e-5), None)
+        (history,) = task_histories(db, dev, -1, [key]).values()
+        assert history.best_sec == pytest.approx(2e-5)
+    assert not marker.exists()
+    # (the command line reads through a database of its own)
+    assert reader.startswith("db-best") or any("pragma_import_llvm" in r for r in db.rejected.values())
+    refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(refusals) == 1 and "pragma_import_llvm" in refusals[0], refusals
+
+
+def test_a_planted_payload_in_a_failed_record_is_not_featurized(db_url, tiny_tasks, cpu_device, tmp_path):
+    """Pre-training replays failed records too (labelled 0): a failure carries no free pass."""
+    from cost_models.dataset import load_dataset
+
+    _, _, task = tiny_tasks
+    db, dev = _gated_db(db_url, cpu_device, task, tmp_path / "owned", failed=True)
+    assert len(load_dataset(db, cpu_device)) == 2
+    assert sorted(r.point for _, _, r in db.training_records(dev)) == ["honest-a", "honest-b"]
+
+
+def test_the_payload_is_refused_on_write(db_url, tiny_tasks, cpu_device, tmp_path, caplog):
+    """add_records (and the adapter MetaSchedule commits through) and import refuse the
+    payload before anything parses it: stored as a failure without its trace, or not at all."""
+    from tuner.db.store import IMPLAUSIBLE
+
+    _, _, task = tiny_tasks
+    marker = tmp_path / "owned"
+    evil = _payload_record(task.mod, cpu_device.target, marker, [1e-6])
+    db = TuningDatabase(db_url)
+    dev = db.device_id(cpu_device)
+    db.workload_id(task.workload_key, task.name, task.mod, task.flops)
+    with caplog.at_level("WARNING"):
+        db.add_records(dev, None, [NewRecord(task.workload_key, "evil", evil, [1e-6])])
+    assert sum("refused 1 of 1 records on write" in r.getMessage() for r in caplog.records) == 1
+    adapter = MetaScheduleDatabase(db, dev)
+    adapter.commit_tuning_record(TuningRecord.from_json(json.loads(evil), Workload(task.mod)))
+    with db.engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT error_class, mean_sec, record_json FROM records")).all()
+    assert len(rows) == 2 and all(r.error_class == "refused_trace" and r.mean_sec is None for r in rows)
+    assert all("pragma_import" not in r.record_json for r in rows) and IMPLAUSIBLE not in {r.error_class for r in rows}
+    folder = tmp_path / "ms"
+    folder.mkdir()
+    src = JSONDatabase(str(folder / WORKLOAD_FILE), str(folder / RECORD_FILE), allow_missing=True)
+    src.commit_tuning_record(TuningRecord.from_json(json.loads(evil), src.commit_workload(task.mod)))
+    res = import_json(db, db.device_id(fake_cpu(cpu_device, model="imported box")), "cpu", folder)
+    assert res.records == 0 and "pragma_import_llvm" in res.rejected[0][1]
+    assert not marker.exists()
+
+
+def test_impossible_timings_set_by_sql_are_never_selected(db_url, tiny_tasks, cpu_device, tmp_path, caplog, capsys):
+    """Times no device reaches, written by SQL: -1 s and 1e-12 s on the matmul, 1e-15 s on a
+    zero-FLOP layout transform (its floor: its output's bytes at the device's bandwidth). The
+    compiler, ``db best``, the job's scheduler and warm start, and the layout plan pass them
+    over and each says so once."""
+    from tuner.compile import compile_model
+    from tuner.db.store import REFUSED, measured_results
+    from tuner.reuse import rule, task_histories
+
+    spec, tasks, matmul = tiny_tasks
+    transform = next(t for t in tasks if t.name.startswith("layout_transform") and t.flops == 0)
+    db = TuningDatabase(db_url)
+    dev = db.device_id(cpu_device)
+    honest = {}
+    for t in (matmul, transform):
+        db.workload_id(t.workload_key, t.name, t.mod, t.flops)
+        honest[t.workload_key] = json.dumps(_record(t.mod, cpu_device.target, [2e-5]))
+        db.add_records(dev, None, [NewRecord(t.workload_key, f"honest-{t.name}", honest[t.workload_key], [2e-5])])
+    _plant(db, dev, matmul.workload_key, "negative", honest[matmul.workload_key], -1.0)
+    _plant(db, dev, matmul.workload_key, "roofline", honest[matmul.workload_key], 1e-12)
+    _plant(db, dev, transform.workload_key, "zero-flop", honest[transform.workload_key], 1e-15)
+    caplog.set_level("WARNING")
+
+    def said_once(reader: str) -> None:
+        refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+        assert len(refusals) == 1 and refusals[0].startswith(reader), refusals
+        caplog.clear()
+
+    compiled = compile_model(spec, cpu_device, db)
+    assert {compiled.decisions[t.workload_key].detail for t in (matmul, transform)} == {"0.020 ms"}
+    said_once("compile")
+    assert {db.rejected[i].split(" s ")[0] for i in db.rejected} == {
+        "mean time -1.0", "mean time 1e-12", "mean time 1e-15"}  # fmt: skip
+    assert any("not a positive number" in r for r in db.rejected.values())
+    assert any("GFLOP/s" in r for r in db.rejected.values()) and any("GB/s" in r for r in db.rejected.values())
+
+    arg = db_url if not db_url.startswith("sqlite") else db_url.removeprefix("sqlite:///")
+    assert cli.main(["db", "best", "--db", arg]) == 0
+    out = capsys.readouterr().out
+    assert "0.0200" in out and "-1000" not in out and "1e-" not in out
+    said_once("best per workload")
+
+    # The scheduler starts from the honest best, and the search is told the others failed.
+    fresh = TuningDatabase(db_url)
+    (history,) = task_histories(fresh, dev, -1, [matmul.workload_key]).values()
+    assert history.best_sec == pytest.approx(2e-5)
+    assert "best 0.02 ms; warm start" in rule(history, skip_after=0, fresh=False)[1]
+    said_once("best")
+    told = {p: (m, e) for p, m, e in measured_results(fresh, matmul.workload_key, dev)}
+    assert told["negative"] == told["roofline"] == (None, REFUSED)
+    assert not [r for r in caplog.records if "refused" in r.getMessage()], "said once per database, not per reader"
+    # On write, the zero-FLOP floor holds too.
+    fresh.add_records(dev, None, [NewRecord(transform.workload_key, "zero-flop-2", honest[transform.workload_key],
+                                            [1e-15])])  # fmt: skip
+    assert [r.point for r in fresh.best(transform.workload_key, dev, k=5)] == [f"honest-{transform.name}"]
+
+
+def test_the_layout_plan_ignores_impossible_timings(db_url, cpu_device, caplog):
+    """Both convs are faster blocked (NCHW8c); a -1 s record set by SQL on each NCHW conv would
+    switch the plan to NCHW. The plan is chosen from the honest records."""
+    from tvm.s_tir.meta_schedule.database import Workload
+
+    from tuner.app.plan import choose_layout
+    from tuner.frontends import load_model
+    from tuner.graph.tasks import extract_layout_tasks
+
+    spec = load_model("tiny")
+    tasks = extract_layout_tasks(spec.bound(), cpu_device.target, ("NCHW8c", "NCHW"))
+    db = TuningDatabase(db_url)
+    dev = db.device_id(cpu_device)
+    for t in tasks:
+        db.workload_id(t.workload_key, t.name, t.mod, t.flops)
+        text = json.dumps(fallback_record(Workload(t.mod), cpu_device.target)[0].as_json())
+        sec = 2e-5 if not t.layout else (1e-4 if t.layout == "NCHW8c" else 6e-4)
+        db.add_records(dev, None, [NewRecord(t.workload_key, "fallback", text, [sec])])
+        if t.layout == "NCHW":
+            _plant(db, dev, t.workload_key, f"fake-{t.workload_key}", text, -1.0)
+    caplog.set_level("WARNING")
+    choice = choose_layout(spec, cpu_device, db, ("NCHW8c", "NCHW"))
+    assert set(choice.plan.layouts or (choice.plan.default,)) == {"NCHW8c"} and choice.seconds > 0
+    refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(refusals) == 1 and refusals[0].startswith("layout plan: 2 stored record(s) refused"), refusals
+
+
+def test_a_record_rewritten_after_it_passed_is_checked_again(db_url, tiny_tasks, cpu_device, tmp_path):
+    """The gate does not parse a trace twice while its text is unchanged, but a row rewritten by
+    SQL between two reads (during a long job, before its re-ranking) is checked again."""
+    _, _, task = tiny_tasks
+    db = TuningDatabase(db_url)
+    dev = db.device_id(cpu_device)
+    db.workload_id(task.workload_key, task.name, task.mod, task.flops)
+    honest = json.dumps(_record(task.mod, cpu_device.target, [2e-5]))
+    db.add_records(dev, None, [NewRecord(task.workload_key, "honest", honest, [2e-5])])
+    assert [r.point for r in db.best(task.workload_key, dev)] == ["honest"]
+    with db.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE records SET record_json = :j"),
+                     {"j": _payload_record(task.mod, cpu_device.target, tmp_path / "owned", [2e-5])})
+    assert db.best(task.workload_key, dev) == []
+    assert "pragma_import_llvm" in next(iter(db.rejected.values()))

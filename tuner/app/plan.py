@@ -32,8 +32,9 @@ def choose_layout(spec: ModelSpec, device: Device, db: TuningDatabase, layouts: 
             cache[key] = found[0].row.mean_sec if found else None
         return cache[key]
 
-    return choose_from_database(apply_precision(spec.bound(), precision, device.target), device.target, best, layouts,
-                                precision=precision)  # fmt: skip
+    with db.reading("layout plan"):  # the records refused for every conv, said once
+        return choose_from_database(apply_precision(spec.bound(), precision, device.target), device.target, best,
+                                    layouts, precision=precision)  # fmt: skip
 
 
 def measured_plan(spec: ModelSpec, device: Device, db: TuningDatabase, precision: str = "fp32") -> PlanChoice | None:

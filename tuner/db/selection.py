@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
@@ -16,7 +18,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from tuner.db.schema import DeviceRow, RecordRow, WorkloadRow
-from tuner.db.validate import device_peak_flops, record_rejection, stored_target_has_amx
+from tuner.db.validate import (
+    TimingFloor,
+    device_peak_bandwidth,
+    device_peak_flops,
+    output_bytes,
+    replay_rejection,
+    stored_target_has_amx,
+)
 from tuner.measure.results import Timing
 
 logger = logging.getLogger(__name__)
@@ -66,42 +75,84 @@ def _best_stmt(workload_id: int, device_ids: list[int], origin: str | None, timi
 
 
 class RecordSelection:
-    """The lookups of :class:`~tuner.db.store.TuningDatabase` (a mixin: it uses the store's sessions and caches)."""
+    """The lookups of :class:`~tuner.db.store.TuningDatabase` (a mixin: it uses the store's sessions and caches).
 
-    def _flops_of(self, wids: set[int]) -> dict[int, float]:
-        with self.session(write=False) as s:
-            return {w: float(f or 0.0) for w, f in s.execute(
-                select(WorkloadRow.id, WorkloadRow.flops).where(WorkloadRow.id.in_(wids)))}  # fmt: skip
+    Every record any reader returns has passed :meth:`record_ok`, the one gate: its trace on
+    the allow-list, its timing above the device's floor for the workload. A row written by
+    SQL, around ``add_records``'s own checks, is refused there; each reader says once how many
+    it refused (:meth:`reading`).
+    """
 
-    def _peak_flops(self, device_id: int) -> float:
+    def _workload_sizes(self, wids: set[int]) -> dict[int, tuple[float, int]]:
+        """FLOPs and output bytes of workloads (cached: a workload's row never changes)."""
+        todo = wids - self._sizes.keys()
+        if todo:
+            with self.session(write=False) as s:
+                for w, f, summary in s.execute(select(WorkloadRow.id, WorkloadRow.flops, WorkloadRow.summary)
+                                               .where(WorkloadRow.id.in_(todo))):  # fmt: skip
+                    self._sizes[w] = (float(f or 0.0), output_bytes(summary))
+        return {w: self._sizes[w] for w in wids if w in self._sizes}
+
+    def _peak(self, device_id: int) -> tuple[float, float]:
+        """Peak FLOP/s and bytes/s of a device (generous bounds, cached)."""
         peak = self._peaks.get(device_id)
         if peak is None:
             with self.session(write=False) as s:
                 row = s.get(DeviceRow, device_id)
             try:
                 cores = int(json.loads(row.target).get("num-cores") or 0) if row is not None else 0
-            except (ValueError, AttributeError):
+            except (ValueError, AttributeError, TypeError):
                 cores = 0
             # Without a core count, the most any host has: refuse only the absurd.
             amx = row is not None and row.kind == "cpu" and stored_target_has_amx(row.target)
-            peak = self._peaks[device_id] = device_peak_flops(row.kind if row else "cpu", cores or 1024, amx)
+            kind = row.kind if row else "cpu"
+            peak = self._peaks[device_id] = (device_peak_flops(kind, cores or 1024, amx),
+                                             device_peak_bandwidth(kind, cores or 1024))  # fmt: skip
         return peak
 
-    def best(self, workload_key: str, device_id: int, k: int = 1, *, origin: str = "local",
-             timing: Timing | None = None) -> list[RecordRow]:  # fmt: skip
+    def timing_floor(self, workload_id: int, device_id: int) -> TimingFloor:
+        """What bounds a workload's time on a device from below (:class:`TimingFloor`)."""
+        flops, out = self._workload_sizes({workload_id}).get(workload_id, (0.0, 0))
+        peak_flops, bandwidth = self._peak(device_id)
+        return TimingFloor(flops, peak_flops, out, bandwidth)
+
+    def best(self, workload_key: str, device_id: int, k: int = 1, *, origin: str | None = "local",
+             timing: Timing | None = None, job_id: int | None = None) -> list[RecordRow]:  # fmt: skip
         """The ``k`` fastest successful records of a workload on one device (any TVM version),
-        measured by Nightshift (``origin="local"``) or imported (``"import"``), all of one
-        timing mode: ``timing``, or by default the first of :data:`PREFERRED_TIMINGS` that
-        has any."""
-        with self.session(write=False) as s:
+        measured by Nightshift (``origin="local"``), imported (``"import"``) or either (None),
+        by job ``job_id`` if given, all of one timing mode: ``timing``, or by default the first
+        of :data:`PREFERRED_TIMINGS` that has any. Records the gate refuses (:meth:`record_ok`)
+        are passed over."""
+        with self.reading("best"), self.session(write=False) as s:
             wid = s.scalar(select(WorkloadRow.id).where(WorkloadRow.key == workload_key))
             if wid is None:
                 return []
             for mode in (timing,) if timing is not None else PREFERRED_TIMINGS:
-                rows = list(s.scalars(_best_stmt(wid, [device_id], origin, mode).limit(k)))
+                stmt = _best_stmt(wid, [device_id], origin, mode)
+                if job_id is not None:
+                    stmt = stmt.where(RecordRow.job_id == job_id)
+                rows = list(self._gated(s, stmt, k))
                 if rows:
                     return rows
             return []
+
+    def _gated(self, s: Session, stmt, k: int,
+               accept: Callable[[RecordRow], bool] | None = None) -> Iterator[RecordRow]:  # fmt: skip
+        """Up to ``k`` rows of an ordered ``stmt`` that pass the gate (and ``accept``), in
+        order: fetched a page at a time, the next page only if rows were refused."""
+        page, offset, given = min(max(k, 1), 1024), 0, 0
+        while given < k:
+            rows = list(s.scalars(stmt.offset(offset).limit(page)))
+            for row in rows:
+                if self.record_ok(row) and (accept is None or accept(row)):
+                    yield row
+                    given += 1
+                    if given == k:
+                        return
+            if len(rows) < page:
+                return
+            offset += page
+            page = min(page * 4, 1024)
 
     def lookup(
         self,
@@ -127,8 +178,9 @@ class RecordSelection:
         Within a rule, cold-timed records are ranked first, alone; warm ones only where no
         cold one is usable (:data:`PREFERRED_TIMINGS`). The ``k`` records are of one mode.
 
-        A different architecture is never used. A record whose trace fails the allow-list
-        (:mod:`tuner.db.validate`) is never returned; the reason is kept in :attr:`rejected`.
+        A different architecture is never used. A record the gate refuses (:meth:`record_ok`:
+        its trace fails the allow-list, or its time is below the device's floor) is never
+        returned; the reason is kept in :attr:`rejected`.
         Records written by another TVM version are used only when ``replays(row)`` says they
         replay cleanly on this one (without ``replays`` they are skipped). ``fits(row)``, when
         given, is asked about every record: one it declines is passed over for the next.
@@ -136,7 +188,7 @@ class RecordSelection:
         wid = self._workload_ids_of({workload_key}).get(workload_key)
         if wid is None:
             return []
-        with self.session(write=False) as s:
+        with self.reading("lookup"), self.session(write=False) as s:
             me = self._device_row(s, device_id)
             if me is None:
                 return []
@@ -178,36 +230,81 @@ class RecordSelection:
         fits: Callable[[RecordRow], bool] | None = None,
     ) -> list[BestRecord]:
         origin = "import" if source == "foreign" else "local"
+
+        def accept(row: RecordRow) -> bool:
+            if fits is not None and not fits(row):
+                return False
+            # A foreign record's version is only what its importer said: always replay it.
+            same = row.tvm_version == tvm.__version__ and source != "foreign"
+            return same or (replays is not None and replays(row))
+
         for timing in PREFERRED_TIMINGS:  # the k records are of one mode: the first that has any
-            out: list[BestRecord] = []
-            # Usually every record is usable: fetch k, then more only if some were skipped.
-            page, offset = k, 0
-            while len(out) < k:
-                rows = list(s.scalars(_best_stmt(wid, list(devices), origin, timing).offset(offset).limit(page)))
-                for row in rows:
-                    if not self.trace_ok(row) or (fits is not None and not fits(row)):
-                        continue
-                    same = row.tvm_version == tvm.__version__
-                    # A foreign record's version is only what its importer said: always replay it.
-                    if (same and source != "foreign") or (replays is not None and replays(row)):
-                        out.append(BestRecord(row, source, devices[row.device_id], same))
-                        if len(out) == k:
-                            break
-                if len(rows) < page:
-                    break
-                offset += page
-                page = min(page * 4, 1024)
+            out = [BestRecord(row, source, devices[row.device_id], row.tvm_version == tvm.__version__)
+                   for row in self._gated(s, _best_stmt(wid, list(devices), origin, timing), k, accept)]  # fmt: skip
             if out:
                 return out
         return []
 
-    def trace_ok(self, row: RecordRow) -> bool:
-        """Whether a record's trace passes the allow-list; a rejection is logged once and kept."""
-        if row.id in self.rejected:
-            return False
-        reason = record_rejection(row.record_json)
+    def record_ok(self, row: RecordRow) -> bool:
+        """The gate every reader puts a stored record through before using it: its trace
+        passes the allow-list and, if it is a success, its time is above the device's floor
+        for the workload (:func:`tuner.db.validate.replay_rejection`). A refusal is kept in
+        :attr:`rejected` and counted for the reader's one warning."""
+        return self.refusal(row.id, row.record_json, row.mean_sec if row.error_class is None else None,
+                            row.workload_id, row.device_id)[0]  # fmt: skip
+
+    def refusal(self, record_id: int, record_json: str, mean_sec: float | None, workload_id: int,
+                device_id: int) -> tuple[bool, str | None]:  # fmt: skip
+        """:meth:`record_ok` of a record's columns: ``(passes, why not)``."""
+        reason = self.rejected.get(record_id)
         if reason is None:
-            return True
-        self.rejected[row.id] = reason
-        logger.warning("record %d (host %s, job %s) rejected: %s", row.id, row.host, row.job_id, reason)
-        return False
+            # A trace that passed is not parsed again while its text is unchanged (a job's
+            # start reads every record of its tasks); the text is compared, by a hash salted
+            # per process, because a row may be rewritten by SQL between two reads.
+            passed: set[tuple[int, int]] = self.__dict__.setdefault("_passed_traces", set())
+            seen = (record_id, hash(record_json))
+            try:
+                floor = self.timing_floor(workload_id, device_id) if mean_sec is not None else None
+                if seen in passed:
+                    reason = floor.rejection(mean_sec) if floor is not None else None
+                else:
+                    reason = replay_rejection(record_json, mean_sec, floor)
+            except (TypeError, ValueError, RecursionError) as err:  # a column of the wrong type, set by SQL
+                reason = f"unreadable record ({type(err).__name__})"
+            if reason is None:
+                passed.add(seen)
+                return True, None
+            self.rejected[record_id] = reason
+            tally = getattr(self._tls(), "tally", None)
+            if tally is not None:
+                tally.append((record_id, reason))
+            else:
+                logger.warning("record %d refused: %s", record_id, reason)
+        return False, reason
+
+    def _tls(self) -> threading.local:
+        # Per database and thread: readers in other threads keep their own counts.
+        return self.__dict__.setdefault("_reader_tls", threading.local())
+
+    # The name of the first version, which checked the trace only.
+    trace_ok = record_ok
+
+    @contextmanager
+    def reading(self, reader: str) -> Iterator[None]:
+        """Collect the records the gate refuses for the first time while ``reader`` runs, and
+        say so once at the end (a nested reader's count goes to the outermost)."""
+        local = self._tls()
+        if getattr(local, "tally", None) is not None:
+            yield
+            return
+        tally: list[tuple[int, str]] = []
+        local.tally = tally
+        try:
+            yield
+        finally:
+            local.tally = None
+            if tally:
+                first_id, first = tally[0]
+                logger.warning("%s: %d stored record(s) refused and passed over (record %d: %s%s)", reader,
+                               len(tally), first_id, first, "; the rest in TuningDatabase.rejected" if len(tally) > 1
+                               else "")  # fmt: skip

@@ -41,7 +41,7 @@ from tuner.db.schema import (
 )
 from tuner.db.selection import PREFERRED_TIMINGS, RecordSelection, _best_stmt
 from tuner.db.url import _first_line, database_url, redact
-from tuner.db.validate import timing_rejection
+from tuner.db.validate import TimingFloor, record_rejection
 from tuner.device import Device
 from tuner.errors import DatabaseError, JobConflict, UserInputError
 from tuner.measure.results import ErrorClass, Timing
@@ -52,6 +52,8 @@ T = TypeVar("T")
 
 # Error class of a timing refused on write (below the roofline, MetaSchedule's failure value).
 IMPLAUSIBLE = "implausible_timing"
+# What a search is told of a stored success the gate refuses on read.
+REFUSED = "refused_record"
 
 # Retries of a write that lost a race (PostgreSQL deadlock or serialization failure, SQLite
 # busy past its timeout). Writes are idempotent, so repeating one is safe.
@@ -205,7 +207,8 @@ class TuningDatabase(RecordSelection, Maintenance):
         self._device_ids: dict[str, int] = {}
         self._workload_ids: dict[str, int] = {}
         self._device_rows: dict[int, tuple[str, str, str, str | None]] = {}  # id -> fingerprint, kind, arch, class
-        self._peaks: dict[int, float] = {}  # device id -> peak FLOP/s (validate.device_peak_flops)
+        self._peaks: dict[int, tuple[float, float]] = {}  # device id -> peak FLOP/s, bytes/s (tuner.db.validate)
+        self._sizes: dict[int, tuple[float, int]] = {}  # workload id -> FLOPs, output bytes
         # Records refused on read (record id -> reason), logged once each.
         self.rejected: dict[int, str] = {}
         try:
@@ -449,10 +452,12 @@ class TuningDatabase(RecordSelection, Maintenance):
         Every record keeps who wrote it (host, OS user, Nightshift and TVM versions, job).
         With ``source`` the records are an import: stored as foreign, with the file, device
         and TVM version they came from. A timing that cannot be true (MetaSchedule's failure
-        value, or faster than the device's peak for the workload's FLOPs) is stored as a
-        failed record of class :data:`IMPLAUSIBLE`, never as a measurement. Traces are checked
-        when read (:meth:`lookup`); ``tune`` checks its own before it writes them
-        (``ErrorClass.REFUSED_TRACE``).
+        value, or faster than the device's floor for the workload: its FLOPs at peak, its
+        output's bytes at the device's bandwidth) is stored as a failed record of class
+        :data:`IMPLAUSIBLE`, never as a measurement. A record whose trace fails the allow-list
+        (:func:`tuner.db.validate.record_rejection`) is stored as a failure of class
+        ``refused_trace`` without its trace, so that nothing replays it; every reader checks
+        again (:meth:`record_ok`), for rows written around this method.
 
         Raises:
             DatabaseError: a record names a workload not stored yet, or the write failed.
@@ -464,9 +469,10 @@ class TuningDatabase(RecordSelection, Maintenance):
         missing = keys - ids.keys()
         if missing:
             raise DatabaseError(f"records for unknown workloads {sorted(missing)}; store the workload first")
-        flops = self._flops_of(set(ids.values()))
-        peak = self._peak_flops(device_id)
+        sizes = self._workload_sizes(set(ids.values()))
+        peak_flops, bandwidth = self._peak(device_id)
         now = _utcnow()
+        refusals: list[str] = []
         who = writer()
         if source is not None:
             who |= {"origin": "import", "source_file": source.file, "source_device": source.device,
@@ -477,19 +483,28 @@ class TuningDatabase(RecordSelection, Maintenance):
             rkey = record_key(wid, device_id, r.point, r.timing)
             if rkey in rows and rows[rkey]["error_class"] not in RETRIED_ERRORS:
                 continue  # the first measurement of a point in the batch stands, as in the table
-            mean, error, msg = r.mean_sec, r.error_class, r.error_msg
-            refused = timing_rejection(mean, flops.get(wid, 0.0), peak) if mean is not None else None
+            mean, error, msg, record_json = r.mean_sec, r.error_class, r.error_msg, r.record_json
+            trace_refused = record_rejection(record_json)
+            if trace_refused is not None:
+                # Kept as a failure, so the point counts as measured, but without the payload.
+                refusals.append(f"the trace of a {r.workload_key[:12]} record: {trace_refused}")
+                mean, error, msg = None, ErrorClass.REFUSED_TRACE.value, f"trace refused on write: {trace_refused}"
+                record_json = json.dumps([[[], []], None, None, None])
+            flops, out = sizes.get(wid, (0.0, 0))
+            refused = TimingFloor(flops, peak_flops, out, bandwidth).rejection(mean) if mean is not None else None
             if refused is not None:
-                logger.warning("refused the timing of a %s record (point %s): %s", r.workload_key[:12],
-                               r.point[:60], refused)
+                refusals.append(f"the timing of a {r.workload_key[:12]} record (point {r.point[:60]}): {refused}")
                 mean, error, msg = None, IMPLAUSIBLE, refused
             rows[rkey] = {
                 "record_key": rkey, "workload_id": wid, "device_id": device_id, "job_id": job_id,
-                "point": r.point, "program_hash": r.program_hash, "record_json": r.record_json,
+                "point": r.point, "program_hash": r.program_hash, "record_json": record_json,
                 "run_secs": json.dumps(list(r.run_secs)), "mean_sec": mean, "error_class": error,
                 "error_msg": msg, "build_sec": r.build_sec, "run_wall_sec": r.run_wall_sec,
                 "timing": r.timing, "created_at": now, **who,
             }  # fmt: skip
+        if refusals:
+            logger.warning("refused %d of %d records on write (%s%s)", len(refusals), len(records), refusals[0],
+                           "; ..." if len(refusals) > 1 else "")  # fmt: skip
         # One key order for every writer: PostgreSQL then locks index entries in the same
         # order in every transaction, which rules out deadlocks between batches.
         ordered = [rows[k] for k in sorted(rows)]
@@ -611,9 +626,10 @@ class TuningDatabase(RecordSelection, Maintenance):
         of both timing modes (``record.timing`` tells them apart).
 
         With ``same_arch``, records of every device of the same kind and architecture too.
-        Failed records are included (a cost model learns from them); ``limit`` caps the count.
+        Failed records are included (a cost model learns from them); ``limit`` caps the count
+        read. Records the gate refuses (:meth:`record_ok`) are left out: each is replayed.
         """
-        with self.session(write=False) as s:
+        with self.reading("training records"), self.session(write=False) as s:
             devices = self._family_stmt(device_id) if same_arch else [device_id]
             stmt = (
                 select(WorkloadRow.key, DeviceRow.fingerprint, RecordRow)
@@ -624,7 +640,7 @@ class TuningDatabase(RecordSelection, Maintenance):
             )  # fmt: skip
             if limit is not None:
                 stmt = stmt.limit(limit)
-            return [(k, fp, row) for k, fp, row in s.execute(stmt).all()]
+            return [(k, fp, row) for k, fp, row in s.execute(stmt).all() if self.record_ok(row)]
 
     @staticmethod
     def _family_stmt(device_id: int):
@@ -639,17 +655,16 @@ class TuningDatabase(RecordSelection, Maintenance):
 
         The best record measured by Nightshift; only where there is none, the best imported
         (foreign) one (its ``origin`` says so). Cold-timed records first, as :meth:`lookup`
-        ranks them; records that fail the allow-list are skipped.
+        ranks them; records the gate refuses (:meth:`record_ok`) are passed over.
         """
-        with self.session(write=False) as s:
+        with self.reading("best per workload"), self.session(write=False) as s:
             counts = dict(s.execute(select(RecordRow.workload_id, func.count(RecordRow.id))
                                     .where(RecordRow.device_id == device_id)
                                     .group_by(RecordRow.workload_id)).all())  # fmt: skip
             out = []
             for wid, n in counts.items():
                 row = next((r for origin in ("local", "import") for timing in PREFERRED_TIMINGS
-                            for r in s.scalars(_best_stmt(wid, [device_id], origin, timing).limit(64))
-                            if self.trace_ok(r)), None)  # fmt: skip
+                            for r in self._gated(s, _best_stmt(wid, [device_id], origin, timing), 1)), None)
                 if row is not None:
                     out.append((s.get(WorkloadRow, wid), row, int(n)))
             out.sort(key=lambda t: t[0].name)
@@ -680,13 +695,13 @@ class TuningDatabase(RecordSelection, Maintenance):
 
     def successful_records(self, device_id: int) -> list[tuple[str, RecordRow]]:
         """``(workload JSON, record)`` of every successful record Nightshift measured on the
-        device with this TVM version and whose trace passes the allow-list."""
+        device with this TVM version that passes the gate (:meth:`record_ok`)."""
         stmt = (select(WorkloadRow.workload_json, RecordRow).join(WorkloadRow, WorkloadRow.id == RecordRow.workload_id)
                 .where(RecordRow.device_id == device_id, RecordRow.origin == "local",
                        RecordRow.tvm_version == tvm.__version__, RecordRow.error_class.is_(None),
                        RecordRow.mean_sec.is_not(None)).order_by(RecordRow.id))  # fmt: skip
-        with self.session(write=False) as s:
-            return [(w, r) for w, r in s.execute(stmt).all() if self.trace_ok(r)]
+        with self.reading("successful records"), self.session(write=False) as s:
+            return [(w, r) for w, r in s.execute(stmt).all() if self.record_ok(r)]
 
 def workload_summary(name: str, mod: tvm.IRModule) -> str:
     """``name(float32[1, 64, 56, 56], ...)``: a readable one-liner of a PrimFunc workload;
@@ -764,7 +779,16 @@ def measured_results(
 ) -> list[tuple[str, float | None, str | None]]:
     """The records of :meth:`TuningDatabase.measured_points` with their outcome, as
     ``(point JSON, mean_sec, error_class)``, oldest first: what a search strategy is told
-    when a job starts or resumes (read-only)."""
-    stmt = select(RecordRow.point, RecordRow.mean_sec, RecordRow.error_class).order_by(RecordRow.id)
-    with db.session(write=False) as s:
-        return [(p, m, e) for p, m, e in s.execute(db._measured(stmt, workload_key, device_id, timing))]
+    when a job starts or resumes (read-only). A success the gate refuses
+    (:meth:`TuningDatabase.record_ok`: a time below the floor, a trace off the allow-list) is
+    told as a failure of class :data:`REFUSED`: its point is not measured again, and its time
+    steers neither the search nor the scheduler."""
+    stmt = select(RecordRow.point, RecordRow.mean_sec, RecordRow.error_class, RecordRow.id, RecordRow.record_json,
+                  RecordRow.workload_id, RecordRow.device_id).order_by(RecordRow.id)  # fmt: skip
+    out: list[tuple[str, float | None, str | None]] = []
+    with db.reading("stored records of a search"), db.session(write=False) as s:
+        for p, m, e, rid, text, wid, dev in s.execute(db._measured(stmt, workload_key, device_id, timing)):
+            if e is None and m is not None and not db.refusal(rid, text, m, wid, dev)[0]:
+                m, e = None, REFUSED
+            out.append((p, m, e))
+    return out

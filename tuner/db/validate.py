@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import dataclass
 from typing import Any
 
 # Instructions MetaSchedule's schedule rules, mutators and postprocessors emit (TVM 0.27
@@ -68,33 +69,145 @@ _INDEX_MAP_NODES = frozenset({
     "prim.Add", "prim.Sub", "prim.Mul", "prim.FloorDiv", "prim.FloorMod", "prim.Min", "prim.Max",
 })  # fmt: skip
 _MAX_INDEX_MAP = 16384
+# Bounds of a trace's size and values. No space writes a longer trace, deeper nesting, more
+# tiles or larger extents; numbers past int64 would crash TVM's JSON reader, not be refused.
+_MAX_INSTRUCTIONS = 4096
+_MAX_DEPTH = 4
+_MAX_INT = 2**31 - 1
+_MAX_EXTENT = 2**24
+_MAX_TILES = 16
+_MAX_CANDIDATES = 64
+_OUTPUT = re.compile(r"[blv]\d{1,9}|_")
+_SAMPLE_ATTRS = frozenset({"SampleCategorical", "SamplePerfectTile", "SamplePartitionedTile"})
+# The largest value a categorical draws in any space: MetaSchedule's CUDA unroll steps end at
+# 1024 (its LLVM ones at 512; Nightshift's CPU spaces keep 64, search_spaces.constraints),
+# and AutoBind's thread extents at 1024.
+MAX_SAMPLED_VALUE = 1024
+# Integer annotations and their legitimate range; others: [0, _MAX_EXTENT]. ``parallel`` is
+# num_cores x max_jobs_per_core (16) of ParallelizeVectorizeUnroll, vectorize its
+# max_vectorize_extent (64 on LLVM); thread extents end at a block's 1024 threads.
+_ANNOTATION_BOUNDS: dict[str, tuple[int, int]] = {
+    "pragma_auto_unroll_max_step": (0, MAX_SAMPLED_VALUE),
+    "meta_schedule.unroll_explicit": (0, MAX_SAMPLED_VALUE),
+    "meta_schedule.unroll_implicit": (0, MAX_SAMPLED_VALUE),
+    "pragma_unroll_explicit": (0, 1),
+    "pragma_loop_partition_hint": (0, 1),
+    "meta_schedule.parallel": (0, 1 << 16),
+    "meta_schedule.vectorize": (0, 1024),
+    "meta_schedule.cooperative_fetch": (0, 16),
+    "meta_schedule.thread_extent_low_inclusive": (0, 1024),
+    "meta_schedule.thread_extent_high_inclusive": (0, 1024),
+}
 
 
 def trace_rejection(trace: Any) -> str | None:
-    """Why a trace's JSON (``[instructions, decisions]``) must not be replayed, or None if it may."""
+    """Why a trace's JSON (``[instructions, decisions]``) must not be replayed, or None if it may.
+
+    Every value at every depth is checked: TVM reads a string that starts with ``{`` as TVM
+    JSON wherever it sits in an instruction's inputs (lists included), numbers reach the code
+    generators (an unroll step of 1e9 hangs LLVM), and decisions are replayed as sampled values.
+    """
     if not isinstance(trace, list) or len(trace) != 2 or not isinstance(trace[0], list):
         return "trace is not [instructions, decisions]"
+    if len(trace[0]) > _MAX_INSTRUCTIONS:
+        return f"trace of {len(trace[0])} instructions"
     for n, inst in enumerate(trace[0]):
         if not (isinstance(inst, list) and len(inst) == 4 and isinstance(inst[0], str)
                 and all(isinstance(x, list) for x in inst[1:])):  # fmt: skip
             return f"instruction {n} is malformed"
-        kind, inputs, attrs, _outputs = inst
+        kind, inputs, attrs, outputs = inst
         if kind not in ALLOWED_INSTRUCTIONS:
             return f"instruction {n} {kind[:64]!r} is not an allowed schedule instruction"
-        objects = [x for x in (*inputs, *attrs) if isinstance(x, str) and x.startswith("{")]
-        for text in objects:
-            reason = (_index_map_rejection(text) if kind in _INDEX_MAP_INSTRUCTIONS
-                      else "an argument of TVM JSON, which only an index map may be")
-            if reason is not None:
-                return f"instruction {n} {kind}: {reason}"
-        long = _long_string([[x for x in inputs if x not in objects], [x for x in attrs if x not in objects]])
-        if long is not None:
-            return f"instruction {n} {kind} carries a {long}-character string"
+        if not all(isinstance(o, str) and _OUTPUT.fullmatch(o) for o in outputs):
+            return f"instruction {n} {kind}: an output that is not a random variable's name"
+        reason = _values_rejection(kind, [inputs, attrs])
+        if reason is not None:
+            return f"instruction {n} {kind}: {reason}"
         if kind == "Annotate":
             reason = _annotation_rejection(inputs, attrs)
             if reason is not None:
                 return f"instruction {n} Annotate: {reason}"
+        elif kind in _SAMPLE_ATTRS:
+            reason = _sample_attrs_rejection(kind, attrs)
+            if reason is not None:
+                return f"instruction {n} {kind}: {reason}"
+    return _decisions_rejection(trace[0], trace[1])
+
+
+def _values_rejection(kind: str, values: list, depth: int = 0) -> str | None:
+    """Why the plain values of an instruction (nested lists of strings, numbers, None) must
+    not be replayed: TVM JSON outside an index map, long text, unbounded numbers, deep nesting."""
+    if depth > _MAX_DEPTH:
+        return f"values nested deeper than {_MAX_DEPTH}"
+    for x in values:
+        if x is None or isinstance(x, bool):
+            continue
+        if isinstance(x, int):
+            if abs(x) > _MAX_INT:
+                return f"an integer {x:.3g} out of bounds"
+        elif isinstance(x, float):
+            if not math.isfinite(x) or abs(x) > _MAX_INT:
+                return f"a number {x!r} out of bounds"
+        elif isinstance(x, str):
+            if x.lstrip().startswith("{"):
+                reason = (_index_map_rejection(x) if kind in _INDEX_MAP_INSTRUCTIONS and depth <= 1
+                          else "an argument of TVM JSON, which only an index map may be")
+                if reason is not None:
+                    return reason
+            elif len(x) > _MAX_STRING:
+                return f"a {len(x)}-character string"
+        elif isinstance(x, list):
+            reason = _values_rejection(kind, x, depth + 1)
+            if reason is not None:
+                return reason
+        else:
+            return f"a value of type {type(x).__name__}"
     return None
+
+
+def _sample_attrs_rejection(kind: str, attrs: list) -> str | None:
+    if kind == "SampleCategorical":
+        candidates = attrs[0] if len(attrs) == 2 and isinstance(attrs[0], list) else None
+        if not candidates or len(candidates) > _MAX_CANDIDATES or not all(_is_int(c) for c in candidates):
+            return "candidates are not a short list of integers"
+        if max(abs(c) for c in candidates) > MAX_SAMPLED_VALUE:
+            return f"a candidate above {MAX_SAMPLED_VALUE}, the largest any space samples (an unroll step)"
+        return None
+    # SamplePerfectTile [n, max_innermost_factor], SamplePartitionedTile [n, partition_pos, innerpart_factor]
+    # (-1: no limit on the innermost factor)
+    if not (attrs and all(_is_int(a) and -1 <= a <= _MAX_EXTENT for a in attrs) and 1 <= attrs[0] <= _MAX_TILES):
+        return "tile attributes out of bounds"
+    return None
+
+
+def _decisions_rejection(insts: list, decisions: Any) -> str | None:
+    """Why a trace's decisions (``[[instruction index, decision], ...]``) must not be
+    replayed: each names a sampling instruction once, with a value of that instruction's kind."""
+    if not isinstance(decisions, list) or len(decisions) > len(insts):
+        return "decisions are not a list of [instruction, decision]"
+    seen: set[int] = set()
+    for d in decisions:
+        if not (isinstance(d, list) and len(d) == 2 and _is_int(d[0]) and 0 <= d[0] < len(insts)) or d[0] in seen:
+            return "a decision that does not name one instruction of the trace"
+        seen.add(d[0])
+        kind, _inputs, attrs, _outputs = insts[d[0]]
+        value = d[1]
+        if kind == "SampleCategorical":
+            ok = _is_int(value) and 0 <= value < len(attrs[0])
+        elif kind == "SampleComputeLocation":
+            ok = _is_int(value) and -2 <= value <= _MAX_EXTENT  # -1: the root, -2: inlined
+        elif kind in _SAMPLE_ATTRS:  # tiles: one factor per tile (-1: inferred)
+            ok = (isinstance(value, list) and len(value) == attrs[0]
+                  and all(_is_int(f) and (f == -1 or 1 <= f <= _MAX_EXTENT) for f in value))  # fmt: skip
+        else:
+            return f"a decision for instruction {d[0]} {kind}, which samples nothing"
+        if not ok:
+            return f"decision {str(value)[:40]!r} of instruction {d[0]} {kind} is out of its domain"
+    return None
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _annotation_rejection(inputs: list, attrs: list) -> str | None:
@@ -103,8 +216,13 @@ def _annotation_rejection(inputs: list, attrs: list) -> str | None:
     key, value = attrs[0], inputs[1]
     if key not in ALLOWED_ANNOTATIONS:
         return f"annotation key {key[:64]!r} is not allowed"
-    if isinstance(value, bool) or (isinstance(value, int | float) and math.isfinite(value)):
+    if isinstance(value, bool):
         return None
+    if isinstance(value, int | float):
+        low, high = _ANNOTATION_BOUNDS.get(key, (0, _MAX_EXTENT))
+        if _is_int(value) and low <= value <= high:
+            return None
+        return f"annotation {key} = {value!r} is outside [{low}, {high}]"
     if isinstance(value, str):
         if _RV.fullmatch(value):  # a sampled value, itself an integer
             return None
@@ -118,7 +236,7 @@ def _annotation_rejection(inputs: list, attrs: list) -> str | None:
             if text == "" and key in _EMPTY_ALLOWED:
                 return None
         return f"annotation {key} has a disallowed value {value[:40]!r}"
-    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+    if isinstance(value, list) and len(value) <= _MAX_TILES * 8 and all(_is_int(v) and 0 <= v <= 64 for v in value):
         return None  # software pipeline stages and orders
     return f"annotation {key} has a disallowed value of type {type(value).__name__}"
 
@@ -146,26 +264,46 @@ def _index_map_rejection(text: str) -> str | None:
     return None
 
 
-def _long_string(obj: Any) -> int | None:
-    if isinstance(obj, str):
-        return len(obj) if len(obj) > _MAX_STRING else None
-    if isinstance(obj, list):
-        for x in obj:
-            found = _long_string(x)
-            if found is not None:
-                return found
-    return None
-
-
 def record_rejection(record_json: str) -> str | None:
     """Why a stored record (MetaSchedule's ``TuningRecord.as_json()`` text) must not be used, or None."""
     try:
         data = json.loads(record_json)
-    except ValueError:
+    except (ValueError, RecursionError):
         return "record is not JSON"
-    if not isinstance(data, list) or len(data) < 2:
+    if not isinstance(data, list) or not 2 <= len(data) <= 4:
         return "record is not MetaSchedule's [trace, run_secs, target, args_info]"
+    secs = data[1]
+    if secs is not None and not (isinstance(secs, list) and len(secs) <= 4096 and all(
+            isinstance(x, int | float) and not isinstance(x, bool) for x in secs)):  # fmt: skip
+        return "run_secs are not a list of numbers"
+    # The target and argument shapes are parsed by TVM (not replayed): plain values only.
+    reason = _values_rejection("", [_plain_lists(x) for x in data[2:]])
+    if reason is not None:
+        return f"record's target or arguments: {reason}"
     return trace_rejection(data[0])
+
+
+def _plain_lists(x: Any, depth: int = 0) -> Any:
+    """``x`` with every dict (a target's attributes) as a list of its keys and values."""
+    if depth > _MAX_DEPTH:
+        return x
+    if isinstance(x, dict):
+        return [_plain_lists(v, depth + 1) for kv in x.items() for v in kv]
+    if isinstance(x, list):
+        return [_plain_lists(v, depth + 1) for v in x]
+    return x
+
+
+def replay_rejection(record_json: str, mean_sec: float | None = None,
+                     floor: TimingFloor | None = None) -> str | None:  # fmt: skip
+    """The one gate of a stored record: why it must not be replayed (its trace fails the
+    allow-list) or ranked (``mean_sec``, when given, fails :func:`timing_rejection` against
+    ``floor``), or None. Every reader of the database calls it before a record is used."""
+    if mean_sec is not None and floor is not None:
+        reason = floor.rejection(mean_sec)
+        if reason is not None:
+            return reason
+    return record_rejection(record_json)
 
 
 # --- timings --------------------------------------------------------------------------------
@@ -183,6 +321,15 @@ _CPU_PEAK_PER_CORE = 1600e9
 # 64-channel blocks reach 3.3-4.0 TOP/s on two cores of an AMX Xeon, twenty-eighth session).
 _AMX_PEAK_PER_CORE = 12.3e12
 _GPU_PEAK = 4e15
+# Bytes a second a kernel can write, generously: a core's L1 stores 64 bytes a cycle (384
+# GB/s at 6 GHz), an H200's HBM moves 4.8 TB/s and its L2 a few times that. A workload of no
+# FLOPs (a layout transform) still writes its output, so its time has this floor.
+_CPU_BANDWIDTH_PER_CORE = 1e12
+_GPU_BANDWIDTH = 5e13
+# No kernel call returns in under a nanosecond, whatever it computes.
+MIN_SEC = 1e-9
+_DTYPE_BITS = re.compile(r"[a-z]+?(\d+)")
+_SUMMARY_ARG = re.compile(r"([a-z]\w*)\[([\d, ]*)\]")
 
 
 def device_peak_flops(kind: str, cores: int | None, amx: bool = False) -> float:
@@ -190,6 +337,38 @@ def device_peak_flops(kind: str, cores: int | None, amx: bool = False) -> float:
     if kind == "cpu":
         return (_AMX_PEAK_PER_CORE if amx else _CPU_PEAK_PER_CORE) * max(int(cores or 1), 1)
     return _GPU_PEAK
+
+
+def device_peak_bandwidth(kind: str, cores: int | None) -> float:
+    """A generous upper bound of the bytes a second a device's kernels can write."""
+    return _CPU_BANDWIDTH_PER_CORE * max(int(cores or 1), 1) if kind == "cpu" else _GPU_BANDWIDTH
+
+
+def output_bytes(summary: str | None) -> int:
+    """Bytes of a workload's last argument (its output) from its summary
+    (:func:`tuner.db.store.workload_summary`: ``name(float32[1, 64, 56, 56], ...)``); 0 if unknown."""
+    args = _SUMMARY_ARG.findall(summary or "")
+    if not args:
+        return 0
+    dtype, shape = args[-1]
+    bits = _DTYPE_BITS.match(dtype)
+    elems = math.prod(int(d) for d in shape.replace(" ", "").split(",") if d) if shape.strip() else 1
+    return elems * int(bits.group(1)) // 8 if bits else 0
+
+
+@dataclass(frozen=True)
+class TimingFloor:
+    """What bounds a workload's time on one device from below: its FLOPs at the device's peak,
+    its output's bytes at the device's bandwidth, and :data:`MIN_SEC`."""
+
+    flops: float
+    peak_flops: float
+    bytes: int = 0
+    bandwidth: float = math.inf
+
+    def rejection(self, mean_sec: float) -> str | None:
+        """:func:`timing_rejection` against this floor."""
+        return timing_rejection(mean_sec, self.flops, self.peak_flops, self.bytes, self.bandwidth)
 
 
 def stored_target_has_amx(target_json: str) -> bool:
@@ -206,13 +385,20 @@ def stored_target_has_amx(target_json: str) -> bool:
         return False
 
 
-def timing_rejection(mean_sec: float, flops: float, peak_flops: float) -> str | None:
-    """Why a measured mean time is implausible for a workload of ``flops`` on a device, or None."""
-    if not math.isfinite(mean_sec) or mean_sec <= 0:
+def timing_rejection(mean_sec: float, flops: float, peak_flops: float, out_bytes: int = 0,
+                     bandwidth: float = math.inf) -> str | None:  # fmt: skip
+    """Why a measured mean time is implausible for a workload of ``flops`` writing
+    ``out_bytes`` on a device, or None."""
+    if not isinstance(mean_sec, int | float) or not math.isfinite(mean_sec) or mean_sec <= 0:
         return f"mean time {mean_sec!r} s is not a positive number"
     if mean_sec >= MS_FAILED_SEC:
         return f"mean time {mean_sec:g} s is MetaSchedule's failure value, not a measurement"
     if flops > 0 and flops / mean_sec > peak_flops:
         return (f"mean time {mean_sec:.3g} s means {flops / mean_sec / 1e9:,.0f} GFLOP/s, above the device's "
                 f"peak of {peak_flops / 1e9:,.0f} GFLOP/s")
+    if out_bytes > 0 and out_bytes / mean_sec > bandwidth:
+        return (f"mean time {mean_sec:.3g} s means writing {out_bytes / mean_sec / 1e9:,.0f} GB/s, above the "
+                f"device's {bandwidth / 1e9:,.0f} GB/s")
+    if mean_sec < MIN_SEC:
+        return f"mean time {mean_sec:.3g} s is below {MIN_SEC:g} s, shorter than any kernel call"
     return None
