@@ -36,6 +36,7 @@ from tuner.device import Device
 from tuner.errors import DatabaseError, JobConflict, UserInputError
 from tuner.graph.tasks import Task
 from tuner.measure.base import MEASURERS, MeasureConfig, MeasureError, Measurer
+from tuner.measure.quiet import LeaseTimeout
 from tuner.measure.results import BuildResult, ErrorClass, Measurement, RunResult
 from tuner.progress import EventSink, event
 from tuner.rerank import rerank_task
@@ -473,10 +474,16 @@ class TuningJob:
         for j in heavy:
             self._check_interrupt()
             task = self.tasks[j]
-            result = self._retrying("database", rerank_task, self.db, task, self.device_id, self.device.target,
-                                    self.timing, self.config.measure.timing, top=self.config.rerank_top,
-                                    rounds=self.config.rerank_rounds, lease=lease,
-                                    cpu_work=self.measurer.cpu_work)  # fmt: skip
+            try:
+                result = self._retrying("database", rerank_task, self.db, task, self.device_id,
+                                        self.device.target, self.timing, self.config.measure.timing,
+                                        top=self.config.rerank_top, rounds=self.config.rerank_rounds, lease=lease,
+                                        cpu_work=self.measurer.cpu_work)  # fmt: skip
+            except LeaseTimeout as err:
+                # Re-ranking only refines bests already stored: a node that stays busy ends it,
+                # not the job (the next run of the command re-ranks again).
+                logger.warning("re-ranking stopped at task %s: %s", task.name, err)
+                break
             if result is None:
                 continue
             self.scheduler.best_sec[j] = result.best_sec

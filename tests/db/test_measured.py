@@ -87,12 +87,15 @@ def test_a_point_is_recorded_once_whoever_measures_it(db, cpu_device):
     assert rows["p"].record_key == record_key(rows["p"].workload_id, dev, "p")
 
 
-def test_a_lost_measurement_is_replaced(db, cpu_device):
+@pytest.mark.parametrize("error", ["lost", "lease_timeout"])
+def test_a_lost_measurement_is_replaced(db, cpu_device, error):
+    """Neither a lost node nor a timing that never got the node's lease says anything about the
+    candidate: the point stays unmeasured and its next measurement replaces the record."""
     mod = add_mod()
     key = workload_key(mod)
     db.workload_id(key, "add", mod, 8.0)
     dev = db.device_id(cpu_device)
-    assert db.add_records(dev, None, [_rec(key, "p", [], "lost", program_hash="aa")]) == 1
+    assert db.add_records(dev, None, [_rec(key, "p", [], error, program_hash="aa")]) == 1
     assert db.measured_points(key, dev) == set()
     job = db.start_job("m", dev, {}, 1)
     assert db.add_records(dev, job, [_rec(key, "p", [1e-3], program_hash="aa")]) == 1
@@ -101,7 +104,7 @@ def test_a_lost_measurement_is_replaced(db, cpu_device):
     assert (row.error_class, row.job_id, row.program_hash) == (None, job, "aa")
     assert db.measured_hashes(key, dev) == {"aa"}
     # A measured record is never replaced, not even by a lost one.
-    assert db.add_records(dev, job, [_rec(key, "p", [], "lost")]) == 0
+    assert db.add_records(dev, job, [_rec(key, "p", [], error)]) == 0
     assert db.best(key, dev)[0].mean_sec == pytest.approx(1e-3)
 
 

@@ -60,9 +60,10 @@ REFUSED = "refused_record"
 _WRITE_ATTEMPTS = 6
 _TRANSIENT_SQLSTATES = {"40001", "40P01"}
 _SQLITE_BUSY_TIMEOUT_S = 60
-# Error classes that say nothing about the candidate (its node was lost mid-measurement): such
-# a record does not count as measured, and a new measurement of the point replaces it.
-RETRIED_ERRORS: tuple[str, ...] = (ErrorClass.LOST.value,)
+# Error classes that say nothing about the candidate (its node was lost mid-measurement, or its
+# timing never got the node's lease): such a record does not count as measured, and a new
+# measurement of the point replaces it.
+RETRIED_ERRORS: tuple[str, ...] = (ErrorClass.LOST.value, ErrorClass.LEASE_TIMEOUT.value)
 
 
 @dataclass(frozen=True)
