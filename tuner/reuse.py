@@ -106,6 +106,8 @@ def rule(h: TaskHistory, *, skip_after: int, fresh: bool) -> tuple[str, str]:
     what = f"{h.records} records from {h.jobs} job{'s' if h.jobs != 1 else ''}, {best}"
     if fresh:
         return "fresh", f"{what}; ignored (--fresh)"
-    if skip_after and h.ok >= skip_after:
+    # Only with a best that passes the read gate: successes whose times no device reaches count
+    # in ``ok`` (a SQL count) but must not stop a task from being tuned.
+    if skip_after and h.ok >= skip_after and h.best_sec is not None:
         return "skip", f"{what}; skipped (>= {skip_after} good records)"
     return "warm", f"{what}; warm start"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -587,6 +588,11 @@ def test_impossible_timings_set_by_sql_are_never_selected(db_url, tiny_tasks, cp
     (history,) = task_histories(fresh, dev, -1, [matmul.workload_key]).values()
     assert history.best_sec == pytest.approx(2e-5)
     assert "best 0.02 ms; warm start" in rule(history, skip_after=0, fresh=False)[1]
+    # Successes the gate refuses count in the SQL tally, but without a best that passes, a
+    # task is tuned, not skipped.
+    planted_only = dataclasses.replace(history, best_sec=None)
+    assert rule(planted_only, skip_after=1, fresh=False)[0] == "warm"
+    assert rule(history, skip_after=1, fresh=False)[0] == "skip"
     said_once("best")
     told = {p: (m, e) for p, m, e in measured_results(fresh, matmul.workload_key, dev)}
     assert told["negative"] == told["roofline"] == (None, REFUSED)
@@ -595,6 +601,13 @@ def test_impossible_timings_set_by_sql_are_never_selected(db_url, tiny_tasks, cp
     fresh.add_records(dev, None, [NewRecord(transform.workload_key, "zero-flop-2", honest[transform.workload_key],
                                             [1e-15])])  # fmt: skip
     assert [r.point for r in fresh.best(transform.workload_key, dev, k=5)] == [f"honest-{transform.name}"]
+    # Pruning to the fastest record of each workload keeps the honest ones, not the planted
+    # times that rank first; the planted rows go, and so does the write refused above (a failure).
+    pruned = TuningDatabase(db_url)
+    assert pruned.prune(keep_top=1).deleted == 4  # the three planted rows and the refused write
+    with pruned.engine.connect() as conn:
+        left = set(conn.execute(sa.text("SELECT point FROM records")).scalars())
+    assert left == {f"honest-{matmul.name}", f"honest-{transform.name}"}
 
 
 def test_the_layout_plan_ignores_impossible_timings(db_url, cpu_device, caplog):

@@ -16,6 +16,8 @@ from tuner.db.url import redact
 from tuner.errors import UserInputError
 
 logger = logging.getLogger(__name__)
+# Ids per DELETE ... WHERE id IN (...): under SQLite's limit of bound parameters per statement.
+_DELETE_SLICE = 500
 
 
 # A running job whose heartbeat is older than this is dead (it writes one at least every minute).
@@ -119,19 +121,13 @@ class Maintenance:
             scope.append(RecordRow.tvm_version == tvm_version)
         if older_than is not None:
             scope.append(RecordRow.created_at < (datetime.now(UTC) - older_than).replace(tzinfo=None))
+        ranked_out: list[int] = []
         if keep_top is None:
             doomed = [select(RecordRow.id).where(*scope)]
         else:
-            ranked = select(
-                RecordRow.id,
-                func.row_number().over(
-                    partition_by=(RecordRow.workload_id, RecordRow.device_id, RecordRow.tvm_version,
-                                  RecordRow.origin, RecordRow.timing),
-                    order_by=(RecordRow.mean_sec, RecordRow.id),
-                ).label("rank"),
-            ).where(RecordRow.mean_sec.is_not(None), RecordRow.error_class.is_(None), *scope)  # fmt: skip
-            sub = ranked.subquery()
-            doomed = [select(sub.c.id).where(sub.c.rank > keep_top)]
+            successes = (RecordRow.mean_sec.is_not(None), RecordRow.error_class.is_(None), *scope)
+            ranked_out = self._beyond_top(keep_top, successes)
+            doomed = []
             if not keep_failed:
                 doomed.append(select(RecordRow.id).where(
                     (RecordRow.error_class.is_not(None)) | RecordRow.mean_sec.is_(None), *scope))  # fmt: skip
@@ -139,9 +135,33 @@ class Maintenance:
         def work(s: Session) -> PruneResult:
             total = int(s.scalar(select(func.count(RecordRow.id))) or 0)
             n = sum(int(s.scalar(select(func.count()).select_from(d.subquery())) or 0) for d in doomed)
+            n += len(ranked_out)
             if not dry_run:
                 for d in doomed:
                     s.execute(delete(RecordRow).where(RecordRow.id.in_(d)))
+                # In slices: a bound parameter per id, and SQLite allows some thousands per statement.
+                for i in range(0, len(ranked_out), _DELETE_SLICE):
+                    s.execute(delete(RecordRow).where(RecordRow.id.in_(ranked_out[i:i + _DELETE_SLICE])))
             return PruneResult(n, total - n)
 
         return self._write(work)
+
+    def _beyond_top(self, keep_top: int, successes: tuple) -> list[int]:
+        """Ids of the successful records that are not among the ``keep_top`` fastest of their
+        workload, device, TVM version, origin and timing mode that pass the read gate
+        (``refusal``), refused ones included: an impossible time set by SQL ranks first and
+        would otherwise push the real bests out."""
+        group = (RecordRow.workload_id, RecordRow.device_id, RecordRow.tvm_version, RecordRow.origin,
+                 RecordRow.timing)  # fmt: skip
+        stmt = (select(RecordRow.id, RecordRow.record_json, RecordRow.mean_sec, *group)
+                .where(*successes).order_by(*group, RecordRow.mean_sec, RecordRow.id))  # fmt: skip
+        out: list[int] = []
+        counts: dict[tuple, int] = {}
+        with self.reading("prune"), self.session(write=False) as s:
+            for rid, record_json, mean_sec, *key in s.execute(stmt).yield_per(1000):
+                k = tuple(key)
+                if counts.get(k, 0) < keep_top and self.refusal(rid, record_json, mean_sec, key[0], key[1])[0]:
+                    counts[k] = counts.get(k, 0) + 1
+                else:
+                    out.append(rid)
+        return out
