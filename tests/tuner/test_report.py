@@ -99,8 +99,9 @@ def test_failed_candidates_are_counted_by_class(report, tmp_path):
         from tuner.db.schema import JobRow
 
         device_id = s.scalar(select(JobRow.device_id).where(JobRow.id == job.id))
-    failed = NewRecord(key, '{"kind":"sketch","sketch":0,"decisions":[123]}', "{}", [], error_class="build_error",
-                       error_msg="test", build_sec=0.5)  # fmt: skip
+    # An empty trace that passes the write gate ("{}" is not a record and is stored as refused_trace).
+    failed = NewRecord(key, '{"kind":"sketch","sketch":0,"decisions":[123]}', "[[[], []], null, null, null]", [],
+                       error_class="build_error", error_msg="test", build_sec=0.5)  # fmt: skip
     db.add_records(device_id, job.id, [failed])
     data = job_data(db, job)
     assert data.errors == {"build_error": 1}
