@@ -8,6 +8,19 @@ import pytest
 import workloads  # tests/measure is on sys.path (pytest's rootdir-relative "prepend" import mode)
 
 
+@pytest.fixture
+def node(ray_cluster) -> str:
+    """This node's id, with its lease actor started and the lease lookups' cache cleared."""
+    import ray
+
+    from tuner.measure import quiet
+
+    node_id = ray.get_runtime_context().get_node_id()
+    ray.get(quiet.ensure(node_id).state.remote())
+    quiet._lookups.clear()
+    return node_id
+
+
 @pytest.fixture(scope="module")
 def task():
     """A 64^3 float32 matmul task."""

@@ -63,14 +63,6 @@ class _Timer:
 
 
 @pytest.fixture
-def node(ray_cluster) -> str:
-    node_id = ray.get_runtime_context().get_node_id()
-    ray.get(quiet.ensure(node_id).state.remote())
-    quiet._lookups.clear()
-    return node_id
-
-
-@pytest.fixture
 def timer(node):
     t = _Timer.remote(node)
     ray.get(t.time_once.remote(), timeout=60)  # the actor is up

@@ -74,14 +74,6 @@ class _Timer:
         return start, end, grant
 
 
-@pytest.fixture
-def node(ray_cluster) -> str:
-    node_id = ray.get_runtime_context().get_node_id()
-    ray.get(quiet.ensure(node_id).state.remote())
-    quiet._lookups.clear()
-    return node_id
-
-
 def test_a_timing_waits_for_running_work_and_no_work_starts_during_it(node):
     timer = _Timer.remote(node)
     ray.get(timer.time_once.remote(0.0))  # the actor is up
