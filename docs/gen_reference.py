@@ -611,6 +611,8 @@ ENV_OTHERS: dict[str, str] = {
                            "deployment or a GPU worker).",
     "NUMPY_MADVISE_HUGEPAGE": "`0`: numpy does not advise transparent huge pages; set it in a process "
                               "of your own that runs a deployed module beside numpy.",
+    "RAY_ADDRESS": "The Ray cluster `tune` joins when `--ray-address` is not given, as Ray's own tools do "
+                   "(it says so in one line); unset, `tune` starts a local cluster.",
     "RAY_AUTH_TOKEN": "Ray's token for a cluster that runs with token authentication (the compose "
                       "setup): every node, driver and Jobs API client needs it. The local cluster `tune` "
                       "starts uses it too, else the file `RAY_AUTH_TOKEN_PATH` or `~/.ray/auth_token` "

@@ -28,6 +28,7 @@ import tvm
 import tvm.runtime.vm  # not imported by `import tvm` under TVM_USE_RUNTIME_LIB=1
 
 from tuner.errors import UserInputError
+from tuner.native_log import native_output
 from tuner.threads import size_thread_pool
 
 logger = logging.getLogger(__name__)
@@ -158,7 +159,8 @@ def write_artifact(
     }  # fmt: skip
     try:
         library.parent.mkdir(parents=True, exist_ok=True)
-        compiled.executable.export_library(str(library))
+        with native_output():  # TVM's per-save "Scope Saving" lines go to the log, not the terminal
+            compiled.executable.export_library(str(library))
         meta_path.write_text(json.dumps(metadata, indent=2, default=str) + "\n")
     except OSError as err:
         raise UserInputError(f"cannot write the artifact {path}: {err.strerror or err}") from err
@@ -263,7 +265,8 @@ def load_artifact(path: Path, *, threads: int | None = None) -> Artifact:
     device = metadata.get("device", {})
     kind = device.get("kind", "cpu")
     try:
-        module = tvm.runtime.load_module(str(library))
+        with native_output():  # TVM prints "Scope Loaded" lines on every load: to the log instead
+            module = tvm.runtime.load_module(str(library))
     except Exception as err:  # TVM raises its own error kinds for a corrupt library
         raise UserInputError(f"cannot load {library}: {str(err).splitlines()[0] if str(err) else err}") from err
     if kind == "cpu":
@@ -277,7 +280,8 @@ def load_artifact(path: Path, *, threads: int | None = None) -> Artifact:
         dev = tvm.device(kind, index)
         if not dev.exist:
             raise UserInputError(f"the artifact was built for {device.get('name')}, which is not on this machine")
-    vm = tvm.runtime.vm.VirtualMachine(module, dev)
+    with native_output():
+        vm = tvm.runtime.vm.VirtualMachine(module, dev)
     return Artifact(path, metadata, vm, dev)
 
 

@@ -30,6 +30,7 @@ import numpy as np
 from tuner.device import Device
 from tuner.errors import UserInputError, install_hint
 from tuner.frontends import ModelSpec
+from tuner.native_log import native_output
 from tuner.peers import Peer, PeerModel, PeerSkipped, create
 from tuner.precision import Precision
 
@@ -118,7 +119,8 @@ class TvmRunner:
         device.use_threads()
         self._tvm = tvm
         self._dev = device.tvm_device()
-        self._vm = relax.VirtualMachine(compiled.executable, self._dev)
+        with native_output():  # it exports and loads the executable: TVM's "Scope" lines, to the log
+            self._vm = relax.VirtualMachine(compiled.executable, self._dev)
         self.label = label
         self.precision = precision
 

@@ -38,6 +38,7 @@ from tuner.frontends import ModelSpec
 from tuner.graph.layout.plan import LayoutPlan
 from tuner.graph.layout.rewrites import prepare
 from tuner.graph.tasks import fuse_passes
+from tuner.native_log import native_output
 
 logger = logging.getLogger(__name__)
 
@@ -280,7 +281,8 @@ def run_model(
     """
     device.use_threads()
     dev = device.tvm_device()
-    vm = relax.VirtualMachine(compiled.executable, dev)
+    with native_output():  # on an Executable it exports and loads: TVM's "Scope" lines, to the log
+        vm = relax.VirtualMachine(compiled.executable, dev)
     args = [tvm.runtime.tensor(x, dev) for x in inputs]
     first = time.perf_counter()
     out = _flatten(vm["main"](*args))
@@ -347,5 +349,6 @@ def max_difference(spec: ModelSpec, device: Device, compiled: Compiled, *, plan:
 def _outputs(compiled: Compiled, device: Device, inputs: list[np.ndarray]) -> list[np.ndarray]:
     device.use_threads()
     dev = device.tvm_device()
-    vm = relax.VirtualMachine(compiled.executable, dev)
+    with native_output():  # on an Executable it exports and loads: TVM's "Scope" lines, to the log
+        vm = relax.VirtualMachine(compiled.executable, dev)
     return _flatten(vm["main"](*[tvm.runtime.tensor(x, dev) for x in inputs]))

@@ -241,3 +241,22 @@ def test_device_node_that_joins_mid_job_times_its_candidates_one_record_each(mul
         rows = conn.execute("SELECT point, error_class FROM records WHERE job_id = ?", (summary.job_id,)).fetchall()
     assert len(rows) == 16 and len({p for p, _ in rows}) == 16
     assert {e for _, e in rows} == {None}, rows
+
+
+def test_ray_address_is_joined_and_a_running_ray_is_reused(multinode, monkeypatch, caplog):
+    """With no address passed, connect() joins the cluster RAY_ADDRESS names (as Ray's own
+    tools do) and says so, instead of starting a local one; a Ray already initialized in this
+    process (a notebook's ray.init) is used as it is. Neither is the caller's to shut down."""
+    from tuner.measure.ray_measure import connect, starts_local
+
+    ray.shutdown()  # the fixture joined by address; now only the variable names the cluster
+    monkeypatch.setenv("RAY_ADDRESS", multinode.address)
+    assert not starts_local()
+    with caplog.at_level("WARNING", logger="tuner.measure.ray_measure"):
+        assert connect() is False
+    assert f"using the Ray cluster at {multinode.address} (RAY_ADDRESS)" in caplog.text
+    assert ray.get_runtime_context().gcs_address == multinode.address
+    assert [n["NodeID"] for n in ray.nodes()] == [multinode.head_node.node_id]  # no node of our own
+    monkeypatch.delenv("RAY_ADDRESS")
+    assert not starts_local() and connect() is False  # initialized: reused, not a second cluster
+    assert ray.get_runtime_context().gcs_address == multinode.address

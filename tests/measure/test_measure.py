@@ -9,7 +9,7 @@ import workloads
 
 from tuner.errors import UserInputError
 from tuner.measure.base import MeasureConfig, device_resource
-from tuner.measure.ray_measure import worker_command
+from tuner.measure.ray_measure import env_address, worker_command
 from tuner.measure.results import ErrorClass
 from tuner.measure.runner import TimingConfig
 
@@ -85,6 +85,15 @@ def test_missing_device_resource_names_the_ray_start_command(ray_cluster):
     with pytest.raises(UserInputError, match="ray start --address"):
         RayMeasurer(gpu)
     assert "--num-gpus 1" in worker_command(gpu) and '"nightshift_cuda_sm_90": 1' in worker_command(gpu)
+
+
+@pytest.mark.parametrize("address", ["ray://head:10001", "http://head:8265"])
+def test_ray_address_that_ray_init_cannot_join_says_what_to_pass(monkeypatch, address):
+    monkeypatch.setenv("RAY_ADDRESS", address)
+    with pytest.raises(UserInputError, match="pass --ray-address http://head:8265 to submit the job"):
+        env_address()
+    monkeypatch.setenv("RAY_ADDRESS", " ")
+    assert env_address() is None
 
 
 def test_local_cluster_offers_the_host_cpu_resource(ray_cluster, cpu_device):

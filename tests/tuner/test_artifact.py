@@ -49,8 +49,11 @@ def test_loads_with_the_runtime_alone(job, tmp_path):
     """TVM_USE_RUNTIME_LIB=1 loads libtvm_runtime only: the artifact needs no compiler."""
     meta = json.loads((job / "tiny.json").read_text())
     np.save(tmp_path / "x.npy", _input(meta))
+    log = tmp_path / "debug.log"
     code = (
         "import sys; from pathlib import Path; import numpy as np\n"
+        # As a user's program that logs to a file: TVM's per-load "Scope Loaded" lines go there.
+        f"import logging; logging.basicConfig(level=logging.DEBUG, filename={str(log)!r})\n"
         "from tuner.artifact import load_artifact\n"
         "import tvm.base\n"
         f"a = load_artifact(Path({str(job / 'tiny.so')!r}))\n"
@@ -63,6 +66,9 @@ def test_loads_with_the_runtime_alone(job, tmp_path):
     env = os.environ | {"TVM_USE_RUNTIME_LIB": "1"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
+    # TVM's C++ warnings on the load reach the program's log at DEBUG, not its terminal.
+    assert "Scope" not in proc.stderr, proc.stderr
+    assert "executable.cc" in log.read_text() and "Scope Loaded" in log.read_text()
     shape = tuple(meta["outputs"][0]["shape"])
     assert f"runtime_only True compiler False runtime True shape {shape}" in proc.stdout
     # On the threads it was tuned on: config_threadpool without a CPU list kept one thread.
@@ -71,6 +77,7 @@ def test_loads_with_the_runtime_alone(job, tmp_path):
     proc = run("nightshift", "run", str(job / "tiny.so"), "--input", "x.npy", "--output", "y.npy", cwd=tmp_path,
                env={"TVM_USE_RUNTIME_LIB": "1"})  # fmt: skip
     assert proc.returncode == 0, proc.stderr
+    assert "Scope" not in proc.stderr, proc.stderr  # quiet by default; -v shows them
     assert np.load(tmp_path / "y.npy").shape == shape
 
 

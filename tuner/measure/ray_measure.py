@@ -72,25 +72,74 @@ def local_device_resources() -> dict[str, float]:
     return {device_resource(parse_device("cpu")): 1.0} | gpu_resources(gpu_archs())
 
 
+def env_address() -> str | None:
+    """The cluster ``RAY_ADDRESS`` names, as Ray's own tools take it when no address is passed.
+
+    Raises:
+        UserInputError: it is a Ray Client (``ray://``) or Jobs API (``http://``) address, which
+            ``ray.init`` cannot join for Nightshift (``--ray-address`` says what to do instead).
+    """
+    import os
+
+    from tuner.measure.submit import is_jobs_address
+
+    address = os.environ.get("RAY_ADDRESS", "").strip() or None
+    if address is not None and (address.startswith("ray://") or is_jobs_address(address)):
+        # A Ray Client address cannot carry the streaming builds (tuner.measure.submit); its
+        # head's Jobs API can.
+        jobs = address if is_jobs_address(address) else f"http://{address[6:].split(':')[0] or 'HEAD'}:8265"
+        raise UserInputError(
+            f"RAY_ADDRESS={address}: Nightshift joins a cluster with ray.init, which cannot use a Ray Client "
+            f"or Jobs API address; pass --ray-address {jobs} to submit the job to the cluster, or unset "
+            "RAY_ADDRESS to tune on a local cluster"
+        )
+    return address
+
+
+def starts_local(address: str | None = None) -> bool:
+    """Whether :func:`connect` with ``address`` would start a local cluster (which its caller
+    then shuts down): Ray is not initialized in this process, and neither ``address`` nor
+    ``RAY_ADDRESS`` names a cluster."""
+    return not ray.is_initialized() and not address and env_address() is None
+
+
 def connect(address: str | None = None, *, num_cpus: int | None = None,
-            resources: dict[str, float] | None = None) -> None:
-    """Join the Ray cluster at ``address`` (``auto``, ``ray://...``) or start a local one.
+            resources: dict[str, float] | None = None) -> bool:
+    """Join the Ray cluster at ``address`` (``auto``, ``HOST:PORT``) or start a local one.
+
+    With no ``address``, ``RAY_ADDRESS`` is honoured as Ray's own tools do: its cluster is
+    joined, and one warning line says so. If Ray is already initialized in this process (a
+    notebook's ``ray.init()``), that connection is used as it is.
 
     A local cluster offers this machine's device resources (``local_device_resources``) plus
     ``resources``. It listens on 127.0.0.1 only (GCS, raylet, workers, the metrics agent) and
     requires Ray's token, whatever ``RAY_AUTH_MODE`` says: whoever reaches its ports runs code
     as this user. The token is ``RAY_AUTH_TOKEN``, else the file Ray reads
     (``RAY_AUTH_TOKEN_PATH``, default ``~/.ray/auth_token``), created or tightened to 0600.
-    Does nothing if Ray is already initialized.
+
+    Returns:
+        True if this call started a local cluster: the caller owns it and shuts it down
+        (``ray.shutdown()``); False if it joined a cluster or found Ray initialized, which
+        must be left running.
+
+    Raises:
+        UserInputError: ``RAY_ADDRESS`` is an address ``ray.init`` cannot join (see :func:`env_address`).
     """
     if ray.is_initialized():
-        return
+        logger.debug("Ray is already initialized in this process: using its cluster")
+        return False
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                               "logging_level": logging.WARNING}
+    if not address:
+        address = env_address()
+        if address is not None:
+            # A warning, so it shows without -v: the job runs somewhere else than a plain
+            # `tune` would put it, because of a variable set perhaps long ago.
+            logger.warning("using the Ray cluster at %s (RAY_ADDRESS)", address)
     if address:
         ray.init(address=address, **kwargs)
         logger.info("Ray cluster: %s", ray.cluster_resources())
-        return
+        return False
     import os
     import secrets
     import stat
@@ -126,11 +175,35 @@ def connect(address: str | None = None, *, num_cpus: int | None = None,
     try:
         # "local", not None: with None, Ray joins the newest cluster a `ray start` on this
         # machine recorded in /tmp/ray (another user's), and then refuses our resources.
-        ray.init(address="local", num_cpus=num_cpus, resources=local_device_resources() | (resources or {}),
-                 _node_ip_address="127.0.0.1", **kwargs)  # fmt: skip
+        with _quiet_auth_notice(ray_auth.logger):
+            ray.init(address="local", num_cpus=num_cpus, resources=local_device_resources() | (resources or {}),
+                     _node_ip_address="127.0.0.1", **kwargs)  # fmt: skip
     finally:
         services.resolve_ip_for_localhost = resolve
     logger.info("Ray cluster: %s", ray.cluster_resources())
+    return True
+
+
+@contextlib.contextmanager
+def _quiet_auth_notice(auth_logger: logging.Logger) -> Iterator[None]:
+    """Ray's notice that token authentication is on, kept out of a throwaway local cluster's
+    start unless this module logs at DEBUG (``-v``).
+
+    Nightshift turns token auth on itself (above), and Ray 2.60 then says nothing; should
+    another Ray version announce it again ("Token authentication is enabled for this Ray
+    cluster. Set RAY_AUTH_MODE=disabled to opt out"), the hint to opt out is wrong for a
+    cluster that always requires its token. Only the level of Ray's own logger for it
+    changes, and only while the local cluster starts.
+    """
+    if logger.isEnabledFor(logging.DEBUG):
+        yield
+        return
+    level = auth_logger.level
+    auth_logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        auth_logger.setLevel(level)
 
 
 def worker_command(device: Device, head: str = "HEAD_IP:PORT", num_cpus: int | None = None) -> str:
