@@ -170,6 +170,8 @@ def _options_table(parser: argparse.ArgumentParser, fallback: dict[str, Any]) ->
     for action in parser._actions:
         if isinstance(action, argparse._HelpAction | argparse._SubParsersAction):
             continue
+        if action.help == argparse.SUPPRESS:  # an old name kept as a hidden alias (run --repeat)
+            continue
         if action.option_strings:
             shown = f"{', '.join(action.option_strings)} {_value(action)}".strip()
         else:  # a positional argument: its name alone

@@ -89,11 +89,12 @@ def test_run_matches_the_untuned_build_and_times(job, tmp_path):
     meta = json.loads((job / "tiny.json").read_text())
     x = _input(meta)
     np.save(tmp_path / "x.npy", x)
+    # --repeat and --threads: the old names of --rounds and --num-cores, still accepted.
     proc = run("nightshift", "run", str(job / "tiny.so"), "--input", "x.npy", "--output", "y.npy",
-               "--repeat", "5", cwd=tmp_path)  # fmt: skip
+               "--repeat", "5", "--threads", "1", cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert "wrote y.npy" in proc.stdout and "median of 5 runs" in proc.stdout
-    ms = float(proc.stdout.split("latency ")[1].split(" ms")[0])
+    assert "wrote y.npy" in proc.stdout and "latency over 5 runs: p50 " in proc.stdout
+    ms = float(proc.stdout.split("p50 ")[1].split(" ms")[0])
     assert ms > 0
     y = np.load(tmp_path / "y.npy")
     # The same input through TVM's default build of the same model, in this process.
@@ -106,6 +107,22 @@ def test_run_matches_the_untuned_build_and_times(job, tmp_path):
     proc = run("nightshift", "run", str(job / "tiny.so"), "--input", "in.npz", "--output", "z.npy", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     np.testing.assert_array_equal(np.load(tmp_path / "z.npy"), y)
+
+
+def test_run_random_input_reports_percentiles_and_throughput(job, tmp_path):
+    proc = run("nightshift", "run", str(job / "tiny.so"), "--random-input", "--rounds", "20", "--num-cores", "1",
+               "--output", "r.npy", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    meta = json.loads((job / "tiny.json").read_text())
+    (inp,) = meta["inputs"]
+    assert f"random inputs: {inp['name']} {tuple(inp['shape'])} {inp['dtype']}" in proc.stdout
+    stats = proc.stdout.split("latency over 20 runs: ")[1]
+    p50, p90, p99 = (float(stats.split(f"{p} ")[1].split(" ms")[0]) for p in ("p50", "p90", "p99"))
+    assert 0 < p50 <= p90 <= p99
+    mean, spread = (float(v) for v in stats.split("mean ")[1].split(" ms (std")[0].split(" ms ± "))
+    assert mean > 0 and spread >= 0
+    assert float(stats.split("throughput ")[1].split(" inferences/s")[0].replace(",", "")) > 0
+    assert np.load(tmp_path / "r.npy").shape == tuple(meta["outputs"][0]["shape"])
 
 
 def test_bad_input_is_one_line_and_exit_2(job, tmp_path):
@@ -125,7 +142,7 @@ def test_bad_input_is_one_line_and_exit_2(job, tmp_path):
         ([lib, "--input", "other.npz"], "no array named"),
         ([lib, "--input", "x.npy", "--input", "x.npy"], "takes 1 input"),
         ([lib, "--input", "x.npy", "--output", "no/such/dir/y.npy"], "does not exist"),
-        ([lib, "--input", "x.npy", "--repeat", "-1"], "--repeat"),
+        ([lib, "--input", "x.npy", "--rounds", "-1"], "--rounds"),
         ([str(tmp_path / "nothing.so"), "--input", "x.npy"], "no artifact"),
     ]
     for args, expect in cases:

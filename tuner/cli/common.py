@@ -5,14 +5,23 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+# The checks moved to tuner.app.inputs (the Python API makes them too); their names stay here.
+from tuner.app.inputs import (  # noqa: F401
+    DB_ENV,
+    DB_FILE_ENV,
+    DEFAULT_DB,
+    check_db,
+    check_output,
+    extract_tasks,
+    open_existing,
+)
+from tuner.app.inputs import environment_db as _environment_db
+from tuner.app.inputs import one_line as _one_line  # noqa: F401
 from tuner.app.model import LoadedModel, ModelOptions, load
 from tuner.errors import UserInputError
 from tuner.precision import PRECISIONS
@@ -24,12 +33,6 @@ console = Console(stderr=True)
 
 
 out = Console()
-
-
-DEFAULT_DB = "nightshift.db"
-
-
-DB_ENV = "NIGHTSHIFT_DB"
 
 
 def _add_model_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -67,82 +70,6 @@ def _open_db(text: str | None, *, create: bool = False):
     """The tuning database of ``--db``/the environment; only ``tune`` creates a missing one."""
 
     return open_existing(db_text(text), create=create)
-
-
-def check_output(path: Path, option: str = "-o") -> None:
-    """Refuse an output path that cannot be written, before any work: an artifact ``X.so``
-    (``X.json`` beside it) or a folder (created), or another file (``--json``).
-
-    Raises:
-        UserInputError: its folder does not exist or cannot be written, or the path is a
-            folder where a file is wanted (or the reverse).
-    """
-    artifact_folder = option == "-o" and path.suffix != ".so"
-    if artifact_folder and path.exists() and not path.is_dir():
-        raise UserInputError(f"{option} {path} is a file; an artifact is X.so or a folder: pass another {option}")
-    if not artifact_folder and path.is_dir():
-        raise UserInputError(f"{option} {path} is a folder; pass a file path such as {path / 'model.so'}"
-                             if option == "-o" else f"{option} {path} is a folder; pass a file path")
-    # A folder artifact is created by the writer: its parent must exist; a file's folder must.
-    folder = path if artifact_folder and path.is_dir() else path.resolve().parent
-    if not folder.is_dir():
-        raise UserInputError(f"{option} {path}: folder {folder} does not exist; create it or pass another {option}")
-    try:
-        # What the export does, minutes or hours later: create a file there (/proc refuses).
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".nightshift-write-test-"):
-            pass
-    except OSError as err:
-        raise UserInputError(f"{option} {path}: cannot write in {folder} ({err.strerror}); "
-                             f"pass a writable {option}") from err
-
-
-def check_db(text: str):
-    """The URL of ``text``, checked before any work and without creating anything: a SQLite
-    file's folder is writable and the path is not a folder; a PostgreSQL server answers.
-
-    Raises:
-        UserInputError: a malformed URL or an unusable SQLite path.
-        DatabaseError: the PostgreSQL server cannot be reached or refuses the login.
-    """
-    from tuner.db import database_url
-    from tuner.db.store import check_reachable
-
-    url = database_url(text)
-    if url.get_backend_name() == "postgresql":
-        check_reachable(url)
-    return url
-
-
-def extract_tasks(loaded: LoadedModel) -> list:
-    """The model's tasks (:meth:`LoadedModel.tasks`); TVM's failure in its graph passes
-    becomes one line that says which layout failed and what to try.
-
-    Raises:
-        UserInputError: TVM's graph passes or task extraction failed (the cause is chained:
-            ``-v`` shows its trace).
-    """
-    from tuner.errors import NightshiftError
-
-    try:
-        return loaded.tasks()
-    except (NightshiftError, KeyboardInterrupt):
-        raise
-    except Exception as err:
-        layout = loaded.options.layout
-        other = "--layout NCHW" if layout != "NCHW" else "another --layout"
-        raise UserInputError(
-            f"{loaded.spec.name}: TVM's graph passes failed under --layout {layout} ({_one_line(err)}); "
-            f"try {other}, or run again with -v for the trace and report it with the model"
-        ) from err
-
-
-def _one_line(err: BaseException) -> str:
-    """``Type: the message's last line`` (TVM's errors end with the check that failed)."""
-    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
-    name = type(err).__name__
-    # TVM's own last line often names the type already ("InternalError: Check failed: ...").
-    text = (lines[-1] if lines[-1].startswith(f"{name}:") else f"{name}: {lines[-1]}") if lines else name
-    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def _load(args: argparse.Namespace) -> LoadedModel:
@@ -197,9 +124,6 @@ def _print_precision(spec, precision: str, target) -> None:
         out.print(line)
 
 
-DB_FILE_ENV = "NIGHTSHIFT_DB_FILE"
-
-
 def db_text(arg: str | None) -> str:
     """The database URL or path: ``--db``, else ``$NIGHTSHIFT_DB``, else the first line of the
     file ``$NIGHTSHIFT_DB_FILE``, else ``./nightshift.db``.
@@ -220,32 +144,3 @@ def db_text(arg: str | None) -> str:
         # A hidden password (a resume hint, a job submitted to a cluster) is this machine's.
         return with_password(arg, _environment_db())
     return _environment_db() or DEFAULT_DB
-
-
-def _environment_db() -> str | None:
-    """``$NIGHTSHIFT_DB``, else the first line of the file ``$NIGHTSHIFT_DB_FILE``, else None."""
-    if os.environ.get(DB_ENV):
-        return os.environ[DB_ENV]
-    path = os.environ.get(DB_FILE_ENV)
-    if not path:
-        return None
-    try:
-        text = next((ln.strip() for ln in Path(path).read_text().splitlines() if ln.strip()), "")
-    except OSError as err:
-        raise UserInputError(f"${DB_FILE_ENV}: cannot read {path} ({err.strerror})") from err
-    if not text:
-        raise UserInputError(f"${DB_FILE_ENV}: {path} is empty; write the database URL in it")
-    return text
-
-
-def open_existing(text_or_url, *, create: bool = False):
-    """Open the tuning database; only with ``create`` may a missing SQLite file or an empty
-    database be initialised (``tune`` and ``db init``), else a one-line error says so."""
-    from tuner.db import TuningDatabase, database_url
-
-    url = database_url(text_or_url) if isinstance(text_or_url, str) else text_or_url
-    if not create and url.get_backend_name() == "sqlite" and url.database and not Path(url.database).exists():
-        # Connecting would leave an empty file behind.
-        raise UserInputError(f"no tuning database at {url.database}; run `nightshift db init --db {url.database}` "
-                             "or pass another --db")
-    return TuningDatabase(url, create=create)

@@ -23,14 +23,24 @@ def add_report_commands(
     sub: argparse._SubParsersAction, add_db_arg: Callable[[argparse.ArgumentParser], None]
 ) -> None:
     """Add ``run``, ``report`` and ``jobs`` to the ``nightshift`` subparsers."""
-    p = sub.add_parser("run", help="run a tuned artifact (tune -o) on inputs from .npy files, with TVM's runtime only")
+    p = sub.add_parser("run", help="run a tuned artifact (tune -o) on inputs from .npy files or random ones, and "
+                                   "time it, with TVM's runtime only")
     p.add_argument("artifact", type=Path,
                    help="the .so that tune -o or nightshift compile -o wrote (with its .json), or the artifact folder")
-    p.add_argument("--input", type=Path, action="append", required=True, metavar="FILE",
-                   help="a .npy per input, in order (repeat the option), or one .npz keyed by input name")
+    given = p.add_mutually_exclusive_group(required=True)
+    given.add_argument("--input", type=Path, action="append", metavar="FILE",
+                       help="a .npy per input, in order (repeat the option), or one .npz keyed by input name "
+                            "(this or --random-input)")
+    given.add_argument("--random-input", action="store_true",
+                       help="random inputs of the artifact's own shapes and dtypes (from its metadata)")
     p.add_argument("--output", type=Path, default=None, help="write the output (.npy; .npz for several)")
-    p.add_argument("--repeat", type=int, default=0, help="also time this many runs and print the median")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: those it was tuned on)")
+    p.add_argument("--rounds", type=int, default=0,
+                   help="also time this many runs: latency p50/p90/p99, mean and spread, throughput (default 0)")
+    # The names bench and tune use; the old ones stay accepted, unlisted.
+    p.add_argument("--repeat", type=int, dest="rounds", help=argparse.SUPPRESS)
+    p.add_argument("--num-cores", type=int, default=None, help="CPU threads (default: those it was tuned on)")
+    p.add_argument("--threads", type=int, dest="num_cores", help=argparse.SUPPRESS)
+    p.add_argument("--seed", type=int, default=0, help="seed of --random-input (default 0)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("report", help="write a job's report: tuning curves, tasks, time, errors (one HTML file)")
@@ -50,21 +60,27 @@ def add_report_commands(
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """Run an artifact on the given inputs; print the outputs' summary and, with --repeat, the latency."""
+    """Run an artifact on the given (or random) inputs; print the outputs' summary and, with
+    --rounds, the latency's percentiles, mean, spread and throughput."""
     import numpy as np
 
+    from tuner.app.run import LatencyStats, random_inputs
     from tuner.artifact import check_inputs, load_artifact, load_inputs, read_metadata
 
-
-    if args.repeat < 0:
-        raise UserInputError(f"--repeat must be 0 or more, got {args.repeat}")
+    if args.rounds < 0:
+        raise UserInputError(f"--rounds must be 0 or more, got {args.rounds}")
     if args.output is not None and not args.output.parent.is_dir():
         raise UserInputError(f"--output {args.output}: folder {args.output.parent} does not exist")
     metadata = read_metadata(args.artifact)
-    arrays = load_inputs(args.input, metadata.get("inputs", []))
+    if args.random_input:
+        arrays = random_inputs(metadata, seed=args.seed)
+        shown = ", ".join(f"{i['name']} {tuple(i['shape'])} {i['dtype']}" for i in metadata.get("inputs", []))
+        out.print(f"random inputs: {shown}", highlight=False)
+    else:
+        arrays = load_inputs(args.input, metadata.get("inputs", []))
     # Before loading: TVM's loader logs to stderr, and a usage error is one line.
     check_inputs(metadata, arrays)
-    artifact = load_artifact(args.artifact, threads=args.threads)
+    artifact = load_artifact(args.artifact, threads=args.num_cores)
     outputs = artifact.run(arrays)
     for n, o in enumerate(outputs):
         out.print(f"output {n}: shape {tuple(o.shape)} {o.dtype}, mean {float(np.mean(o)):.6g}, "
@@ -78,11 +94,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         except OSError as err:
             raise UserInputError(f"cannot write --output {args.output}: {err.strerror or err}") from err
         out.print(f"wrote {args.output}")
-    if args.repeat:
-        samples = artifact.time(arrays, args.repeat)
+    if args.rounds:
+        stats = LatencyStats.of(artifact.time(arrays, args.rounds))
+        out.print(stats.describe(), highlight=False)
         tuned = metadata.get("latency_ms")
-        at_tune = f" (at tuning time {tuned:.3f} ms)" if isinstance(tuned, int | float) else ""
-        out.print(f"latency {float(np.median(samples)) * 1e3:.3f} ms median of {args.repeat} runs{at_tune}")
+        if isinstance(tuned, int | float):
+            out.print(f"latency at tuning time {tuned:.3f} ms", highlight=False)
     return 0
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from rich.table import Table
 
-from tuner.app.verify import verify, verify_reduced
 from tuner.cli.common import (
     DB_ENV,
     _add_db_arg,
@@ -18,12 +17,8 @@ from tuner.cli.common import (
     _load,
     _plan,
     _print_precision,
-    check_db,
-    check_output,
     console,
     db_text,
-    extract_tasks,
-    open_existing,
     out,
 )
 from tuner.db.url import redact_argv
@@ -77,12 +72,12 @@ def _add_tune_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    """Run (or resume) a tuning job, then compile and check the model with its best schedules."""
-    from tuner.config import apply_config, parse_duration
-    from tuner.job import TuneConfig, tune_tasks
-    from tuner.measure.base import MeasureConfig
-    from tuner.measure.ray_measure import connect
-    from tuner.measure.runner import TimingConfig
+    """Run (or resume) a tuning job, then compile and check the model with its best schedules.
+
+    The steps are :mod:`tuner.app.tune`'s, as :func:`tuner.api.tune` runs them; this shows them.
+    """
+    from tuner.app.tune import TuneOptions, check_options, check_tuned, gpu_absent, prepare, run_job
+    from tuner.config import apply_config
     from tuner.measure.submit import check_address, is_jobs_address, submit
     from tuner.progress import JsonLog, LiveView
 
@@ -100,48 +95,22 @@ def cmd_tune(args: argparse.Namespace) -> int:
     apply_config(args)
     if args.verbose:
         logging.getLogger().setLevel(logging.DEBUG)
-    budget = None if args.time_budget is None else parse_duration(args.time_budget)
-    trials = args.trials if args.trials is not None or budget is not None else 64
-    # Everything that can be refused is refused before the model loads, tuning starts and the
-    # database is created: a bad -o or --db found after hours of tuning loses the artifact.
-    if args.output is not None and not args.no_verify:
-        check_output(args.output)
-    db_url = check_db(db_text(args.db))
+    options = TuneOptions.from_namespace(args, db=db_text(args.db))
+    db_url = check_options(options)
     loaded = _load(args)
-    spec, device = loaded.spec, loaded.device
-    if args.timing == "cold" and device.kind != "cpu":
-        raise UserInputError(f"--timing cold flushes CPU caches; {device.name} is timed warm: drop --timing")
-    # Cold on a CPU: ResNet-50 as fast as warm-tuned at equal trials in 40% less tuning time,
-    # BERT-base 11-13% faster, on a Zen 4 (benchmarks/README.md, "Cold timing in tune").
-    timing = args.timing or ("cold" if device.kind == "cpu" else "warm")
-    config = TuneConfig(
-        trials=trials, time_budget_s=budget, batch_size=args.trials_per_batch, seed=args.seed,
-        strategy=args.strategy,
-        measure=MeasureConfig(build_timeout_s=args.build_timeout, timing=TimingConfig.of_mode(timing)),
-        name=args.job or f"{spec.name}-{device.name}", fresh=args.fresh, skip_after=args.skip_after,
-        rerank_top=args.rerank_top, measurer=args.measurer,
-    )  # fmt: skip
-    if args.measurer == "inline" and (args.ray_address is not None or device.kind != "cpu"):
-        raise UserInputError("--measurer inline times on this machine's CPU: drop --ray-address, use --device cpu")
-    if device.kind == "cuda":
-        device = loaded.device = _gpu_worker_device(device, args.ray_address)
+    job = prepare(options, loaded, db_url, status=console.status)
     log = None
     if args.log_json is not None:
         try:
             log = JsonLog(args.log_json)
         except OSError as err:
             raise UserInputError(f"cannot write --log-json {args.log_json}: {err.strerror}") from err
-    with console.status("extracting tasks"):
-        tasks = extract_tasks(loaded)
-    db = open_existing(db_url, create=True)
     from tuner.db import redact
 
+    spec, device = loaded.spec, job.device
     _print_precision(spec, loaded.precision, device.target)
-    console.print(f"[bold]{spec.name}[/] ({loaded.precision}): {len(tasks)} tasks on {device.name} ({device.arch}, "
-                  f"fingerprint {device.fingerprint}); database {redact(db.url)}")
-    if args.measurer == "ray":
-        with console.status("starting Ray"):
-            connect(args.ray_address)  # already connected for a CUDA device
+    console.print(f"[bold]{spec.name}[/] ({loaded.precision}): {len(job.tasks)} tasks on {device.name} "
+                  f"({device.arch}, fingerprint {device.fingerprint}); database {redact(job.db.url)}")
     view = LiveView(console, quiet=args.quiet)
 
     def on_event(ev: dict) -> None:
@@ -150,11 +119,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
             log(ev)
 
     try:
-        summary = tune_tasks(tasks, device, db, config, model_name=spec.name, on_event=on_event)
+        summary = run_job(job, on_event=on_event, status=console.status)
     except KeyboardInterrupt:
         view.close()
-        console.print(f"stopped job {config.name}; everything measured is saved. Resume with:\n  "
-                      f"{_resume_command(config.name)}", highlight=False, soft_wrap=True)
+        console.print(f"stopped job {job.config.name}; everything measured is saved. Resume with:\n  "
+                      f"{_resume_command(job.config.name)}", highlight=False, soft_wrap=True)
         return 130
     finally:
         view.close()
@@ -163,29 +132,18 @@ def cmd_tune(args: argparse.Namespace) -> int:
     idle = "" if summary.device_idle_fraction is None else f"; device idle {summary.device_idle_fraction:.0%}"
     console.print(f"job {summary.name} (#{summary.job_id}) {summary.state}: {summary.reason}; {summary.trials} "
                   f"trials in {summary.elapsed_s:.0f} s; failed candidates: {summary.errors or 'none'}{idle}")
-    if args.ray_address is None and args.measurer == "ray":
-        import ray
-
-        # The local cluster's processes (its device actor's TVM thread pool included) would
-        # share the cores with the closing timings.
-        ray.shutdown()
     if loaded.auto_layouts() is not None:
-        _plan(loaded, db)  # say which layout each conv gets, and why, even without -o
-    if args.no_verify:
+        _plan(loaded, job.db)  # say which layout each conv gets, and why, even without -o
+    if not options.verify:
         return 0
-    if device.kind == "cuda":
-        from tuner.cuda_runtime import gpu_identity
-
-        if gpu_identity(device.index) is None:  # tuned on a GPU worker: compile and check there
-            console.print(f"no {device.name} on this machine to check the tuned model on; run "
-                          f"`nightshift compile` on a machine with the GPU")
-            return 0
-    if loaded.precision.reduced:
-        return _verify_reduced(spec, device, db, args.output, plan=_plan(loaded, db),
-                               precision=loaded.precision, num_inputs=args.accuracy_inputs,
-                               fp32_spec=loaded.fp32_spec)  # fmt: skip
-    return _verify(spec, device, db, args.output, source=loaded.source, plan=_plan(loaded, db),
-                   job={"id": summary.job_id, "name": summary.name}, tasks=tasks)
+    if gpu_absent(job):  # tuned on a GPU worker: compile and check there
+        console.print(f"no {device.name} on this machine to check the tuned model on; run "
+                      f"`nightshift compile` on a machine with the GPU")
+        return 0
+    checked = check_tuned(job, summary, status=console.status)
+    if checked.reduced is not None:
+        return _show_reduced(checked, spec, device)
+    return _show_verified(checked, spec, device)
 
 
 def _resume_command(name: str) -> str:
@@ -203,33 +161,10 @@ def _resume_command(name: str) -> str:
     return shlex.join(shown) + note
 
 
-def _gpu_worker_device(device, ray_address: str | None):
-    """The CUDA device as the cluster node that times it sees it (the driver may have no GPU)."""
-    import ray
-
-    from tuner.errors import CudaToolchainError
-    from tuner.measure.base import device_resource
-    from tuner.measure.ray_measure import connect, identify_gpu_worker, worker_command
-
-    with console.status("starting Ray"):
-        connect(ray_address)
-    resource = device_resource(device)
-    if ray.cluster_resources().get(resource, 0) < 1:
-        where = "this machine has none and no --ray-address was given" if ray_address is None else \
-            "no node of the Ray cluster offers it"
-        raise UserInputError(f"no GPU worker for {device.name} ({resource}): {where}; start one with: "
-                             f"{worker_command(device)}")
-    try:
-        return identify_gpu_worker(device)
-    except CudaToolchainError as err:
-        raise UserInputError(str(err)) from err
-
-
-def _verify_reduced(spec, device, db, output: Path | None, *, plan, precision, num_inputs: int,
-                    fp32_spec=None) -> int:  # fmt: skip
-    """:func:`tuner.app.verify.verify_reduced`, shown as a table; the artifact written."""
-    r = verify_reduced(spec, device, db, plan=plan, precision=precision, num_inputs=num_inputs,
-                       fp32_spec=fp32_spec, status=console.status)  # fmt: skip
+def _show_reduced(checked, spec, device) -> int:
+    """:func:`tuner.app.verify.verify_reduced`'s result as a table; 1 if its output is not finite."""
+    r = checked.reduced
+    precision = r.precision
     table = Table(title=f"{spec.name} on {device.name}")
     for col in ("build", "latency (ms)", "max rel. error", "top-1 agreement"):
         table.add_column(col, justify="left" if col == "build" else "right")
@@ -242,21 +177,18 @@ def _verify_reduced(spec, device, db, output: Path | None, *, plan, precision, n
     out.print(table)
     out.print(f"{precision} speed-up over fp32 {r.reference_latency_s / r.tuned_latency_s:.2f}x; "
               f"accuracy {acc.describe()}")  # fmt: skip
-    if output is not None:
-        r.tuned.executable.export_library(str(output))
-        out.print(f"wrote {output}")
+    if checked.artifact is not None:
+        out.print(f"wrote {checked.artifact}")
     if not r.ok:
         console.print(f"[red]error:[/] the {precision} model's output is not finite")
         return 1
     return 0
 
 
-def _verify(spec, device, db, output: Path | None, source: str | None = None, *, plan=None,
-            job: dict | None = None, tasks=()) -> int:
-    """:func:`tuner.app.verify.verify`, shown as a table; the artifact written (``tuner.artifact``)."""
-    from tuner.artifact import write_artifact
-
-    r = verify(spec, device, db, source=source, plan=plan, status=console.status)
+def _show_verified(checked, spec, device) -> int:
+    """:func:`tuner.app.verify.verify`'s result as a table, and the artifact written; 1 if the
+    output differs from the reference's or the peer's."""
+    r = checked.verified
     peers = r.peers
     table = Table(title=f"{spec.name} on {device.name}")
     table.add_column("build")
@@ -275,13 +207,9 @@ def _verify(spec, device, db, output: Path | None, source: str | None = None, *,
         out.print(peers.summary, markup=False, highlight=False)
     if r.check.reference != "untuned TVM build":
         out.print(f"max relative output difference vs {r.check.reference} {r.check.max_error:.2e}")
-    if output is not None:
-        meta = write_artifact(output, r.tuned, spec, device, latency_s=r.tuned_latency_s,
-                              untuned_latency_s=r.base_latency_s, verification=r.check, job=job, source=source,
-                              outputs=r.tuned_outputs,
-                              # Under --layout auto the job tuned convs in layouts the plan leaves out.
-                              tasks=[t for t in tasks if t.workload_key in r.tuned.decisions] or tasks)
-        out.print(f"wrote {output} (metadata {meta}); run it with: nightshift run {output} --input x.npy")
+    if checked.artifact is not None:
+        out.print(f"wrote {checked.artifact} (metadata {checked.metadata}); run it with: "
+                  f"nightshift run {checked.artifact} --random-input --rounds 100")
     if not r.check.ok:
         console.print(f"[red]error:[/] the tuned model's output differs from the {r.check.reference}'s")
         return 1
