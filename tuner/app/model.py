@@ -48,6 +48,8 @@ class ModelOptions:
         target_arch: CUDA ``sm_XX`` to cross-build for, or an LLVM ``mcpu``.
         num_cores: CPU threads to tune and run on (default: the physical cores).
         batch_size: the model's batch size.
+        seq_len: tokens per sequence of a text model (None: the model's default).
+        image_size: height and width of an image model's input (None: the model's default).
         dtype: a zoo model's dtype.
         layout: each conv's data layout: ``auto`` (measured per conv) or a fixed plan.
         precision: fp32, bf16 or int8.
@@ -60,6 +62,8 @@ class ModelOptions:
     target_arch: str | None = None
     num_cores: int | None = None
     batch_size: int = 1
+    seq_len: int | None = None
+    image_size: int | None = None
     dtype: str = "float32"
     layout: str = "auto"
     precision: Precision = Precision.FP32
@@ -183,7 +187,8 @@ def load(options: ModelOptions, *, status: Status = no_status) -> LoadedModel:
 
     device = parse_device(options.device, target_arch=options.target_arch, num_cores=options.num_cores)
     check_device(options.precision, device)
-    spec = load_model(options.model, batch_size=options.batch_size, dtype=options.dtype)
+    spec = load_model(options.model, batch_size=options.batch_size, dtype=options.dtype, seq_len=options.seq_len,
+                      image_size=options.image_size)  # fmt: skip
     loaded = LoadedModel(options=options, device=device, spec=spec, source=options.model)
     if options.precision.needs_quantized_model:
         _quantize(loaded, status)

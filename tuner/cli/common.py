@@ -37,12 +37,18 @@ out = Console()
 
 def _add_model_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     p.add_argument("--model", required=required,
-                   help="zoo name (resnet50, ...), path to a .onnx file, or package.module:factory")
+                   help="zoo name (resnet50, ...), path to a .onnx file, torchvision:NAME, timm:NAME, hf:NAME "
+                        "(random weights, nothing downloaded), or package.module:factory")
     p.add_argument("--device", default=None, help="cpu or cuda:N (default: cpu)")
     p.add_argument("--target-arch", default=None,
                    help="CUDA sm_XX to cross-build for without a GPU, or an LLVM mcpu for cpu")
     p.add_argument("--num-cores", type=int, default=None, help="CPU threads to tune for")
     p.add_argument("--batch-size", type=int, default=1, help="model batch size (default 1)")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="tokens per sequence of a text model (hf:NAME, bert-base; default 128)")
+    p.add_argument("--image-size", type=int, default=None,
+                   help="height and width of an image model's input (default: the model's own, e.g. 224, "
+                        "299 for torchvision:inception_v3)")
     p.add_argument("--dtype", default="float32", help="zoo models' dtype (default float32)")
     p.add_argument("--layout", default=None, choices=("auto", "NCHW", "NHWC", "NCHWc", "NCHWc:w4", "NCHWc:w2"),
                    help="convs' data layout; auto (default): on x86 with AVX2/AVX-512, tune each conv in NCHWc "

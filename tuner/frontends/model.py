@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import tvm
@@ -37,6 +38,15 @@ class ModelSpec:
     params: dict[str, np.ndarray] = field(default_factory=dict)
     # Parameter count as a framework counts it (trainable weights, not running statistics).
     num_parameters: int | None = None
+    # The same network as a ``torch.nn.Module`` in eval mode, for models that came from PyTorch
+    # (a factory, torchvision:, timm:, hf:), so a peer can run or export it without building it
+    # again. Not compared, and not pickled (``__getstate__``): a spec shipped to a worker need
+    # not carry a second copy of the weights, nor need torch there to unpickle.
+    torch_module: Any = field(default=None, compare=False, repr=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The class attribute (None) stands in for the dropped module after unpickling.
+        return {k: v for k, v in self.__dict__.items() if k != "torch_module"}
 
     @property
     def inputs(self) -> list[InputInfo]:

@@ -3,7 +3,9 @@
 Layer for layer the same graphs as the Relax zoo, with the same parameter names, so a zoo
 ``ModelSpec``'s weights load by name with ``strict=True``: a renamed, missing or extra
 parameter fails loudly, and outputs that then disagree with TVM's mean the graphs differ.
-torchvision is not used (it does not install beside torch 2.13 here).
+The zoo's own twins, not torchvision's: their parameter names must be the zoo's, and torch
+is the only dependency. (torchvision 0.28.0 installs beside torch 2.13.0, the ``vision`` extra;
+``--model torchvision:NAME`` builds its networks, tuner/frontends/ecosystem.py.)
 """
 
 from __future__ import annotations
