@@ -124,11 +124,34 @@ def _import_torchvision() -> Any:
     return torchvision
 
 
-def _unknown(prefix: str, name: str, known: Iterable[str], how: str) -> UnknownModelError:
+def model_names(prefix: str) -> list[str]:
+    """The names ``prefix:NAME`` accepts: torchvision's models, timm's architectures, or the
+    ``model_type`` of every transformers config (``hf:``).
+
+    The way to list them that an error message gives: it imports torchvision as the frontend
+    does, where a plain ``import torchvision`` fails (:func:`_import_torchvision`).
+
+    Raises:
+        UnknownModelError: ``prefix`` is not one of :data:`PREFIXES`, or its library is missing.
+    """
+    if prefix not in PREFIXES:
+        raise UnknownModelError(f"{prefix!r} is not one of {', '.join(PREFIXES)}")
+    if prefix == "torchvision":
+        _import("torchvision", "torchvision")
+        from torchvision import models
+
+        return sorted(models.list_models())
+    if prefix == "timm":
+        return sorted(_import("timm", "timm").list_models())
+    return sorted(_import("hf", "transformers").CONFIG_MAPPING.keys())
+
+
+def _unknown(prefix: str, name: str, known: Iterable[str], note: str = "") -> UnknownModelError:
     """One line: the name is unknown, the closest known ones, and how to list them all."""
     close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
     hint = f"did you mean {', '.join(close)}? " if close else ""
-    return UnknownModelError(f"unknown {prefix} model {name!r}; {hint}list the valid names with {how}")
+    how = f"python -c \"from tuner.frontends.ecosystem import model_names; print(model_names('{prefix}'))\""
+    return UnknownModelError(f"unknown {prefix} model {name!r}; {hint}list the valid names with {how}{note}")
 
 
 def _seeded(build: Any) -> Any:
@@ -147,8 +170,7 @@ def _torchvision(name: str, batch_size: int, image_size: int | None) -> ModelSpe
     from torchvision import models
 
     if name not in models.list_models():
-        raise _unknown("torchvision", name, models.list_models(),
-                       "python -c 'import torchvision; print(torchvision.models.list_models())'")  # fmt: skip
+        raise _unknown("torchvision", name, models.list_models())
     for family in _TORCHVISION_UNSUPPORTED:
         if name in models.list_models(module=getattr(models, family)):
             raise UnknownModelError(f"torchvision:{name} is a {family.replace('_', ' ')} model; only classification "
@@ -186,7 +208,7 @@ def _timm(name: str, batch_size: int, image_size: int | None) -> ModelSpec:
 
     # A pretrained tag (resnet18.a1_in1k) names weights, not an architecture.
     if not timm.is_model(name.split(".", 1)[0]):
-        raise _unknown("timm", name, timm.list_models(), "python -c 'import timm; print(timm.list_models())'")
+        raise _unknown("timm", name, timm.list_models())
     module = _seeded(lambda: timm.create_model(name, pretrained=False))
     cfg = getattr(module, "pretrained_cfg", None) or getattr(module, "default_cfg", None) or {}
     channels, height, width = cfg.get("input_size", (3, 224, 224))
@@ -205,19 +227,18 @@ def _hf(name: str, batch_size: int, seq_len: int, overrides: dict[str, Any]) -> 
     types = list(transformers.CONFIG_MAPPING.keys())
     model_type = _hf_model_type(name, types)
     if model_type is None:
-        raise _unknown("hf", name, types, "python -c 'import transformers; print(list(transformers.CONFIG_MAPPING))' "
-                       "(an architecture's model_type, optionally followed by -SIZE as in bert-base-uncased)")
+        raise _unknown("hf", name, types, " (a model_type, or one followed by -SIZE as in bert-base-uncased)")
     config = transformers.CONFIG_MAPPING[model_type]()
     for key, value in overrides.items():
         if not hasattr(config, key):
             raise UserInputError(f"hf:{name}: {type(config).__name__} has no attribute {key!r}")
         setattr(config, key, value)
-    if model_type != name.rsplit("/", 1)[-1].lower():
-        logger.warning("hf:%s: built from %s's defaults with random weights; a checkpoint's own sizes are not read "
-                       "(no download)", name, type(config).__name__)  # fmt: skip
     if getattr(config, "is_encoder_decoder", False):
         raise UnknownModelError(f"hf:{name} is an encoder-decoder model; only encoder or decoder-only text models "
                                 "(token ids in, hidden states out) import")  # fmt: skip
+    if model_type != name.rsplit("/", 1)[-1].lower():
+        logger.warning("hf:%s: built from %s's defaults with random weights; a checkpoint's own sizes are not read "
+                       "(no download)", name, type(config).__name__)  # fmt: skip
     if seq_len < 1:
         raise UserInputError(f"--seq-len must be a positive integer, got {seq_len}")
     positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
