@@ -14,6 +14,7 @@ import inspect
 import logging
 import os
 import sys
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -178,7 +179,10 @@ def _torchvision(name: str, batch_size: int, image_size: int | None) -> ModelSpe
     # Every weights argument off: segmentation models would fetch an ImageNet backbone by default.
     builder = models.get_model_builder(name)
     no_weights = {k: None for k in inspect.signature(builder).parameters if k.startswith("weights")}
-    module = _seeded(lambda: builder(**no_weights))
+    with warnings.catch_warnings():
+        # inception_v3 and googlenet warn that their default init will change: not the user's concern.
+        warnings.filterwarnings("ignore", category=FutureWarning, module="torchvision")
+        module = _seeded(lambda: builder(**no_weights))
     if name in models.list_models(module=models.segmentation):
         from tuner.frontends.torch_wrappers import OutputEntry
 
