@@ -308,15 +308,21 @@ def interleave(
 
 
 def peer_model(spec: ModelSpec, source: str, workdir: Path) -> PeerModel:
-    """The network of ``spec`` in the forms peers take: an ONNX file and, for zoo models, torch.
+    """The network of ``spec`` in the forms peers take: an ONNX file and a torch module.
 
-    ``source`` is what ``--model`` said: an ONNX path is used as it is; a zoo model is rebuilt
-    in PyTorch with ``spec.params`` and exported to ``workdir``.
+    ``source`` is what ``--model`` said: an ONNX path is used as it is; a PyTorch program or an
+    ecosystem model (``torchvision:``, ``timm:``, ``hf:``) brings the module it was exported
+    from; a zoo model is rebuilt in PyTorch with ``spec.params``. Modules are exported to ONNX
+    in ``workdir``.
     """
     if source.lower().endswith(".onnx"):
         return PeerModel(spec.name, Path(source), torch_reason="an ONNX model has no PyTorch module here")
+    if spec.torch_module is not None:
+        # A PyTorch program or an ecosystem model (torchvision:, timm:, hf:): the module the
+        # frontend exported, and its ONNX export for ONNX Runtime and OpenVINO.
+        return _exported(spec, spec.torch_module, workdir)
     if ":" in source:
-        reason = "PyTorch factories are not benchmarked against peers yet"
+        reason = "this PyTorch program's module is not at hand (the model was not loaded from it here)"
         return PeerModel(spec.name, None, torch_reason=reason, onnx_reason=reason)
     if any(np.dtype(v.dtype) != np.float32 for v in spec.params.values()):
         reason = "peers run float32 zoo models only"
@@ -326,7 +332,12 @@ def peer_model(spec: ModelSpec, source: str, workdir: Path) -> PeerModel:
     except ImportError:
         reason = f"the zoo's PyTorch twin and its ONNX export need torch: {BENCH_EXTRA}"
         return PeerModel(spec.name, None, torch_reason=reason, onnx_reason=reason)
-    module = torch_zoo_model(spec)
+    return _exported(spec, torch_zoo_model(spec), workdir)
+
+
+def _exported(spec: ModelSpec, module: Any, workdir: Path) -> PeerModel:
+    """``module`` for the torch peers and its ONNX export for the others (skipped with the reason
+    where the exporter fails)."""
     path = workdir / f"{spec.name}.onnx"
     try:
         export_onnx(module, spec.random_inputs(), [i.name for i in spec.inputs], path)

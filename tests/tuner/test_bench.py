@@ -206,6 +206,21 @@ def test_onnx_file_reaches_peers_as_is(spec, device, empty_db, tmp_path):
     assert torch_row.status == "skipped" and "ONNX model" in torch_row.reason
 
 
+def test_an_ecosystem_model_reaches_the_peers_through_its_module(device, empty_db):
+    """hf:/torchvision:/timm: models and PyTorch programs: torch runs the module the frontend
+    exported, ONNX Runtime its ONNX export, and both agree with TVM (token ids and a mask in)."""
+    pytest.importorskip("transformers")
+    from tuner.frontends.ecosystem import load_ecosystem
+
+    tiny = {"n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 100}
+    spec = load_ecosystem("hf:gpt2", seq_len=8, hf_config=tiny)
+    res = bench(spec, device, empty_db, source="hf:gpt2",
+                config=BenchConfig(rounds=2, fallback=False, peers=("onnxruntime", "torch")))  # fmt: skip
+    for key in ("onnxruntime", "torch", TVM_DB):
+        assert res.entry(key).status == "ok", res.entry(key).reason
+    assert res.entry("torch").agrees and res.entry(TVM_DB).agrees
+
+
 def test_torch_twin_fails_loudly_on_a_wrong_parameter(spec):
     pytest.importorskip("torch")
     from tuner.frontends.model import ModelSpec
