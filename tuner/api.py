@@ -155,6 +155,8 @@ def tune(
     layout: str = "auto",
     batch_size: int = 1,
     dtype: str = "float32",
+    seq_len: int | None = None,
+    image_size: int | None = None,
     num_cores: int | None = None,
     target_arch: str | None = None,
     trials_per_batch: int = 16,
@@ -201,7 +203,8 @@ def tune(
                              "with ray_address='auto'")  # fmt: skip
     options = TuneOptions(
         model=ModelOptions(model=model, device=device, target_arch=target_arch, num_cores=num_cores,
-                           batch_size=batch_size, dtype=dtype, layout=layout, precision=precision,
+                           batch_size=batch_size, dtype=dtype, seq_len=seq_len, image_size=image_size,
+                           layout=layout, precision=precision,
                            calibration=calibration, quantize_ops=quantize_ops),
         db=_db_text(db), job=job,
         time_budget_s=None if time_budget is None else parse_duration(time_budget, what="time_budget"),
@@ -265,6 +268,8 @@ def compile_model(
     layout: str = "auto",
     batch_size: int = 1,
     dtype: str = "float32",
+    seq_len: int | None = None,
+    image_size: int | None = None,
     num_cores: int | None = None,
     target_arch: str | None = None,
     calibration: int | None = None,
@@ -292,7 +297,8 @@ def compile_model(
     path = Path(output)
     check_output(path, "output", artifact=True)
     options = ModelOptions(model=model, device=device, target_arch=target_arch, num_cores=num_cores,
-                           batch_size=batch_size, dtype=dtype, layout=layout, precision=precision,
+                           batch_size=batch_size, dtype=dtype, seq_len=seq_len, image_size=image_size,
+                           layout=layout, precision=precision,
                            calibration=calibration, quantize_ops=quantize_ops)  # fmt: skip
     with _shown(progress) as (_console, status):
         loaded = _load_model(options, status)

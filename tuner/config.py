@@ -128,6 +128,8 @@ OPTIONS: dict[str, Callable[[Any], Any]] = {
     "target_arch": _str,
     "num_cores": _pos_int,
     "batch_size": _pos_int,
+    "seq_len": _pos_int,
+    "image_size": _pos_int,
     "dtype": _str,
     "layout": _choice("auto", "NCHW", "NHWC", "NCHWc", "NCHWc:w4", "NCHWc:w2"),
     "precision": _choice(*PRECISIONS),

@@ -297,7 +297,10 @@ def check_tuned(job: PreparedJob, summary: TuneSummary, *, status: Status = no_s
                                  num_inputs=options.accuracy_inputs, fp32_spec=loaded.fp32_spec,
                                  status=status)  # fmt: skip
         if output is not None:
-            reduced.tuned.executable.export_library(str(output))
+            from tuner.native_log import native_output
+
+            with native_output():  # TVM's "Scope Saving" lines go to the log, not the terminal
+                reduced.tuned.executable.export_library(str(output))
         return Checked(reduced=reduced, artifact=output)
     from tuner.artifact import write_artifact
 

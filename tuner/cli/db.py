@@ -40,8 +40,11 @@ def add_db_commands(
     command("jobs", "jobs and their state (a running job whose heartbeat stopped shows as dead)", cmd_jobs)
     p = command("coverage", "which operators of a model are tuned for a device, and how well", cmd_coverage,
                 device=True)
-    p.add_argument("--model", required=True, help="zoo name, .onnx file or package.module:factory")
+    p.add_argument("--model", required=True,
+                   help="zoo name, .onnx file, torchvision:NAME, timm:NAME, hf:NAME or package.module:factory")
     p.add_argument("--batch-size", type=int, default=1, help="model batch size (default 1)")
+    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence of a text model (as tune's)")
+    p.add_argument("--image-size", type=int, default=None, help="an image model's input size (as tune's)")
     p.add_argument("--dtype", default="float32", help="zoo models' dtype (default float32)")
     p = command("best", "best schedule of each workload for a device", cmd_best, device=True)
     p.add_argument("--workload", default=None, help="one workload key: list its top records")
@@ -213,7 +216,8 @@ def cmd_coverage(args: argparse.Namespace) -> int:
 
     db = _open(args)
     device = _device(args)
-    spec = load_model(args.model, batch_size=args.batch_size, dtype=args.dtype)
+    spec = load_model(args.model, batch_size=args.batch_size, dtype=args.dtype, seq_len=args.seq_len,
+                      image_size=args.image_size)  # fmt: skip
     tasks = extract_tasks(spec.bound(), device.target)
     dev_id = db.find_device_id(device)
     table = Table(title=f"{spec.name} on {device.name} ({device.arch}): tuning coverage")

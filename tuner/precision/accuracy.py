@@ -65,8 +65,11 @@ def compare(reference: list[list[np.ndarray]], got: list[list[np.ndarray]]) -> A
 
 def run_outputs(executable: relax.VMExecutable, device, inputs: list[np.ndarray]) -> list[np.ndarray]:
     """The outputs of one run of a compiled model (a :class:`tuner.compile.Compiled`'s executable)."""
+    from tuner.native_log import native_output
+
     dev = device.tvm_device()
-    vm = relax.VirtualMachine(executable, dev)
+    with native_output():  # TVM's "Scope Loaded" lines go to the log, not the terminal
+        vm = relax.VirtualMachine(executable, dev)
     out = vm["main"](*[tvm.runtime.tensor(x, dev) for x in inputs])
     return _flatten(out)
 
