@@ -9,7 +9,8 @@ Layouts: ``NCHW`` (as imported), ``NHWC`` (weights ``OHWI``) and blocked ``NCHW{
 (weights ``OIHW{i}i{o}o``, TOPI's ``conv2d_NCHWc``): channels split into chunks of ``b``
 lanes so the innermost loop of the conv fills a vector register. Relax's ``ConvertLayout``
 rewrites the graph and inserts ``layout_transform`` where a consumer keeps another layout;
-the weights' transforms are constants and fold away at compile time.
+the weights' transforms are constants and fold away at compile time. Where it still fails on
+a graph, :func:`~tuner.graph.layout.rewrites.prepare` runs the model in NCHW with one warning.
 
 A blocked layout may carry a Winograd tile, ``NCHW16c:w4``: each 3x3 stride-1 float32 conv
 planned so runs by Winograd F(4, 3) (:mod:`tuner.graph.winograd`, weights transformed at compile

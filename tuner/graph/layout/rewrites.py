@@ -90,26 +90,78 @@ def dropout_as_identity(mod: tvm.IRModule) -> tvm.IRModule:
     return _rewrite_calls(mod, {"relax.nn.dropout": lambda _bb, call: relax.Tuple([call.args[0], call.args[0]])})
 
 
-def concat_apart(mod: tvm.IRModule) -> tvm.IRModule:
-    """Put every ``concat`` in a TIR function of its own before ``ConvertLayout``.
+def concat_apart(mod: tvm.IRModule, block: int | None = None) -> tvm.IRModule:
+    """Put every ``concat`` that ``ConvertLayout`` cannot carry ``NCHW{block}c`` through in a
+    TIR function of its own before ``ConvertLayout``.
 
-    ``ConvertLayout``'s layout inference for ``concat`` fails on inputs in a blocked layout
+    ``ConvertLayout``'s layout inference for ``concat`` gives every input the first one's
+    layout and concatenates along its outer channel axis: right in ``NCHW{block}c`` when each
+    input's channels are whole blocks (SqueezeNet's fire modules, 64 + 64), so those stay
+    ``concat`` and the next conv reads the result without a transform. Otherwise it fails
     (TVM 0.27: "Invalid layout axis 16b" where an input's channels are not a multiple of the
-    block, or of 5 and 7 channels; "Expected nested to match tuple" through a tuple): as a
-    ``call_tir``, which has no layout inference, its inputs are transformed back to the layout
-    the graph was imported in, and each transform fuses into the concatenation's function.
+    block, or of 5 and 7 channels; "Expected nested to match tuple" through a tuple that is
+    not a literal one): as a ``call_tir``, which has no layout inference, its inputs are
+    transformed back to the layout the graph was imported in, and each transform fuses into
+    the concatenation's function. ``block`` None puts every concat apart.
     """
     from tvm import topi
 
     def apart(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
         arg, axis = call.args[0], int(call.attrs.axis)
         if isinstance(arg, relax.Tuple):
+            if block is not None and _whole_blocks(arg, axis, block):
+                return call
             parts = list(arg.fields)
         else:
             parts = [relax.TupleGetItem(arg, i) for i in range(len(relax.analysis.get_static_type(arg).fields))]
         return bb.call_te(lambda *xs: topi.concatenate(xs, axis), *parts, primfunc_name_hint="concatenate")
 
     return _rewrite_calls(mod, {"relax.concat": apart})
+
+
+def _whole_blocks(parts: relax.Tuple, axis: int, block: int) -> bool:
+    """Whether a concat of ``parts`` along ``axis`` joins 4-D tensors along their channels in
+    whole ``block``-channel chunks: then every part is written in ``NCHW{block}c`` (a conv
+    takes the largest divisor of its channels up to the block) or converts to it."""
+    shapes = [_static_shape(p) for p in parts.fields]
+    if any(s is None or len(s) != 4 for s in shapes) or axis not in (1, -3):
+        return False
+    return all(s[1] % block == 0 for s in shapes if s is not None)
+
+
+#: Elementwise binary operators whose layout inference needs operands of one rank.
+_BROADCAST_BINARY = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum", "relax.minimum")
+
+
+def constants_to_rank(mod: tvm.IRModule) -> tvm.IRModule:
+    """Give a constant operand of an elementwise binary operator the rank of the tensor it
+    broadcasts against: ``multiply(x, c)`` with ``x`` 4-D and ``c`` of shape ``(C, 1, 1)``
+    reads ``c`` as ``(1, C, 1, 1)``, the same numbers by broadcasting.
+
+    ONNX graphs scale by ``(C, 1, 1)`` constants (DenseNet-121's batch norms as Mul and Add);
+    ``ConvertLayout``'s inference for a binary operator cannot carry a blocked layout to an
+    operand of lower rank, so each such operator ran in NCHW between two transforms. Of equal
+    rank, the constant's transform folds away like a weight's.
+    """
+    from tvm.ir.expr import Constant
+
+    def widen(_bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+        shapes = [_static_shape(a) for a in call.args]
+        if any(s is None for s in shapes) or len(call.args) != 2:
+            return call
+        rank = max(len(s) for s in shapes if s is not None)
+        if rank != 4:  # the layouts are of 4-D tensors; a dense head stays the task it is in NCHW
+            return call
+        args = []
+        for arg, shape in zip(call.args, shapes, strict=True):
+            if isinstance(arg, Constant) and shape is not None and 0 < len(shape) < rank:
+                arg = relax.const(arg.value.numpy().reshape((1,) * (rank - len(shape)) + shape), str(arg.ty.dtype))
+            args.append(arg)
+        if all(a.same_as(b) for a, b in zip(args, call.args, strict=True)):
+            return call
+        return relax.Call(call.op, args, call.attrs)
+
+    return _rewrite_calls(mod, dict.fromkeys(_BROADCAST_BINARY, widen))
 
 
 def _rewrite_calls(mod: tvm.IRModule, rewrites: dict) -> tvm.IRModule:
@@ -184,6 +236,12 @@ def sole_readers(func: relax.Function) -> frozenset[relax.Var]:
     return frozenset(b.var for block in func.body.blocks for b in block.bindings if reads.get(b.var) == 1)
 
 
+#: The fallbacks :func:`prepare` has warned of: (failure, model fingerprint), so that a model
+#: whose graph no plan can convert logs one line, not one a plan (``--layout auto`` prepares
+#: several, and compiling prepares the chosen one again).
+_WARNED: set[tuple[str, tuple[str, ...]]] = set()
+
+
 def prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> tvm.IRModule:
     """Put every conv of a bound module (weights as constants) in its planned layout.
 
@@ -192,7 +250,38 @@ def prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> t
     softmax and dense layers with packed weights on CPUs, see :func:`_legalize_gelu` and
     :func:`_legalize_matmul`), and folds the weights' transforms into constants. On
     a non-CPU target an identity plan returns ``mod`` unchanged.
+
+    Where TVM fails to apply a plan other than NCHW (``ConvertLayout`` meets an operator
+    pattern it cannot carry a layout through), the model is prepared in NCHW instead, with
+    one warning: a slower model beats a lost run. Task extraction and compilation both come
+    here, so they fall back alike and the tuned tasks stay the compiled ones. A failure in
+    NCHW itself is raised.
     """
+    if plan.is_identity:
+        return _prepare(mod, target, plan)
+    try:
+        return _prepare(mod, target, plan)
+    except Exception as err:  # TVM's C++ checks surface as RuntimeError, ValueError, TypeError...
+        nchw = LayoutPlan(NCHW)
+        reason = _last_line(err)
+        key = (reason, tuple(str(call.args[1].ty.shape) for call in conv_calls(mod)))
+        if key not in _WARNED:
+            _WARNED.add(key)
+            logger.warning("layout %s does not apply to this graph (%s); its convs run in NCHW", plan, reason)
+        logger.debug("layout %s failed", plan, exc_info=True)
+        return _prepare(mod, target, nchw)
+
+
+def _last_line(err: BaseException) -> str:
+    """``Type: last line`` of an exception (TVM's messages end with the check that failed)."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    name = type(err).__name__
+    text = (lines[-1] if lines[-1].startswith(f"{name}:") else f"{name}: {lines[-1]}") if lines else name
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> tvm.IRModule:
+    """:func:`prepare` without its fallback."""
     cpu = str(target.kind.name) == "llvm"
     if plan.is_identity and not cpu:
         return mod
@@ -209,7 +298,9 @@ def prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> t
     if not converted and not cpu:
         return mod
     if converted:
-        mod = concat_apart(dropout_as_identity(clip_as_min_max(simplify_sums(mod))))
+        # A plan holds one block size (a conv whose channels it does not divide takes a divisor).
+        block = next((b for b in map(block_of, (plan.default, *plan.layouts)) if b is not None), None)
+        mod = concat_apart(constants_to_rank(dropout_as_identity(clip_as_min_max(simplify_sums(mod)))), block)
 
     # ConvertLayout asks for the layouts of the original call (before it rewrites its args).
     def layout_cb(call: relax.Call) -> dict[str, list[str]]:
