@@ -595,8 +595,8 @@ class TuningJob:
         while not self._stop_heartbeat.wait(HEARTBEAT_S):
             try:
                 self.db.update_job(self.job_id, elapsed_sec=self.elapsed_s, heartbeat=True)
-            except DatabaseError as err:
-                logger.warning("heartbeat of job %s failed: %s", self.name, err)
+            except Exception as err:  # any failure: a thread traceback would reach the terminal; the job goes on
+                logger.warning("heartbeat of job %s failed: %s: %s", self.name, type(err).__name__, err)
 
     def _emit(self, kind: str, **fields: Any) -> None:
         if self.on_event is not None:
