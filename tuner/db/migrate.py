@@ -14,21 +14,26 @@ one), under the migration lock. A revision there that is not Nightshift's is nev
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy.engine import URL, Connection, Engine
 
 from tuner.errors import DatabaseError
+
+# Alembic (and the PostgreSQL dialect it loads) is imported where a schema is created, moved
+# or upgraded: opening a current database, as every read-only command does (``jobs``,
+# ``db stats``), reads the revision with plain SQL and the head from the migration files.
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +66,8 @@ class SchemaState:
 
 
 def _config(conn: Connection | None = None) -> Config:
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(_MIGRATIONS))
     if conn is not None:
@@ -70,11 +77,32 @@ def _config(conn: Connection | None = None) -> Config:
 
 @cache
 def _scripts() -> ScriptDirectory:
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory.from_config(_config())
 
 
+@cache
 def head_revision() -> str:
-    """The newest revision this Nightshift knows."""
+    """The newest revision this Nightshift knows: the one no migration names as its
+    ``down_revision``.
+
+    Read from the migration files' assignments rather than through alembic's
+    ``ScriptDirectory``, whose import costs every command that opens the database a fifth
+    of a second; a chain this cannot read as one head is left to alembic.
+    """
+    revisions: set[str] = set()
+    parents: set[str] = set()
+    for path in sorted((_MIGRATIONS / "versions").glob("*.py")):
+        values = {t.id: n.value.value for n in ast.parse(path.read_text()).body if isinstance(n, ast.Assign)
+                  for t in n.targets if isinstance(t, ast.Name) and isinstance(n.value, ast.Constant)}  # fmt: skip
+        if isinstance(values.get("revision"), str):
+            revisions.add(values["revision"])
+            if isinstance(values.get("down_revision"), str):
+                parents.add(values["down_revision"])
+    heads = revisions - parents
+    if len(heads) == 1:
+        return heads.pop()
     head = _scripts().get_current_head()
     assert head is not None  # the package ships at least one migration
     return head
@@ -151,7 +179,13 @@ def _own_revision(conn: Connection, tables: set[str] | None = None) -> str | Non
         tables = set(sa.inspect(conn).get_table_names())
     if VERSION_TABLE not in tables:
         return None
-    return MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
+    # What alembic's MigrationContext.get_current_revision reads, without importing alembic.
+    rows = conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all()
+    if len(rows) > 1:  # several heads: alembic's own error says so
+        from alembic.runtime.migration import MigrationContext
+
+        return MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
+    return rows[0] if rows else None
 
 
 def _settle(conn: Connection, state: SchemaState, url: URL) -> SchemaState:
@@ -168,6 +202,8 @@ def _move_revision(conn: Connection, state: SchemaState, url: URL) -> SchemaStat
     assert state.revision is not None and state.in_shared_table
     logger.info("moving schema revision %s of %s from %s to %s", state.revision, _shown(url),
                 _SHARED_VERSION_TABLE, VERSION_TABLE)  # fmt: skip
+    from alembic.runtime.migration import MigrationContext
+
     MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).stamp(_scripts(), state.revision)
     conn.execute(sa.text(f"DELETE FROM {_SHARED_VERSION_TABLE} WHERE version_num = :rev"), {"rev": state.revision})
     # Dropped only when empty: another alembic user's row (Optuna's) stays where it expects it.
@@ -219,6 +255,8 @@ def upgrade(engine: Engine, url: URL, *, only_if_empty: bool = False, to: str = 
         target = state.head if to == "head" else to
         if state.revision == target:
             return replace(state, was=was)
+        from alembic import command
+
         cfg = _config(conn)
         if state.legacy:
             logger.info("stamping pre-migration database %s as revision %s", _shown(url), _LEGACY_REVISION)

@@ -11,9 +11,9 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cache
 from typing import Literal
 
-import tvm
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -42,6 +42,15 @@ Source = Literal["device", "same-arch", "foreign"]
 # The order in which lookups try the modes: cold timings rank candidates as they run inside a
 # whole model, where the previous operator has evicted this one's weights.
 PREFERRED_TIMINGS: tuple[Timing, ...] = ("cold", "warm")
+
+
+@cache
+def tvm_version() -> str:
+    """This process's TVM version, imported on first use: reading the database (``db stats``,
+    ``jobs``) needs no TVM, whose import takes seconds (it loads torch)."""
+    import tvm
+
+    return str(tvm.__version__)
 
 
 @dataclass(frozen=True)
@@ -235,11 +244,11 @@ class RecordSelection:
             if fits is not None and not fits(row):
                 return False
             # A foreign record's version is only what its importer said: always replay it.
-            same = row.tvm_version == tvm.__version__ and source != "foreign"
+            same = row.tvm_version == tvm_version() and source != "foreign"
             return same or (replays is not None and replays(row))
 
         for timing in PREFERRED_TIMINGS:  # the k records are of one mode: the first that has any
-            out = [BestRecord(row, source, devices[row.device_id], row.tvm_version == tvm.__version__)
+            out = [BestRecord(row, source, devices[row.device_id], row.tvm_version == tvm_version())
                    for row in self._gated(s, _best_stmt(wid, list(devices), origin, timing), k, accept)]  # fmt: skip
             if out:
                 return out

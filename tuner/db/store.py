@@ -19,9 +19,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import tvm
 from sqlalchemy import create_engine as sa_create_engine
 from sqlalchemy import event, func, or_, select
 from sqlalchemy.engine import URL, Engine
@@ -39,12 +38,16 @@ from tuner.db.schema import (
     WorkloadRow,
     _now,
 )
-from tuner.db.selection import PREFERRED_TIMINGS, RecordSelection, _best_stmt
+from tuner.db.selection import PREFERRED_TIMINGS, RecordSelection, _best_stmt, tvm_version
 from tuner.db.url import _first_line, database_url, redact
 from tuner.db.validate import TimingFloor, record_rejection
-from tuner.device import Device
 from tuner.errors import DatabaseError, JobConflict, UserInputError
 from tuner.measure.results import ErrorClass, Timing
+
+if TYPE_CHECKING:  # TVM is imported where a record is written, not to read the database (stats, jobs)
+    import tvm
+
+    from tuner.device import Device
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +113,7 @@ def writer() -> dict[str, str | None]:
     from tuner import __version__
 
     return {"host": socket.gethostname(), "os_user": user, "nightshift_version": __version__,
-            "tvm_version": tvm.__version__, "origin": "local"}  # fmt: skip
+            "tvm_version": tvm_version(), "origin": "local"}  # fmt: skip
 
 
 def create_engine(url: URL) -> Engine:
@@ -314,7 +317,7 @@ class TuningDatabase(RecordSelection, Maintenance):
 
             values = {
                 "key": key, "name": name, "flops": flops, "workload_json": json.dumps(Workload(mod).as_json()),
-                "summary": workload_summary(name, mod), "tvm_version": tvm.__version__, "created_at": _utcnow(),
+                "summary": workload_summary(name, mod), "tvm_version": tvm_version(), "created_at": _utcnow(),
             }  # fmt: skip
 
             def work(s: Session) -> int:
@@ -347,7 +350,7 @@ class TuningDatabase(RecordSelection, Maintenance):
             now = _utcnow()
             job = JobRow(
                 model=model, device_id=device_id, config=json.dumps(config, sort_keys=True),
-                trials_total=trials_total, host=socket.gethostname(), tvm_version=tvm.__version__,
+                trials_total=trials_total, host=socket.gethostname(), tvm_version=tvm_version(),
                 name=name, time_budget_sec=time_budget_sec, elapsed_sec=0.0, heartbeat_at=now,
             )  # fmt: skip
             s.add(job)
@@ -699,7 +702,7 @@ class TuningDatabase(RecordSelection, Maintenance):
         device with this TVM version that passes the gate (:meth:`record_ok`)."""
         stmt = (select(WorkloadRow.workload_json, RecordRow).join(WorkloadRow, WorkloadRow.id == RecordRow.workload_id)
                 .where(RecordRow.device_id == device_id, RecordRow.origin == "local",
-                       RecordRow.tvm_version == tvm.__version__, RecordRow.error_class.is_(None),
+                       RecordRow.tvm_version == tvm_version(), RecordRow.error_class.is_(None),
                        RecordRow.mean_sec.is_not(None)).order_by(RecordRow.id))  # fmt: skip
         with self.reading("successful records"), self.session(write=False) as s:
             return [(w, r) for w, r in s.execute(stmt).all() if self.record_ok(r)]

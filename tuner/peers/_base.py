@@ -6,9 +6,10 @@ import importlib.util
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
+if TYPE_CHECKING:  # listing the peers (the CLI's parser) imports no numpy
+    import numpy as np
 
 
 class PeerSkipped(Exception):

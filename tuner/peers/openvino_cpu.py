@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from tuner.peers._base import Peer, PeerModel, PeerSkipped
+
+if TYPE_CHECKING:  # listing the peers (the CLI's parser) imports no numpy
+    import numpy as np
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +55,8 @@ class OpenVinoPeer(Peer):
         logger.debug("openvino on %s: %s, %d threads", model.onnx_path, self.precision, threads)
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        import numpy as np
+
         result = self._request.infer(inputs)
         # The request reuses its output buffers: copy them out.
         return [np.array(result[o], copy=True) for o in self._outputs]

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from tuner.peers._base import Peer, PeerModel, PeerSkipped
+
+if TYPE_CHECKING:  # listing the peers (the CLI's parser) imports no numpy
+    import numpy as np
 
 logger = logging.getLogger(__name__)
 
