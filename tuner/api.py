@@ -54,9 +54,17 @@ class TuneResult:
         device, precision: what it was tuned for.
         artifact: the verified artifact written (``output``), or None.
         metadata: the artifact's metadata file, or None.
-        latency_ms: the tuned build's latency, or None (not verified).
-        baseline_latency_ms: the latency of ``baseline`` (TVM's untuned build for fp32, the
-            tuned fp32 build for bf16/int8), or None.
+        latency_ms: the tuned build's median latency, or None (not verified). Every latency
+            here is the median of timed runs that copy the inputs in and the outputs out
+            (:func:`tuner.app.run.time_runs`, as ``tune``, ``bench`` and ``run`` print them).
+        baseline_latency_ms: the latency of ``baseline``, or None: on a CPU the 0-trial
+            fallback build timed in the same interleaved rounds as the tuned build; elsewhere
+            (or when nothing was tuned) TVM's default build; for bf16/int8 the tuned fp32 build.
+        baseline: what ``baseline_latency_ms`` is, in words.
+        untuned_latency_ms: TVM's default build (no schedules), timed apart, or None.
+        peer, peer_latency_ms: the fastest peer runtime timed with the tuned build (CPU, where
+            ONNX Runtime or OpenVINO is installed) and its latency, or None.
+        warning: the sentence saying the tuned build is slower than its baseline and why, or None.
         max_error: the tuned output's largest relative difference from ``reference`` (for
             bf16/int8: from fp32), or None.
         ok: whether the output agrees with the reference (bf16/int8: is finite); True when not
@@ -81,10 +89,31 @@ class TuneResult:
     max_error: float | None = None
     reference: str | None = None
     ok: bool = True
+    untuned_latency_ms: float | None = None
+    peer: str | None = None
+    peer_latency_ms: float | None = None
+    warning: str | None = None
+
+    @property
+    def ratio_to_baseline(self) -> float | None:
+        """``latency_ms / baseline_latency_ms``: the tuned build's latency as a multiple of its
+        baseline's, lower is better (how every output writes a ratio), or None where either is
+        unknown."""
+        if self.latency_ms is None or not self.baseline_latency_ms:
+            return None
+        return self.latency_ms / self.baseline_latency_ms
+
+    @property
+    def ratio_to_peer(self) -> float | None:
+        """``latency_ms / peer_latency_ms`` (lower is better), or None without a peer."""
+        if self.latency_ms is None or not self.peer_latency_ms:
+            return None
+        return self.latency_ms / self.peer_latency_ms
 
     @property
     def speedup(self) -> float | None:
-        """``baseline_latency_ms / latency_ms``, or None where either is unknown."""
+        """``baseline_latency_ms / latency_ms`` (higher is better: the inverse of
+        :attr:`ratio_to_baseline`, kept for existing callers), or None where either is unknown."""
         if self.latency_ms is None or self.baseline_latency_ms is None or self.latency_ms <= 0:
             return None
         return self.baseline_latency_ms / self.latency_ms
@@ -244,16 +273,24 @@ def tune(
         checked = check_tuned(prepared, summary, status=status)
     if checked.verified is not None:
         v = checked.verified
-        result |= dict(latency_ms=v.tuned_latency_s * 1e3, baseline_latency_ms=v.base_latency_s * 1e3,
-                       baseline="untuned TVM build", max_error=v.check.max_error, reference=v.check.reference)
+        fallback = v.fallback_latency_s
+        base_s, base = (fallback, "fallback build (0 trials)") if fallback else (v.base_latency_s, "untuned TVM build")
+        peer = v.peers.peer if v.peers is not None else None
+        result |= dict(latency_ms=v.tuned_latency_s * 1e3, baseline_latency_ms=base_s * 1e3, baseline=base,
+                       untuned_latency_ms=v.base_latency_s * 1e3, max_error=v.check.max_error,
+                       reference=v.check.reference, peer=v.peers.peer_label if peer is not None else None,
+                       peer_latency_ms=None if peer is None else peer * 1e3)  # fmt: skip
     elif checked.reduced is not None:
         r = checked.reduced
         result |= dict(latency_ms=r.tuned_latency_s * 1e3, baseline_latency_ms=r.reference_latency_s * 1e3,
                        baseline="fp32 build", max_error=r.accuracy.max_rel_error, reference="fp32 build")
+    warning = checked.slower_warning()
+    if warning is not None:
+        logger.warning("%s", warning)
     if not checked.ok:
         logger.warning("the tuned model's output differs from the %s's (max relative difference %s)",
                        result.get("reference"), result.get("max_error"))  # fmt: skip
-    return TuneResult(**result, artifact=checked.artifact, metadata=checked.metadata, ok=checked.ok)
+    return TuneResult(**result, artifact=checked.artifact, metadata=checked.metadata, ok=checked.ok, warning=warning)
 
 
 def compile_model(

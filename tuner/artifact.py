@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tvm
@@ -30,6 +29,9 @@ import tvm.runtime.vm  # not imported by `import tvm` under TVM_USE_RUNTIME_LIB=
 from tuner.errors import UserInputError
 from tuner.native_log import native_output
 from tuner.threads import size_thread_pool
+
+if TYPE_CHECKING:
+    from tuner.app.run import LatencyStats
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +107,8 @@ def write_artifact(
     latency_s: float | None,
     verification: Verification | None,
     untuned_latency_s: float | None = None,
+    latency: LatencyStats | None = None,
+    baselines: dict[str, Any] | None = None,
     job: dict[str, Any] | None = None,
     source: str | None = None,
     tasks: Sequence[Any] = (),
@@ -120,6 +124,10 @@ def write_artifact(
         latency_s: the tuned build's measured latency (None: not timed, as by ``nightshift compile``).
         verification: how its output was checked (None: not checked).
         untuned_latency_s: TVM's default build's latency, if measured.
+        latency: the tuned build's runs (a :class:`tuner.app.run.LatencyStats`): its median,
+            quartiles and method, recorded as ``latency``; None: not timed.
+        baselines: what the tuned build was judged against (``tvm-fallback``, ``peer``,
+            ``untuned``: label, median, quartiles, ``ratio`` = tuned / baseline, lower is better).
         job: the tuning job (``{"id": ..., "name": ...}``).
         source: what ``--model`` said (zoo name, ONNX path, factory).
         tasks: the model's tasks (:class:`tuner.graph.tasks.Task`), for their weights in the report.
@@ -152,6 +160,8 @@ def write_artifact(
                   for t in tasks],
         "latency_ms": None if latency_s is None else latency_s * 1e3,
         "untuned_latency_ms": None if untuned_latency_s is None else untuned_latency_s * 1e3,
+        "latency": None if latency is None else latency.to_json(),
+        "baselines": baselines or {},
         "verification": None if verification is None else verification.to_json(),
         "job": job,
         "tvm_version": tvm.__version__,
@@ -192,18 +202,17 @@ class Artifact:
         return _flatten(self.vm["main"](*args))
 
     def time(self, arrays: Sequence[np.ndarray], repeat: int) -> list[float]:
-        """Seconds of ``repeat`` runs of ``main`` (inputs already on the device), after one warm-up."""
-        self.check_inputs(arrays)
-        args = [tvm.runtime.tensor(np.ascontiguousarray(a), self.dev) for a in arrays]
-        self.vm.set_input("main", *args)
-        self.vm.invoke_stateful("main")
-        samples = []
-        for _ in range(repeat):
-            start = time.perf_counter()
-            self.vm.invoke_stateful("main")
-            self.dev.sync()
-            samples.append(time.perf_counter() - start)
-        return samples
+        """Seconds of ``repeat`` runs of ``main`` after one warm-up, each copying the inputs in and
+        the outputs out (:func:`tuner.app.run.time_runs`, as ``tune`` and ``bench`` time a build)."""
+        from tuner.app.run import time_runs
+
+        self.check_inputs(arrays)  # once: a check per run would be timed as the model's
+        arrays = [np.ascontiguousarray(a) for a in arrays]
+
+        def call() -> list[np.ndarray]:
+            return _flatten(self.vm["main"](*[tvm.runtime.tensor(a, self.dev) for a in arrays]))
+
+        return time_runs(call, repeat)
 
 
 def read_metadata(path: Path) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
+from tuner.app.run import TIMING_METHOD, LatencyStats, time_runs
 from tuner.device import Device
 from tuner.errors import UserInputError, install_hint
 from tuner.frontends import ModelSpec
@@ -164,6 +165,11 @@ class Entry:
         q1, q3 = np.percentile(self.samples_s, [25, 75])
         return float((q3 - q1) / max(float(np.median(self.samples_s)), 1e-12))
 
+    @property
+    def stats(self) -> LatencyStats | None:
+        """The rounds' latency summarised as every output shows it (None without samples)."""
+        return LatencyStats.of(self.samples_s) if self.samples_s else None
+
 
 @dataclass(frozen=True)
 class PairedRatio:
@@ -228,6 +234,7 @@ class BenchResult:
             "rounds": self.config.rounds,
             "warmup_per_round": self.config.warmup_per_round,
             "settle_s": self.config.settle_s,
+            "timing": f"median of {self.config.rounds} interleaved rounds, one timed run each; {TIMING_METHOD}",
             "tolerance": {"f32": self.config.tolerance, "low_precision": self.config.low_precision_tolerance},
             "reference": self.reference,
             "fastest_peer": self.fastest_peer,
@@ -241,7 +248,7 @@ class BenchResult:
                 {"key": e.key, "label": e.label, "kind": e.kind, "precision": e.precision, "status": e.status,
                  "reason": e.reason, "install": e.install, "note": e.note,
                  "median_ms": _ms(e.median_s), "min_ms": _ms(min(e.samples_s) if e.samples_s else None),
-                 "spread": e.spread, "ratio_to_fastest_peer": self.ratio(e),
+                 "spread": e.spread, **_quartiles_json(e), "ratio_to_fastest_peer": self.ratio(e),
                  **_paired_json(self.paired_ratio(e)), "max_error": e.max_error,
                  "agrees": e.agrees, "samples_ms": [s * 1e3 for s in e.samples_s]}
                 for e in self.entries
@@ -252,6 +259,11 @@ class BenchResult:
 def _paired_json(paired: PairedRatio | None) -> dict[str, Any]:
     return {"per_round_ratio_to_fastest_peer": None if paired is None else paired.median,
             "rounds_faster_than_fastest_peer": None if paired is None else paired.faster}  # fmt: skip
+
+
+def _quartiles_json(entry: Entry) -> dict[str, float | None]:
+    stats = entry.stats
+    return {"p25_ms": None if stats is None else stats.p25_ms, "p75_ms": None if stats is None else stats.p75_ms}
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -297,11 +309,8 @@ def interleave(
         for key in this_round:
             runner = runners[key]
             time.sleep(settle_s)
-            for _ in range(warmup):
-                runner.run(inputs)
-            t0 = time.perf_counter()
-            runner.run(inputs)
-            samples[key].append(time.perf_counter() - t0)
+            # One timed run a round, timed as every latency Nightshift prints.
+            samples[key] += time_runs(lambda runner=runner: runner.run(inputs), 1, warmup=warmup)
         order.append(this_round)
         logger.debug("round %d/%d: %s", r + 1, rounds, {k: f"{samples[k][-1] * 1e3:.2f} ms" for k in this_round})
     return samples, order
@@ -536,19 +545,20 @@ def _fmt_ms(ms: float) -> str:
 
 
 def render(result: BenchResult) -> Any:
-    """The result as a rich Table: median, spread, ratio to the fastest f32 peer (of the
-    medians, and the median of the rounds' ratios with the rounds the entry won), max error."""
+    """The result as a rich Table: median and IQR of the rounds, latency as a multiple of the
+    fastest f32 peer's (of the medians, and the median of the rounds' ratios with the rounds
+    the entry won; lower is better), max error."""
     from rich.table import Table
 
     if result.fastest_peer:
-        ratio = f"ratio to {result.entry(result.fastest_peer).label}"
+        ratio = f"ratios are x of {result.entry(result.fastest_peer).label}, lower is better"
     else:  # ratios are to the fastest f32 peer; a bf16 run may ask for bf16 peers only
         ratio = "no ratios: no f32 peer ran"
-    table = Table(title=f"{result.model} on {result.device.name} ({result.device.arch}), {result.threads} threads, "
-                        f"{result.config.rounds} interleaved rounds; {ratio}")  # fmt: skip
-    for col, justify in (("runtime", "left"), ("precision", "left"), ("median ms", "right"), ("spread (IQR)", "right"),
-                         ("x fastest peer", "right"), ("per round (faster in)", "right"), ("max error", "right"),
-                         ("note", "left")):  # fmt: skip
+    table = Table(title=f"{result.model} on {result.device.name} ({result.device.arch}), {result.threads} threads; "
+                        f"median of {result.config.rounds} interleaved rounds ({TIMING_METHOD}); {ratio}")  # fmt: skip
+    for col, justify in (("runtime", "left"), ("precision", "left"), ("median ms", "right"),
+                         ("IQR ms (% of median)", "right"), ("x of fastest peer", "right"),
+                         ("per round (faster in)", "right"), ("max error", "right"), ("note", "left")):  # fmt: skip
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for e in result.entries:
         if e.status != "ok":
@@ -559,21 +569,32 @@ def render(result: BenchResult) -> Any:
         error = "" if e.max_error is None else ("reference" if e.key == result.reference else f"{e.max_error:.1e}")
         if e.agrees is False:
             error = f"[red]{error} MISMATCH[/]"
-        median = "" if e.median_s is None else _fmt_ms(e.median_s * 1e3)
+        stats = e.stats
+        median = "" if stats is None else _fmt_ms(stats.median_ms)
+        iqr = "" if stats is None else f"{_fmt_ms(stats.iqr_ms)} ({stats.spread:.0%})"
         paired = result.paired_ratio(e)
         per_round = "" if paired is None or e.key == result.fastest_peer else \
             f"{paired.median:.2f}x ({paired.faster}/{paired.rounds})"
-        table.add_row(e.label, e.precision, median, f"{(e.spread or 0) * 100:.0f}%",
-                      "" if ratio is None else f"{ratio:.2f}x", per_round, error, e.note)  # fmt: skip
+        table.add_row(e.label, e.precision, median, iqr, "" if ratio is None else f"{ratio:.2f}x", per_round, error,
+                      e.note)  # fmt: skip
     return table
 
 
 @dataclass(frozen=True)
 class ClosingComparison:
-    """What ``tune``'s closing table adds: the fallback build and the fastest peer, in seconds.
+    """What ``tune``'s closing table adds: the fallback build and the fastest peer, timed in the
+    same interleaved rounds as the tuned build.
 
-    ``fallback`` is None when nothing was tuned (the tuned build is the fallback build);
-    ``peer`` is None when no peer ran (``summary`` says why).
+    Attributes:
+        fallback, tuned, peer: median latencies in seconds. ``fallback`` is None when nothing
+            was tuned (the tuned build is the fallback build); ``peer`` is None when no peer
+            ran (``summary`` says why).
+        peer_label: the fastest f32 peer's label ("" when none ran).
+        summary: one line for the user: the tuned build as a multiple of each reference.
+        agree: whether every output agrees with the reference peer's.
+        stats: each row's rounds summarised, by key (``tvm``, ``tvm-fallback``, the peer's name).
+        rounds: the interleaved rounds.
+        peer_key: the fastest peer's key, or None.
     """
 
     fallback: float | None
@@ -582,6 +603,30 @@ class ClosingComparison:
     peer_label: str
     summary: str
     agree: bool
+    stats: dict[str, LatencyStats] = field(default_factory=dict)
+    rounds: int = 0
+    peer_key: str | None = None
+
+    @property
+    def tuned_stats(self) -> LatencyStats | None:
+        """The tuned build's rounds summarised."""
+        return self.stats.get(TVM_DB)
+
+    @property
+    def fallback_stats(self) -> LatencyStats | None:
+        """The fallback build's rounds summarised (None when nothing was tuned)."""
+        return self.stats.get(TVM_FALLBACK)
+
+    @property
+    def peer_stats(self) -> LatencyStats | None:
+        """The fastest peer's rounds summarised (None when no peer ran)."""
+        return None if self.peer_key is None else self.stats.get(self.peer_key)
+
+
+def ratio_text(latency: float, reference: float, name: str) -> str:
+    """``latency`` as a multiple of ``reference``'s, the one way every output writes a ratio:
+    ``"1.23x of NAME"`` (lower is better)."""
+    return f"{latency / reference:.2f}x of {name}" if reference > 0 else f"n/a of {name}"
 
 
 def closing_comparison(
@@ -591,17 +636,21 @@ def closing_comparison(
     result = bench(spec, device, db, source=source, config=config, compiled=compiled)
     tuned = result.entry(TVM_DB).median_s or float("nan")
     fallback = next((e.median_s for e in result.entries if e.key == TVM_FALLBACK), None)
+    stats = {e.key: e.stats for e in result.entries if e.stats is not None}
     peers = [e for e in result.entries if e.kind == "peer"]
+    parts = []
+    if fallback is not None:
+        parts.append(ratio_text(tuned, fallback, "the fallback build (0 trials)"))
     if result.fastest_peer is None:
         why = "; ".join(f"{e.key}: {e.reason}" for e in peers) or "none asked for"
         missing = any(e.status == "skipped" and e.install for e in peers)
-        summary = f"no peer ran ({why})" + (f"; {BENCH_EXTRA} to compare with the peers" if missing else "")
-        return ClosingComparison(fallback, tuned, None, "", summary, result.ok)
+        parts.append(f"no peer ran ({why})" + (f"; {BENCH_EXTRA} to compare with the peers" if missing else ""))
+        return ClosingComparison(fallback, tuned, None, "", "tuned build: " + "; ".join(parts), result.ok,
+                                 stats, config.rounds)  # fmt: skip
     best = result.entry(result.fastest_peer)
     peer = best.median_s or float("nan")  # the fastest peer is chosen among entries with samples
-    parts = [f"tuned / {best.label}: {tuned / peer:.2f}x"]
-    if fallback is not None:
-        parts.append(f"tuned / fallback build: {tuned / fallback:.2f}x")
-    parts.append(f"latency ratios of interleaved medians ({config.rounds} rounds); max error vs {result.reference} "
-                 f"{max((e.max_error or 0.0) for e in result.entries if e.agrees is not None):.1e}")  # fmt: skip
-    return ClosingComparison(fallback, tuned, peer, best.label, "; ".join(parts), result.ok)
+    parts.append(ratio_text(tuned, peer, best.label))
+    errors = [e.max_error or 0.0 for e in result.entries if e.agrees is not None]
+    summary = (f"tuned build: {'; '.join(parts)} (lower is better; medians of {config.rounds} interleaved rounds); "
+               f"max error vs {result.reference} {max(errors, default=0.0):.1e}")  # fmt: skip
+    return ClosingComparison(fallback, tuned, peer, best.label, summary, result.ok, stats, config.rounds, best.key)

@@ -274,23 +274,36 @@ def _name(mod: tvm.IRModule) -> str:
 def run_model(
     compiled: Compiled, device: Device, inputs: list[np.ndarray], *, budget_s: float = 3.0
 ) -> tuple[list[np.ndarray], float]:
-    """Run the compiled model on ``inputs``: its outputs and the median latency in seconds.
+    """Run the compiled model on ``inputs``: its outputs and the median latency in seconds
+    (:func:`time_model`)."""
+    out, samples = time_model(compiled, device, inputs, budget_s=budget_s)
+    return out, float(np.median(samples))
+
+
+def time_model(
+    compiled: Compiled, device: Device, inputs: list[np.ndarray], *, budget_s: float = 3.0
+) -> tuple[list[np.ndarray], list[float]]:
+    """Run the compiled model on ``inputs``: its outputs and the seconds of each timed run.
 
     The first call gives the outputs and warms up; then as many timed runs as fit in
-    ``budget_s`` (at least one, at most 50), since an untuned model can take 25 s a run.
+    ``budget_s`` (at least one, at most 50), since an untuned model can take 25 s a run. Each
+    is timed as every latency Nightshift prints (:func:`tuner.app.run.time_runs`).
     """
+    from tuner.app.run import time_runs
+
     device.use_threads()
     dev = device.tvm_device()
     with native_output():  # on an Executable it exports and loads: TVM's "Scope" lines, to the log
         vm = relax.VirtualMachine(compiled.executable, dev)
-    args = [tvm.runtime.tensor(x, dev) for x in inputs]
+
+    def call() -> list[np.ndarray]:
+        return _flatten(vm["main"](*[tvm.runtime.tensor(x, dev) for x in inputs]))
+
     first = time.perf_counter()
-    out = _flatten(vm["main"](*args))
+    out = call()
     first = time.perf_counter() - first
-    vm.set_input("main", *args)
     repeat = int(min(max(budget_s / max(first, 1e-6), 1), 50))
-    timer = vm.time_evaluator("invoke_stateful", dev, number=1, repeat=repeat)
-    return out, float(np.median(timer("main").results))
+    return out, time_runs(call, repeat, warmup=0)
 
 
 def _flatten(out) -> list[np.ndarray]:

@@ -49,6 +49,10 @@ def test_tune_then_load_and_run(tmp_path):
     assert result.job_name == "api" and result.job_id == 1 and result.state == "done" and result.trials == 4
     assert result.ok and result.artifact == tmp_path / "tiny.so" and result.metadata == tmp_path / "tiny.json"
     assert result.latency_ms > 0 and result.baseline_latency_ms > 0 and result.speedup > 0
+    # One ratio direction: tuned / baseline, lower is better; speedup stays its inverse.
+    assert result.ratio_to_baseline == pytest.approx(1 / result.speedup)
+    assert result.baseline in ("fallback build (0 trials)", "untuned TVM build") and result.untuned_latency_ms > 0
+    assert (result.warning is not None) == (result.ratio_to_baseline > 1)
     assert result.max_error is not None and result.max_error <= 1e-2
 
     art = tuner.load(result.artifact)
@@ -100,5 +104,8 @@ def test_run_random_input_stats():
     s = LatencyStats.of([0.001, 0.002, 0.003, 0.004])
     assert s.p50_ms == pytest.approx(2.5) and s.mean_ms == pytest.approx(2.5) and s.throughput == pytest.approx(400)
     assert "p99" in s.describe() and "inferences/s" in s.describe()
+    assert s.median_ms == s.p50_ms and s.iqr_ms == pytest.approx(1.5) and s.spread == pytest.approx(0.6)
+    assert s.describe().startswith("latency 2.500 ms (median of 4 runs, IQR 1.750-3.250 ms = 60% of the median; ")
+    assert s.to_json()["median_ms"] == pytest.approx(2.5) and "median of 4 runs" in s.to_json()["method"]
     with pytest.raises(ValueError):
         LatencyStats.of([])

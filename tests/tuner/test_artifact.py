@@ -41,6 +41,11 @@ def test_metadata_says_what_the_artifact_is(job):
     v = meta["verification"]
     assert v["reference"] == "untuned TVM build" and v["ok"] and 0 <= v["max_error"] <= v["tolerance"]
     assert meta["latency_ms"] > 0 and meta["untuned_latency_ms"] > 0
+    # The latency's spread and method, and what it was judged against (tuned / baseline).
+    assert meta["latency"]["median_ms"] == pytest.approx(meta["latency_ms"])
+    assert "median of" in meta["latency"]["method"]
+    fallback = meta["baselines"]["tvm-fallback"]
+    assert fallback["ratio"] == pytest.approx(meta["latency_ms"] / fallback["median_ms"])
     assert meta["job"]["id"] == 1
     assert "wrote tiny.so" in (job / "tune.out").read_text()
 
@@ -94,6 +99,7 @@ def test_run_matches_the_untuned_build_and_times(job, tmp_path):
                "--repeat", "5", "--threads", "1", cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "wrote y.npy" in proc.stdout and "latency over 5 runs: p50 " in proc.stdout
+    assert "(median of 5 runs, IQR " in proc.stdout
     ms = float(proc.stdout.split("p50 ")[1].split(" ms")[0])
     assert ms > 0
     y = np.load(tmp_path / "y.npy")

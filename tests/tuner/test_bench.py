@@ -104,14 +104,16 @@ def test_json_fields(result, tmp_path):
     row = by_key["onnxruntime"]
     for field in ("label", "kind", "precision", "status", "median_ms", "min_ms", "spread",
                   "ratio_to_fastest_peer", "per_round_ratio_to_fastest_peer", "rounds_faster_than_fastest_peer",
-                  "max_error", "agrees", "samples_ms"):  # fmt: skip
+                  "max_error", "agrees", "samples_ms", "p25_ms", "p75_ms"):  # fmt: skip
         assert field in row
+    assert row["p25_ms"] <= row["median_ms"] <= row["p75_ms"] and "median of 3" in doc["timing"]
     assert row["kind"] == "peer" and len(row["samples_ms"]) == 3
     assert by_key[TVM_DB]["kind"] == "tvm" and by_key[TVM_DB]["median_ms"] > 0
     assert by_key["not-installed"]["status"] == "skipped" and by_key["not-installed"]["median_ms"] is None
     table = render(result)
     assert table.row_count == len(result.entries)
-    assert str(table.title).endswith(f"ratio to {result.entry(result.fastest_peer).label}")
+    assert str(table.title).endswith(f"ratios are x of {result.entry(result.fastest_peer).label}, lower is better")
+    assert "median of 3 interleaved rounds (each run copies the inputs in and the outputs out)" in str(table.title)
     # A run whose peers all ran at another precision (bf16 peers only) has no f32 peer to divide by.
     assert str(render(dataclasses.replace(result, fastest_peer=None)).title).endswith("no ratios: no f32 peer ran")
 
@@ -301,7 +303,10 @@ def test_closing_comparison_for_tune(spec, device, empty_db):
                              config=BenchConfig(rounds=2, peers=QUICK_PEERS))  # fmt: skip
     assert row.fallback is None and row.agree
     assert row.peer is not None and row.peer > 0 and row.tuned > 0
-    assert row.peer_label.startswith(("ONNX Runtime", "OpenVINO")) and "tuned / " in row.summary
+    assert row.peer_label.startswith(("ONNX Runtime", "OpenVINO"))
+    assert row.summary.startswith(f"tuned build: {row.tuned / row.peer:.2f}x of {row.peer_label} (lower is better")
+    assert row.tuned_stats is not None and row.tuned_stats.runs == 2 and row.peer_stats is not None
+    assert row.fallback_stats is None
     missing = closing_comparison(spec, device, empty_db, compiled, source="tiny",
                                  config=BenchConfig(rounds=1, peers=(NotInstalledPeer(),)))  # fmt: skip
     assert missing.peer is None and "not installed" in missing.summary

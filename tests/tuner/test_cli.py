@@ -2,6 +2,7 @@
 
 import importlib.util
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -79,11 +80,7 @@ def test_whole_loop_on_tiny(tmp_path):
     proc = run("tune", "--model", "tiny", "--device", "cpu", "--trials", "8",
                "--trials-per-batch", "4", "--db", "t.db", "-o", "tiny.so", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "speed-up" in proc.stdout and "max relative output difference" in proc.stdout
-    # The closing table also shows the zero-trial fallback build and the fastest quick peer.
-    assert "fallback schedules (0 trials)" in proc.stdout
-    if importlib.util.find_spec("onnxruntime") and importlib.util.find_spec("torch"):
-        assert "tuned / " in proc.stdout
+    _check_closing_lines(proc)
     assert (tmp_path / "tiny.so").stat().st_size > 0
     with sqlite3.connect(tmp_path / "t.db") as conn:
         assert conn.execute("SELECT count(*) FROM records").fetchone()[0] == 8
@@ -95,6 +92,34 @@ def test_whole_loop_on_tiny(tmp_path):
     proc = run("nightshift", "compile", "--model", "tiny", "--db", "t.db", "-o", "again.so", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "operators tuned" in proc.stdout and not proc.stdout.startswith("0 operators tuned")
+
+
+def _check_closing_lines(proc: subprocess.CompletedProcess) -> None:
+    """tune's closing lines, as a snapshot with the figures left out: every latency a median with
+    its IQR and method, every ratio "X.XXx of <reference>" (lower is better) against the
+    fallback build and the peer, and a slower tuned build said with the reason."""
+    stdout = proc.stdout
+    assert "speed-up" not in stdout and "tuned / " not in stdout
+    assert "tiny on cpu: latency in ms, medians of 5 interleaved rounds; each run copies the inputs in and the " \
+           "outputs out" in stdout  # fmt: skip
+    ms, iqr = r"\d+\.\d{3}", r"\d+\.\d{3}-\d+\.\d{3}"
+    for row in (r"fallback schedules \(0 trials\)", r"tuned \(\d+ ops tuned, \d+ default\)",
+                r"TVM default build, timed apart \(\d+ runs\)"):  # fmt: skip
+        assert re.search(rf"│ {row} +│ +{ms} │ +{iqr} │", stdout), row
+    assert re.search(rf"^tuned build {ms} ms \(median of 5 runs, IQR {iqr} ms = \d+% of the median; each run copies "
+                     r"the inputs in and the outputs out\)$", stdout, re.M)  # fmt: skip
+    peer = importlib.util.find_spec("onnxruntime") and importlib.util.find_spec("torch")
+    tail = (r"; \d+\.\d\dx of (ONNX Runtime|OpenVINO)[^;]* \(lower is better; medians of 5 interleaved rounds\); "
+            r"max error vs \S+ \S+$") if peer else "; no peer ran"  # fmt: skip
+    closing = re.search(rf"^tuned build: (\d+\.\d\d)x of the fallback build \(0 trials\){tail}", stdout, re.M)
+    assert closing, stdout
+    assert re.search(r"^max relative output difference vs the TVM default build \S+$", stdout, re.M)
+    ratio = float(closing.group(1))
+    warned = "warning: the tuned build is slower than the fallback build (0 trials)" in proc.stderr
+    if ratio > 1.0:  # 8 trials over the model's tasks: the reason is the trials a task
+        assert warned and re.search(r"8 trials is too few for \d+ tasks \(\d+\.\d a task", proc.stderr)
+    elif ratio < 1.0:
+        assert not warned
 
 
 def test_config_file_unknown_key_and_missing_model(tmp_path):

@@ -172,6 +172,7 @@ def prepare(options: TuneOptions, loaded: LoadedModel, db_url: URL, *, status: S
         measure=MeasureConfig(build_timeout_s=options.build_timeout_s, timing=TimingConfig.of_mode(timing)),
         name=options.job or f"{loaded.spec.name}-{device.name}", fresh=options.fresh,
         skip_after=options.skip_after, rerank_top=options.rerank_top, measurer=options.measurer,
+        model_options=options.model.stored(),
     )  # fmt: skip
     if options.measurer == "inline" and (options.ray_address is not None or device.kind != "cpu"):
         raise UserInputError("--measurer inline times on this machine's CPU: drop --ray-address, use --device cpu")
@@ -257,12 +258,39 @@ class Checked:
         reduced: a bf16/int8 model's result (:class:`tuner.app.verify.VerifiedReduced`), or None.
         artifact: the artifact written (``options.output``), or None.
         metadata: its metadata file, or None (a bf16/int8 library is written without one).
+        trials, tasks: the trials the job ran over every run, and the model's tasks (the
+            reason given when the tuned build is slower than its baseline).
     """
 
     verified: Verified | None = None
     reduced: VerifiedReduced | None = None
     artifact: Path | None = None
     metadata: Path | None = None
+    trials: int = 0
+    tasks: int = 0
+
+    def slower_warning(self) -> str | None:
+        """A sentence when the tuned build is slower than its baseline (the 0-trial fallback
+        build timed in the same rounds, else TVM's default build; fp32 for bf16/int8), with
+        the reason; None when it is not."""
+        from tuner.app.verify import slower_reason
+        from tuner.bench import ratio_text
+
+        if self.verified is not None:
+            v = self.verified
+            tuned, stats = v.tuned_latency_s, v.tuned_stats
+            base, name = (v.fallback_latency_s, "the fallback build (0 trials)") if v.fallback_latency_s else \
+                (v.base_latency_s, "TVM's default build")
+        elif self.reduced is not None:
+            r = self.reduced
+            tuned, stats, base, name = r.tuned_latency_s, r.tuned_stats, r.reference_latency_s, "the fp32 build"
+        else:
+            return None
+        if not base or tuned <= base:
+            return None
+        spread = stats.spread if stats is not None else 0.0
+        reason = slower_reason(tuned / base, trials=self.trials, tasks=self.tasks, spread=spread)
+        return f"the tuned build is slower than {name} ({ratio_text(tuned, base, 'it')}): {reason}"
 
     @property
     def ok(self) -> bool:
@@ -301,7 +329,7 @@ def check_tuned(job: PreparedJob, summary: TuneSummary, *, status: Status = no_s
 
             with native_output():  # TVM's "Scope Saving" lines go to the log, not the terminal
                 reduced.tuned.executable.export_library(str(output))
-        return Checked(reduced=reduced, artifact=output)
+        return Checked(reduced=reduced, artifact=output, trials=summary.trials, tasks=len(job.tasks))
     from tuner.artifact import write_artifact
 
     r = verify(spec, device, db, source=loaded.source, plan=plan, status=status)
@@ -309,8 +337,28 @@ def check_tuned(job: PreparedJob, summary: TuneSummary, *, status: Status = no_s
     if output is not None:
         meta = write_artifact(output, r.tuned, spec, device, latency_s=r.tuned_latency_s,
                               untuned_latency_s=r.base_latency_s, verification=r.check,
+                              latency=r.tuned_stats, baselines=_baselines_json(r),
                               job={"id": summary.job_id, "name": summary.name}, source=loaded.source,
                               outputs=r.tuned_outputs,
                               # Under --layout auto the job tuned convs in layouts the plan leaves out.
                               tasks=[t for t in job.tasks if t.workload_key in r.tuned.decisions] or job.tasks)
-    return Checked(verified=r, artifact=output, metadata=meta)
+    return Checked(verified=r, artifact=output, metadata=meta, trials=summary.trials, tasks=len(job.tasks))
+
+
+def _baselines_json(r: Verified) -> dict[str, Any]:
+    """The artifact's record of what the tuned build was judged against: each baseline's
+    latency (median and quartiles) and the tuned build's latency as a multiple of it."""
+    from tuner.bench import TVM_FALLBACK
+
+    out: dict[str, Any] = {}
+    if r.base_stats is not None:
+        out["untuned"] = {"label": "TVM default build (timed apart)", **r.base_stats.to_json(),
+                          "ratio": r.tuned_latency_s * 1e3 / r.base_stats.median_ms}  # fmt: skip
+    peers = r.peers
+    if peers is None:
+        return out
+    for key, label, stats in ((TVM_FALLBACK, "fallback build (0 trials)", peers.fallback_stats),
+                              ("peer", peers.peer_label, peers.peer_stats)):  # fmt: skip
+        if stats is not None and stats.median_ms > 0:
+            out[key] = {"label": label, **stats.to_json(), "ratio": r.tuned_latency_s * 1e3 / stats.median_ms}
+    return out

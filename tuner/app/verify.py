@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from tuner.app.model import Status, no_status
 
 if TYPE_CHECKING:
+    from tuner.app.run import LatencyStats
     from tuner.artifact import Verification
     from tuner.bench import ClosingComparison
     from tuner.compile import Compiled
@@ -24,21 +25,45 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: Trials per task below which a slower tuned build is put down to too short a search: four
+#: batches of the default 16. A task's search starts from random candidates, and a few batches
+#: pass before its cost model ranks them well enough to beat the fallback schedule (a rule of
+#: thumb, not a measured threshold).
+TRIALS_PER_TASK_HINT = 64
+
+
+def slower_reason(ratio: float, *, trials: int, tasks: int, spread: float) -> str:
+    """Why a tuned build came out ``ratio`` (> 1) times its baseline's latency, for the warning
+    that says so: based on the trials a task the job actually ran, and on the timing's
+    ``spread`` (IQR over median)."""
+    per_task = trials / max(tasks, 1)
+    if per_task < TRIALS_PER_TASK_HINT:
+        return (f"{trials} trials is too few for {tasks} tasks ({per_task:.1f} a task; about "
+                f"{TRIALS_PER_TASK_HINT} a task reach the fallback's speed): resume the job with "
+                f"--trials {TRIALS_PER_TASK_HINT * tasks} or a --time-budget")
+    if ratio - 1 <= spread:
+        return (f"the difference is within the timing's spread (IQR {spread:.0%} of the median): time it again "
+                "with nightshift bench --rounds 50")
+    return (f"after {per_task:.0f} trials a task the search found nothing faster than the fallback schedules "
+            "for some operators; nightshift bench --rounds 50 confirms it, nightshift db coverage shows which")
+
 
 @dataclass(kw_only=True)
 class Verified:
     """A float model's tuned build, checked and timed.
 
     Attributes:
-        base: TVM's untuned build; ``base_latency_s`` its latency.
-        tuned: the build with the database's best schedules; ``tuned_latency_s`` its latency
-            (timed interleaved with the peers' rows when ``peers`` is set).
+        base: TVM's untuned build (its default loops, an extra line, not the baseline);
+            ``base_latency_s`` its median latency, ``base_stats`` its runs (timed apart).
+        tuned: the build with the database's best schedules; ``tuned_latency_s`` its median
+            latency, ``tuned_stats`` its runs (timed interleaved with the fallback build and
+            the peer when ``peers`` is set).
         tuned_outputs: its outputs on the check's input.
         untuned_error: the largest relative difference from the untuned build's outputs.
         check: the verification that decides (against ONNX Runtime for ONNX models where it
             is installed, else against the untuned build).
         peers: the fallback build and the fastest quick peer timed interleaved with the tuned
-            build (CPU only), or None.
+            build (CPU only), or None: the baselines the tuned build is judged against.
     """
 
     base: Compiled
@@ -49,6 +74,13 @@ class Verified:
     untuned_error: float
     check: Verification
     peers: ClosingComparison | None
+    base_stats: LatencyStats | None = None
+    tuned_stats: LatencyStats | None = None
+
+    @property
+    def fallback_latency_s(self) -> float | None:
+        """The 0-trial fallback build's median latency, timed with the tuned build (None: not timed)."""
+        return None if self.peers is None else self.peers.fallback
 
     @property
     def ok(self) -> bool:
@@ -58,7 +90,8 @@ class Verified:
 
 @dataclass(kw_only=True)
 class VerifiedReduced:
-    """A reduced-precision model's build beside its fp32 build: latency and accuracy."""
+    """A reduced-precision model's build beside its fp32 build: latency (medians; ``*_stats``
+    their runs) and accuracy."""
 
     reference: Compiled
     reference_latency_s: float
@@ -66,6 +99,8 @@ class VerifiedReduced:
     tuned_latency_s: float
     accuracy: Accuracy
     precision: Precision
+    reference_stats: LatencyStats | None = None
+    tuned_stats: LatencyStats | None = None
 
     @property
     def ok(self) -> bool:
@@ -83,16 +118,18 @@ def verify(spec: ModelSpec, device: Device, db: TuningDatabase, *, source: str |
     build and the faster of ONNX Runtime and OpenVINO (f32: ``INFERENCE_PRECISION_HINT=f32``)
     where installed (``tuner.bench``).
     """
+    from tuner.app.run import LatencyStats
     from tuner.artifact import Verification, onnx_reference, scaled_error
-    from tuner.compile import compile_model, run_model
+    from tuner.compile import compile_model, time_model
 
     inputs = spec.random_inputs(seed=0)
     with status("compiling and running the untuned model"):
         base = compile_model(spec, device, None, plan=plan)
-        base_out, base_lat = run_model(base, device, inputs)
+        base_out, base_samples = time_model(base, device, inputs)
     with status("compiling and running the tuned model"):
         tuned = compile_model(spec, device, db, plan=plan)
-        tuned_out, tuned_lat = run_model(tuned, device, inputs)
+        tuned_out, tuned_samples = time_model(tuned, device, inputs)
+    base_stats, tuned_stats = LatencyStats.of(base_samples), LatencyStats.of(tuned_samples)
     worst = scaled_error(base_out, tuned_out)
     check = Verification("untuned TVM build", worst)
     if source is not None and source.lower().endswith(".onnx"):
@@ -106,9 +143,11 @@ def verify(spec: ModelSpec, device: Device, db: TuningDatabase, *, source: str |
         with status("timing the tuned build against the fallback build and a peer"):
             peers = closing_comparison(spec, device, db, tuned, source=source or spec.name,
                                        config=BenchConfig(rounds=5, peers=QUICK_PEERS, plan=plan))  # fmt: skip
-        tuned_lat = peers.tuned  # timed interleaved with the fallback build and the peer
-    return Verified(base=base, base_latency_s=base_lat, tuned=tuned, tuned_latency_s=tuned_lat,
-                    tuned_outputs=tuned_out, untuned_error=worst, check=check, peers=peers)  # fmt: skip
+        # The figures that count are those timed interleaved with the fallback build and the peer.
+        tuned_stats = peers.tuned_stats or tuned_stats
+    return Verified(base=base, base_latency_s=base_stats.median_ms / 1e3, tuned=tuned,
+                    tuned_latency_s=tuned_stats.median_ms / 1e3, tuned_outputs=tuned_out, untuned_error=worst,
+                    check=check, peers=peers, base_stats=base_stats, tuned_stats=tuned_stats)  # fmt: skip
 
 
 def verify_reduced(spec: ModelSpec, device: Device, db: TuningDatabase, *, plan: LayoutPlan | None,
@@ -117,18 +156,20 @@ def verify_reduced(spec: ModelSpec, device: Device, db: TuningDatabase, *, plan:
     """Compile the reduced-precision model and its fp32 build (the database's records of each)
     and measure latency and accuracy against fp32 (:mod:`tuner.precision.accuracy`).
     ``fp32_spec``: the float model a QDQ ``spec`` was quantized from, the reference when given."""
-    from tuner.compile import compile_model, run_model
+    from tuner.app.run import LatencyStats
+    from tuner.compile import compile_model, time_model
     from tuner.precision.accuracy import measure_accuracy
 
     inputs = spec.random_inputs(seed=0)
     with status("compiling and running the fp32 model"):
         ref = compile_model(fp32_spec or spec, device, db, plan=plan)
-        _, ref_lat = run_model(ref, device, inputs)
+        ref_stats = LatencyStats.of(time_model(ref, device, inputs)[1])
     with status(f"compiling and running the {precision} model"):
         tuned = compile_model(spec, device, db, plan=plan, precision=precision)
-        _, tuned_lat = run_model(tuned, device, inputs)
+        tuned_stats = LatencyStats.of(time_model(tuned, device, inputs)[1])
     with status(f"measuring accuracy on {num_inputs} inputs"):
         acc = measure_accuracy(spec, device, ref, tuned, num_inputs=num_inputs)
-    return VerifiedReduced(reference=ref, reference_latency_s=ref_lat, tuned=tuned, tuned_latency_s=tuned_lat,
-                           accuracy=acc, precision=precision)  # fmt: skip
+    return VerifiedReduced(reference=ref, reference_latency_s=ref_stats.median_ms / 1e3, tuned=tuned,
+                           tuned_latency_s=tuned_stats.median_ms / 1e3, accuracy=acc, precision=precision,
+                           reference_stats=ref_stats, tuned_stats=tuned_stats)  # fmt: skip
 

@@ -161,22 +161,43 @@ def _resume_command(name: str) -> str:
     return shlex.join(shown) + note
 
 
+def _latency_cells(stats, median_s: float) -> tuple[str, str]:
+    """A row's median and IQR cells (ms); the IQR is blank without the runs."""
+    if stats is None:
+        return f"{median_s * 1e3:,.3f}", ""
+    return f"{stats.median_ms:,.3f}", f"{stats.p25_ms:,.3f}-{stats.p75_ms:,.3f}"
+
+
+def _warn_if_slower(checked) -> None:
+    """A tuned build slower than its baseline, said loudly with the reason."""
+    warning = checked.slower_warning()
+    if warning is not None:
+        console.print(f"[bold yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
+
+
 def _show_reduced(checked, spec, device) -> int:
     """:func:`tuner.app.verify.verify_reduced`'s result as a table; 1 if its output is not finite."""
+    from tuner.app.run import TIMING_METHOD
+    from tuner.bench import ratio_text
+
     r = checked.reduced
     precision = r.precision
-    table = Table(title=f"{spec.name} on {device.name}")
-    for col in ("build", "latency (ms)", "max rel. error", "top-1 agreement"):
+    runs = "" if r.tuned_stats is None else f"median of {r.tuned_stats.runs} runs; "
+    table = Table(title=f"{spec.name} on {device.name}: latency in ms, {runs}{TIMING_METHOD}")
+    for col in ("build", "median ms", "IQR ms", "max rel. error", "top-1 agreement"):
         table.add_column(col, justify="left" if col == "build" else "right")
-    table.add_row(f"fp32 ({len(r.reference.tuned)} ops tuned)", f"{r.reference_latency_s * 1e3:,.2f}", "reference",
-                  "reference")  # fmt: skip
+    table.add_row(f"fp32 ({len(r.reference.tuned)} ops tuned)",
+                  *_latency_cells(r.reference_stats, r.reference_latency_s), "reference", "reference")  # fmt: skip
     acc = r.accuracy
     top1 = "n/a" if acc.top1_agreement is None else f"{acc.top1_agreement:.1%}"
     table.add_row(f"{precision} ({len(r.tuned.tuned)} ops tuned, {len(r.tuned.fallback)} default)",
-                  f"{r.tuned_latency_s * 1e3:,.2f}", f"{acc.max_rel_error:.2e}", top1)  # fmt: skip
+                  *_latency_cells(r.tuned_stats, r.tuned_latency_s), f"{acc.max_rel_error:.2e}", top1)  # fmt: skip
     out.print(table)
-    out.print(f"{precision} speed-up over fp32 {r.reference_latency_s / r.tuned_latency_s:.2f}x; "
-              f"accuracy {acc.describe()}")  # fmt: skip
+    if r.tuned_stats is not None:
+        out.print(r.tuned_stats.headline(f"{precision} build"), highlight=False)
+    out.print(f"{precision} build: {ratio_text(r.tuned_latency_s, r.reference_latency_s, 'the fp32 build')} "
+              f"(lower is better); accuracy {acc.describe()}", highlight=False)  # fmt: skip
+    _warn_if_slower(checked)
     if checked.artifact is not None:
         out.print(f"wrote {checked.artifact}")
     if not r.ok:
@@ -186,25 +207,41 @@ def _show_reduced(checked, spec, device) -> int:
 
 
 def _show_verified(checked, spec, device) -> int:
-    """:func:`tuner.app.verify.verify`'s result as a table, and the artifact written; 1 if the
-    output differs from the reference's or the peer's."""
+    """:func:`tuner.app.verify.verify`'s result as a table, the tuned build's latency as a
+    multiple of the fallback build's and the fastest peer's (CPU; else of TVM's default
+    build), and the artifact written; 1 if the output differs from the reference's or the peer's."""
+    from tuner.app.run import TIMING_METHOD
+    from tuner.bench import ratio_text
+
     r = checked.verified
     peers = r.peers
-    table = Table(title=f"{spec.name} on {device.name}")
-    table.add_column("build")
-    table.add_column("latency (ms)", justify="right")
-    table.add_row("untuned (TVM default)", f"{r.base_latency_s * 1e3:,.2f}")
+    if peers is not None:
+        timing = f"medians of {peers.rounds} interleaved rounds"
+    else:
+        timing = "medians" if r.tuned_stats is None else f"median of {r.tuned_stats.runs} runs"
+    table = Table(title=f"{spec.name} on {device.name}: latency in ms, {timing}; {TIMING_METHOD}")
+    for col in ("build", "median ms", "IQR ms"):
+        table.add_column(col, justify="left" if col == "build" else "right")
     if peers is not None and peers.fallback is not None:
-        table.add_row("fallback schedules (0 trials)", f"{peers.fallback * 1e3:,.2f}")
+        table.add_row("fallback schedules (0 trials)", *_latency_cells(peers.fallback_stats, peers.fallback))
     table.add_row(f"tuned ({len(r.tuned.tuned)} ops tuned, {len(r.tuned.fallback)} default)",
-                  f"{r.tuned_latency_s * 1e3:,.2f}")
+                  *_latency_cells(r.tuned_stats, r.tuned_latency_s))
     if peers is not None and peers.peer is not None:
-        table.add_row(peers.peer_label, f"{peers.peer * 1e3:,.2f}")
+        table.add_row(peers.peer_label, *_latency_cells(peers.peer_stats, peers.peer))
+    untuned = "TVM default build"
+    if peers is not None:
+        untuned += f", timed apart{'' if r.base_stats is None else f' ({r.base_stats.runs} runs)'}"
+    table.add_row(f"[dim]{untuned}[/]", *_latency_cells(r.base_stats, r.base_latency_s))
     out.print(table)
-    out.print(f"speed-up {r.base_latency_s / r.tuned_latency_s:.2f}x; max relative output difference "
-              f"{r.untuned_error:.2e}")  # fmt: skip
+    if r.tuned_stats is not None:
+        out.print(r.tuned_stats.headline("tuned build"), highlight=False)
     if peers is not None:
         out.print(peers.summary, markup=False, highlight=False)
+    else:  # no fallback build or peer timed here (a GPU): TVM's default build is the baseline
+        out.print(f"tuned build: {ratio_text(r.tuned_latency_s, r.base_latency_s, 'TVM default build')} "
+                  "(lower is better)", highlight=False)  # fmt: skip
+    out.print(f"max relative output difference vs the TVM default build {r.untuned_error:.2e}", highlight=False)
+    _warn_if_slower(checked)
     if r.check.reference != "untuned TVM build":
         out.print(f"max relative output difference vs {r.check.reference} {r.check.max_error:.2e}")
     if checked.artifact is not None:

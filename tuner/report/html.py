@@ -72,9 +72,25 @@ def _kpis(data: JobData) -> str:
     before, now = data.estimated_latency("before"), data.estimated_latency("now")
     if now is not None:
         items.append(("estimated end to end (Σ weight × best)", f"{now * 1e3:,.3f} ms"))
-    if before is not None and now:
-        items.append(("vs before this job", f"{before / now:.2f}x faster"))
+    if before and now is not None:
+        # One ratio direction everywhere: latency as a multiple of the reference's, lower is better.
+        items.append(("of the estimate before this job (lower is better)", f"{now / before:.2f}x"))
     return "".join(f'<div class="kpi"><b>{escape(v)}</b>{escape(k)}</div>' for k, v in items)
+
+
+def _artifact_latency(artifact: dict[str, Any]) -> str:
+    """The artifact's latency with its spread and method, and as a multiple of each baseline
+    ``tune`` timed (lower is better)."""
+    stats = artifact.get("latency") or {}
+    text = f"tuned artifact: {float(artifact['latency_ms']):.3f} ms"
+    if stats.get("p25_ms") is not None:
+        text += f" (IQR {stats['p25_ms']:.3f}-{stats['p75_ms']:.3f} ms; {stats.get('method', '')})"
+    ratios = [f"{b['ratio']:.2f}x of {b.get('label') or key}"
+              for key, b in (artifact.get("baselines") or {}).items()
+              if isinstance(b, dict) and b.get("ratio") is not None]  # fmt: skip
+    if ratios:
+        text += "; " + "; ".join(ratios) + " (lower is better)"
+    return escape(text)
 
 
 def _end_to_end(data: JobData, bench: list[dict[str, Any]], artifact: dict[str, Any] | None) -> str:
@@ -83,7 +99,13 @@ def _end_to_end(data: JobData, bench: list[dict[str, Any]], artifact: dict[str, 
     if artifact is not None:
         if artifact.get("untuned_latency_ms") is not None:
             rows.append(("untuned (TVM default)", float(artifact["untuned_latency_ms"]), PALETTE[7]))
+        baselines = artifact.get("baselines") or {}
+        for key, color in (("tvm-fallback", PALETTE[7]), ("peer", PALETTE[3])):
+            b = baselines.get(key)
+            if isinstance(b, dict) and b.get("median_ms") is not None:
+                rows.append((str(b.get("label") or key), float(b["median_ms"]), color))
         rows.append(("tuned artifact", float(artifact["latency_ms"]), PALETTE[0]))
+        notes.append(_artifact_latency(artifact))
         v = artifact.get("verification") or {}
         ok = "passed" if v.get("ok") else "FAILED"
         err = v.get("max_error")
@@ -104,11 +126,13 @@ def _end_to_end(data: JobData, bench: list[dict[str, Any]], artifact: dict[str, 
             rows.append((f"{e.get('label') or e.get('key')}{mark}", float(e["median_ms"]), color))
             if e.get("kind") == "tvm" and e.get("per_round_ratio_to_fastest_peer") is not None:
                 notes.append(f"{escape(str(e.get('label') or e.get('key')))}: "
-                             f"{e['per_round_ratio_to_fastest_peer']:.2f}x {escape(str(result.get('fastest_peer')))} "
-                             f"round by round, faster in {e.get('rounds_faster_than_fastest_peer')} of "
+                             f"{e['per_round_ratio_to_fastest_peer']:.2f}x of "
+                             f"{escape(str(result.get('fastest_peer')))} round by round, faster in "
+                             f"{e.get('rounds_faster_than_fastest_peer')} of "
                              f"{result.get('rounds')} rounds")  # fmt: skip
         notes.append(f"nightshift bench: {escape(str(result.get('model')))}, {result.get('threads')} threads, "
-                     f"medians of {result.get('rounds')} interleaved rounds")
+                     f"medians of {result.get('rounds')} interleaved rounds; ratios are x of the fastest peer, "
+                     "lower is better")
     est_before, est_now = data.estimated_latency("before"), data.estimated_latency("now")
     if est_before is not None:
         rows.append(("estimated, before this job", est_before * 1e3, PALETTE[5]))
