@@ -18,30 +18,49 @@ from tuner.errors import UserInputError
 from tuner.precision import PRECISIONS
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_UNIT_NAMES = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd])")
 
 
-def parse_duration(text: str | float | int, *, what: str = "--time-budget") -> float:
-    """Seconds of a duration: ``90s``, ``45m``, ``2h``, ``1h30m``, ``8h``, or a plain number of seconds.
+def parse_duration(text: str | float | int, *, what: str = "--time-budget", plain: str = "s") -> float:
+    """Seconds of a duration: ``90s``, ``45m``, ``2h``, ``1h30m``, ``8h``, ``30d``, or a plain
+    number in the unit ``plain`` (seconds for ``--time-budget``; days for ``--older-than``, as
+    before it took units). Every command's durations go through here, so they read alike.
 
     Raises:
         UserInputError: not a positive duration.
     """
+    if plain not in _UNITS:
+        raise ValueError(f"plain must be one of {', '.join(_UNITS)}, got {plain!r}")
+    hint = ("a duration such as 45m, 2h or 90s" if plain == "s" else
+            f"a duration such as 30d, 7d or 12h (a plain number: {_UNIT_NAMES[plain]})")  # fmt: skip
     if isinstance(text, bool):
-        raise UserInputError(f"{what} must be a duration such as 45m, 2h or 90s, got {text!r}")
+        raise UserInputError(f"{what} must be {hint}, got {text!r}")
     if isinstance(text, int | float):
-        seconds = float(text)
+        seconds = float(text) * _UNITS[plain]
     else:
         s = text.strip().lower().replace(" ", "")
         if re.fullmatch(r"\d+(\.\d+)?", s):
-            seconds = float(s)
+            seconds = float(s) * _UNITS[plain]
         elif s and re.fullmatch(rf"(?:{_DURATION.pattern})+", s):
             seconds = sum(float(n) * _UNITS[u] for n, u in _DURATION.findall(s))
         else:
-            raise UserInputError(f"{what} must be a duration such as 45m, 2h or 90s, got {text!r}")
+            raise UserInputError(f"{what} must be {hint}, got {text!r}")
     if not seconds > 0:
         raise UserInputError(f"{what} must be positive, got {text!r}")
     return seconds
+
+
+def seconds_arg(text: str) -> float:
+    """``argparse`` type of an option in seconds (``--build-timeout``): ``90``, ``90s``, ``2m``.
+
+    Raises:
+        argparse.ArgumentTypeError: not a positive duration (argparse names the option).
+    """
+    try:
+        return parse_duration(text, what="the value")
+    except UserInputError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
 
 
 def _str(v: Any) -> str:
@@ -74,10 +93,12 @@ def _int(v: Any) -> int:
     return v
 
 
-def _pos_float(v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
-        raise ValueError("must be a positive number")
-    return float(v)
+def _seconds(v: Any) -> float:
+    # A number of seconds, or a duration string as on the command line ("90s", "2m").
+    try:
+        return parse_duration(v, what="the value")
+    except UserInputError as err:
+        raise ValueError("must be a positive number of seconds or a duration such as 90s or 2m") from err
 
 
 def _duration(v: Any) -> str:
@@ -141,7 +162,7 @@ OPTIONS: dict[str, Callable[[Any], Any]] = {
     "time_budget": _duration,
     "trials": _pos_int,
     "trials_per_batch": _pos_int,
-    "build_timeout": _pos_float,
+    "build_timeout": _seconds,
     "timing": _choice("warm", "cold"),
     "seed": _int,
     "strategy": _strategy,

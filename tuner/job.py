@@ -118,6 +118,9 @@ class TuneConfig:
     #: What builds and times the candidates (``tuner.measure.base.create``): ``ray``, a Ray
     #: cluster (connected before the job runs); ``inline``, this process, without Ray.
     measurer: str = "ray"
+    #: The model options the job was started with (:meth:`tuner.app.model.ModelOptions.stored`),
+    #: kept in its configuration so that ``compile --job`` and ``bench --job`` load the same model.
+    model_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.trials is None and self.time_budget_s is None:

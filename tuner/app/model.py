@@ -83,6 +83,19 @@ class ModelOptions:
         given = {f.name: getattr(args, f.name) for f in fields(cls) if getattr(args, f.name, None) is not None}
         return cls(**given)
 
+    def stored(self) -> dict[str, Any]:
+        """The options as a tuning job keeps them in its configuration, for ``compile --job`` and
+        ``bench --job`` to load the same model: plain JSON values, a model file's path made
+        absolute (the job may be compiled from another folder)."""
+        from pathlib import Path
+
+        values: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        values["precision"] = str(self.precision)
+        with contextlib.suppress(OSError):
+            if Path(self.model).is_file():
+                values["model"] = str(Path(self.model).resolve())
+        return values
+
 
 @dataclass(kw_only=True)
 class Quantization:

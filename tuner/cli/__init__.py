@@ -17,13 +17,13 @@ from rich.logging import RichHandler
 from rich.markup import escape
 
 from tuner.cli.bench import cmd_bench
-from tuner.cli.common import _add_db_arg, _add_model_args, _one_line, console, out
+from tuner.cli.common import _add_db_arg, _add_model_args, _one_line, console, out, with_examples
 from tuner.cli.compile import cmd_compile
 from tuner.cli.db import add_db_commands
 from tuner.cli.model import add_model_commands
 from tuner.cli.report import add_report_commands
 from tuner.cli.tasks import cmd_tasks
-from tuner.cli.tune import _add_tune_args, cmd_tune
+from tuner.cli.tune import TUNE_DESCRIPTION, TUNE_EXAMPLES, _add_tune_args, cmd_tune
 from tuner.errors import NightshiftError
 
 __all__ = ["build_parser", "build_tune_parser", "console", "main", "out", "tune_main"]
@@ -34,26 +34,56 @@ logger = logging.getLogger("tuner")
 def _parser(prog: str) -> argparse.ArgumentParser:
     from tuner.peers import PEERS
 
-    parser = argparse.ArgumentParser(prog=prog, description="Nightshift: tune models with TVM on Ray.")
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Nightshift: tune models with TVM on Ray.",
+        **with_examples("nightshift tune --model resnet50 --time-budget 8h --job nightly",
+                        "nightshift jobs",
+                        "nightshift compile --job nightly -o resnet50.so"),
+    )  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("tune", help="run a tuning job")
+    p = sub.add_parser("tune", help="run a tuning job", description=TUNE_DESCRIPTION, **TUNE_EXAMPLES)
     _add_tune_args(p)
     p.set_defaults(func=cmd_tune)
-    p = sub.add_parser("tasks", help="list a model's fused-operator tasks")
+    p = sub.add_parser(
+        "tasks", help="list a model's fused-operator tasks",
+        description="List the fused operators (tasks) TVM extracts from a model for a device: each one's "
+                    "layout, how often the model calls it (weight), its MFLOP and workload key.",
+        **with_examples("nightshift tasks --model resnet50",
+                        "nightshift tasks --model model.onnx --precision int8 --layout NCHWc"),
+    )  # fmt: skip
     _add_model_args(p)
     p.set_defaults(func=cmd_tasks)
-    p = sub.add_parser("compile", help="compile a model with the database's best schedules")
-    _add_model_args(p)
+    p = sub.add_parser(
+        "compile", help="compile a model with the database's best schedules",
+        description="Compile a model with the database's best schedules into a library that nightshift "
+                    "run (or TVM's runtime) loads, and check its output against the untuned build. "
+                    "--job NAME takes the model, device and model options of a tuned job.",
+        **with_examples("nightshift compile --job nightly -o resnet50.so",
+                        "nightshift compile --model resnet50 --db nightshift.db -o resnet50.so",
+                        "nightshift compile --model bert-base --precision bf16 -o bert.so --no-verify"),
+    )  # fmt: skip
+    _add_model_args(p, required=False, from_job=True)
     _add_db_arg(p)
     p.add_argument("-o", "--output", type=Path, required=True, help="output library (.so)")
     p.add_argument("--policy", choices=("same-arch", "device"), default="same-arch",
                    help="same-arch (default): records of another device of the same architecture may stand in")
-    p.add_argument("--verify", choices=("auto", "on", "off"), default="auto",
-                   help="check the output against the untuned build (auto, default: when that build is cheap)")
+    p.add_argument("--no-verify", dest="verify", action="store_const", const="off",
+                   help="skip checking the output against the untuned build (default: checked when that "
+                        "build is cheap)")  # fmt: skip
+    # The spelling before --no-verify (as tune's); "on" forces the check on a large model.
+    p.add_argument("--verify", choices=("auto", "on", "off"), default="auto", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_compile)
-    p = sub.add_parser("bench", help="time the tuned and fallback builds against ONNX Runtime, OpenVINO "
-                                     "(INFERENCE_PRECISION_HINT f32 for fp32) and PyTorch")
-    _add_model_args(p)
+    p = sub.add_parser(
+        "bench", help="time the tuned and fallback builds against ONNX Runtime, OpenVINO "
+                      "(INFERENCE_PRECISION_HINT f32 for fp32) and PyTorch",
+        description="Time the database's tuned build and the fallback build (no tuning) against the "
+                    "installed peers, in interleaved rounds, and compare their outputs. --job NAME "
+                    "takes the model, device and model options of a tuned job.",
+        **with_examples("nightshift bench --job nightly",
+                        "nightshift bench --model resnet50 --rounds 20 --json bench.json",
+                        "nightshift bench --model resnet50 --peers onnxruntime torch"),
+    )  # fmt: skip
+    _add_model_args(p, required=False, from_job=True)
     _add_db_arg(p)
     p.add_argument("--json", type=Path, default=None, help="also write the results as JSON to this file")
     p.add_argument("--rounds", type=int, default=10, help="interleaved timed rounds (default 10)")
@@ -101,7 +131,7 @@ def build_parser(prog: str = "nightshift") -> argparse.ArgumentParser:
 
 def build_tune_parser() -> argparse.ArgumentParser:
     """The ``tune`` command line's parser."""
-    parser = argparse.ArgumentParser(prog="tune", description="Run a Nightshift tuning job.")
+    parser = argparse.ArgumentParser(prog="tune", description=TUNE_DESCRIPTION, **TUNE_EXAMPLES)
     _add_tune_args(parser)
     return parser
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -35,21 +36,51 @@ console = Console(stderr=True)
 out = Console()
 
 
-def _add_model_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+class ExamplesFormatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's help, with the epilog's example command lines kept as written (one per
+    line, as RawDescriptionHelpFormatter keeps them) and the description wrapped to the
+    terminal as usual."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith(EXAMPLES_HEADING):
+            return super()._fill_text(text, width, indent)
+        return argparse.HelpFormatter._fill_text(self, text, width, indent)
+
+
+EXAMPLES_HEADING = "examples:"
+
+
+def with_examples(*lines: str) -> dict[str, Any]:
+    """``add_parser``/``ArgumentParser`` keywords that end a command's ``--help`` with example
+    command lines (``ExamplesFormatter`` keeps them one per line)."""
+    return {"epilog": "\n".join([EXAMPLES_HEADING, *(f"  {line}" for line in lines)]),
+            "formatter_class": ExamplesFormatter}  # fmt: skip
+
+
+def _add_model_args(p: argparse.ArgumentParser, *, required: bool = True, from_job: bool = False) -> None:
+    """The model and device options; with ``from_job``, ``--job NAME`` too, which fills the
+    ones not given from that tuned job (compile, bench)."""
     p.add_argument("--model", required=required,
                    help="zoo name (resnet50, ...), path to a .onnx file, torchvision:NAME, timm:NAME, hf:NAME "
-                        "(random weights, nothing downloaded), or package.module:factory")
+                        "(random weights, nothing downloaded), or package.module:factory"
+                        + ("; or --job" if from_job else ""))
+    if from_job:
+        p.add_argument("--job", default=None, metavar="NAME_OR_ID",
+                       help="a tuned job in the database (tune --job, nightshift jobs): its model, device and "
+                            "model options, where not given here")
+        p.set_defaults(model_from_job=True)
     p.add_argument("--device", default=None, help="cpu or cuda:N (default: cpu)")
     p.add_argument("--target-arch", default=None,
                    help="CUDA sm_XX to cross-build for without a GPU, or an LLVM mcpu for cpu")
     p.add_argument("--num-cores", type=int, default=None, help="CPU threads to tune for")
-    p.add_argument("--batch-size", type=int, default=1, help="model batch size (default 1)")
+    # None unless given: --job and tune's config file fill them (ModelOptions has the defaults).
+    p.add_argument("--batch-size", type=int, default=None, help="model batch size (default 1)")
     p.add_argument("--seq-len", type=int, default=None,
                    help="tokens per sequence of a text model (hf:NAME, bert-base; default 128)")
     p.add_argument("--image-size", type=int, default=None,
                    help="height and width of an image model's input (default: the model's own, e.g. 224, "
                         "299 for torchvision:inception_v3)")
-    p.add_argument("--dtype", default="float32", help="zoo models' dtype (default float32)")
+    p.add_argument("--dtype", default=None, help="zoo models' dtype (default float32)")
     p.add_argument("--layout", default=None, choices=("auto", "NCHW", "NHWC", "NCHWc", "NCHWc:w4", "NCHWc:w2"),
                    help="convs' data layout; auto (default): on x86 with AVX2/AVX-512, tune each conv in NCHWc "
                         "(blocked by the vector width), NCHWc with its 3x3 stride-1 convs by Winograd F(4, 3) or "
@@ -83,10 +114,48 @@ def _load(args: argparse.Namespace) -> LoadedModel:
     quantization it needed is said in one line."""
     if getattr(args, "accuracy_inputs", 1) < 1:
         raise UserInputError(f"--accuracy-inputs must be a positive count, got {args.accuracy_inputs}")
+    if getattr(args, "model_from_job", False):
+        fill_from_job(args)
     loaded = load(ModelOptions.from_namespace(args), status=console.status)
     if loaded.quantization is not None and loaded.fp32_spec is not None:
         console.print(loaded.quantization.describe(loaded.fp32_spec.name))
     return loaded
+
+
+def fill_from_job(args: argparse.Namespace) -> None:
+    """Fill the model options the command line leaves out from ``--job``'s tuned job: the
+    model and device it ran on, and the options ``tune`` stored with it (batch size,
+    precision, layout, ...; jobs from before those were stored give their model's name).
+
+    Raises:
+        UserInputError: neither ``--model`` nor ``--job``, or no such job in the database.
+    """
+    if not getattr(args, "job", None):
+        if not getattr(args, "model", None):
+            raise UserInputError("no model: pass --model NAME|FILE.onnx|package.module:factory, or --job NAME for "
+                                 "the model of a tuned job (nightshift jobs lists them)")  # fmt: skip
+        return
+    from tuner.report import find_job
+
+    db = _open_db(args.db)
+    try:
+        job = find_job(db, args.job)
+    finally:
+        db.close()
+    stored = job.config.get("model_options")
+    values: dict[str, Any] = {"model": job.model, "device": job.device}
+    if isinstance(stored, dict):
+        values |= {k: v for k, v in stored.items() if v is not None}
+    else:
+        logger.info("job %s stores no model options (tuned before they were kept): its model %s on %s",
+                    job.label, job.model, job.device)  # fmt: skip
+    filled = []
+    for key, value in values.items():
+        if hasattr(args, key) and getattr(args, key) is None:
+            setattr(args, key, value)
+            filled.append(f"--{key.replace('_', '-')} {value}")
+    if filled:
+        console.print(f"job {job.label}: {' '.join(filled)}", highlight=False, soft_wrap=True)
 
 
 def _plan(loaded: LoadedModel, db=None):

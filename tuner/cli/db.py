@@ -12,7 +12,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from tuner.cli.common import console, db_text, open_existing, out
+from tuner.cli.common import console, db_text, open_existing, out, with_examples
+from tuner.cli.report import cmd_jobs
 from tuner.errors import UserInputError
 
 
@@ -20,11 +21,14 @@ def add_db_commands(
     sub: argparse._SubParsersAction, add_db_arg: Callable[[argparse.ArgumentParser], None]
 ) -> None:
     """Add the ``db`` command group to the ``nightshift`` subparsers."""
-    db = sub.add_parser("db", help="manage the tuning database")
+    db = sub.add_parser("db", help="manage the tuning database",
+                        **with_examples("nightshift db stats", "nightshift db init --db nightshift.db",
+                                        "nightshift db prune --older-than 30d --dry-run"))  # fmt: skip
     cmds = db.add_subparsers(dest="db_command", required=True)
 
-    def command(name: str, help_: str, func: Callable[[argparse.Namespace], int], device: bool = False):
-        p = cmds.add_parser(name, help=help_)
+    def command(name: str, help_: str, func: Callable[[argparse.Namespace], int], *examples: str,
+                device: bool = False) -> argparse.ArgumentParser:  # fmt: skip
+        p = cmds.add_parser(name, help=help_, **with_examples(*examples))
         add_db_arg(p)
         p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
         if device:
@@ -34,33 +38,43 @@ def add_db_commands(
         p.set_defaults(func=func)
         return p
 
-    command("init", "create the schema in an empty database", cmd_init)
-    command("upgrade", "migrate the database to this Nightshift's schema", cmd_upgrade)
-    command("stats", "what the database holds", cmd_stats)
-    command("jobs", "jobs and their state (a running job whose heartbeat stopped shows as dead)", cmd_jobs)
+    command("init", "create the schema in an empty database", cmd_init, "nightshift db init --db nightshift.db",
+            "nightshift db init --db postgresql+psycopg://tuner@dbhost/nightshift")
+    command("upgrade", "migrate the database to this Nightshift's schema", cmd_upgrade,
+            "nightshift db upgrade --db nightshift.db")
+    command("stats", "what the database holds", cmd_stats, "nightshift db stats", "nightshift db stats --db t.db")
+    # The same list as `nightshift jobs` (one implementation: tuner.cli.report.cmd_jobs).
+    command("jobs", "the same as nightshift jobs: jobs and their state (a running job whose heartbeat "
+            "stopped shows as dead)", cmd_jobs, "nightshift db jobs --db nightshift.db")
     p = command("coverage", "which operators of a model are tuned for a device, and how well", cmd_coverage,
-                device=True)
+                "nightshift db coverage --model resnet50", "nightshift db coverage --model bert-base --seq-len 64",
+                device=True)  # fmt: skip
     p.add_argument("--model", required=True,
                    help="zoo name, .onnx file, torchvision:NAME, timm:NAME, hf:NAME or package.module:factory")
     p.add_argument("--batch-size", type=int, default=1, help="model batch size (default 1)")
     p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence of a text model (as tune's)")
     p.add_argument("--image-size", type=int, default=None, help="an image model's input size (as tune's)")
     p.add_argument("--dtype", default="float32", help="zoo models' dtype (default float32)")
-    p = command("best", "best schedule of each workload for a device", cmd_best, device=True)
+    p = command("best", "best schedule of each workload for a device", cmd_best, "nightshift db best",
+                "nightshift db best --workload KEY --top-k 3", device=True)
     p.add_argument("--workload", default=None, help="one workload key: list its top records")
     p.add_argument("--top-k", type=int, default=5, help="records listed with --workload (default 5)")
-    p = command("export", "write a device's records as a MetaSchedule JSON database", cmd_export, device=True)
+    p = command("export", "write a device's records as a MetaSchedule JSON database", cmd_export,
+                "nightshift db export -o records/ --top-k 5", device=True)
     p.add_argument("-o", "--output", type=Path, required=True, help="folder for the two JSON files")
     p.add_argument("--top-k", type=int, default=None, help="only the k best records of each workload")
-    p = command("import", "read a MetaSchedule JSON database as records of a device", cmd_import, device=True)
+    p = command("import", "read a MetaSchedule JSON database as records of a device", cmd_import,
+                "nightshift db import records/ --source-tvm-version 0.27.0", device=True)
     p.add_argument("folder", type=Path, help="folder with database_workload.json and database_tuning_record.json")
     p.add_argument("--source-tvm-version", default=None, help="TVM version that wrote the files, if known")
     p = command("prune", "delete old records, or all but the best of each workload, device and TVM version",
-                cmd_prune)
+                cmd_prune, "nightshift db prune --older-than 30d --dry-run", "nightshift db prune --keep-top 16 --yes",
+                "nightshift db prune --tvm-version 0.21.0 --device cpu")  # fmt: skip
     p.add_argument("--keep-top", type=int, default=None,
                    help="successful records kept per workload, device, TVM version and origin")
     p.add_argument("--tvm-version", default=None, help="only records written by this TVM version")
-    p.add_argument("--older-than", type=float, default=None, metavar="DAYS", help="only records older than DAYS")
+    p.add_argument("--older-than", default=None, metavar="AGE",
+                   help="only records older than AGE: 30d, 7d, 12h; a plain number is days")
     p.add_argument("--keep-failed", action="store_true", help="keep failed records (they stop re-measuring)")
     p.add_argument("--device", default=None, help="only this device's records (cpu or cuda:N)")
     p.add_argument("--dry-run", action="store_true", help="count, delete nothing")
@@ -135,16 +149,23 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     """Print counts of workloads, records, jobs and devices."""
-
-
-    st = _open(args).stats()
-    out.print(f"{st['url']} (schema {st['schema']}): {st['workloads']} workloads, {st['records']} records "
-              f"({st['failed_records']} failed), {st['cost_models']} cost models")
+    db = _open(args)
+    try:
+        st = db.stats()
+    finally:
+        db.close()
+    # The URL on a line of its own: a long path would otherwise push the counts into a wrap.
+    out.print(f"{st['url']} (schema {st['schema']})", highlight=False, soft_wrap=True)
+    out.print(f"{st['workloads']} workloads, {st['records']} records ({st['failed_records']} failed), "
+              f"{st['cost_models']} cost models")  # fmt: skip
     out.print("jobs: " + (", ".join(f"{n} {state}" for state, n in sorted(st["jobs"].items())) or "none"))
     out.print("records by TVM version: " + (", ".join(f"{v}: {n}" for v, n in st["tvm_versions"].items()) or "none"))
     table = Table(title="devices")
-    for col in ("fingerprint", "kind", "arch", "records", "successful"):
-        table.add_column(col, justify="right" if col in ("records", "successful") else "left")
+    table.add_column("fingerprint", no_wrap=True)
+    table.add_column("kind", no_wrap=True)
+    table.add_column("arch", no_wrap=True, overflow="ellipsis", max_width=24)
+    table.add_column("records", justify="right", no_wrap=True)
+    table.add_column("successful", justify="right", no_wrap=True)
     for d in st["devices"]:
         table.add_row(d["fingerprint"], d["kind"], d["arch"], str(d["records"]), str(d["ok"]))
     out.print(table)
@@ -248,22 +269,6 @@ def cmd_coverage(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_jobs(args: argparse.Namespace) -> int:
-    """List jobs; a running job whose heartbeat stopped shows as dead."""
-
-
-    table = Table(title="jobs")
-    for col in ("id", "name", "model", "state", "trials", "host", "heartbeat", "updated"):
-        table.add_column(col)
-    for job, state in _open(args).jobs():
-        shown = f"[red]{state}[/]" if state == "dead" else state
-        beat = job.heartbeat_at.strftime("%Y-%m-%d %H:%M:%S") if job.heartbeat_at else "-"
-        table.add_row(str(job.id), job.name or "-", job.model, shown, f"{job.trials_done}/{job.trials_total}",
-                      job.host or "-", beat, job.updated_at.strftime("%Y-%m-%d %H:%M:%S"))  # fmt: skip
-    out.print(table)
-    return 0
-
-
 def cmd_export(args: argparse.Namespace) -> int:
     """Export a device's records to MetaSchedule's JSON files."""
 
@@ -300,15 +305,16 @@ def cmd_prune(args: argparse.Namespace) -> int:
     import sys
     from datetime import timedelta
 
+    from tuner.config import parse_duration
 
-
-    if args.older_than is not None and not args.older_than > 0:
-        raise UserInputError(f"--older-than must be a positive number of days, got {args.older_than}")
+    # Durations read alike on every command (tune --time-budget 8h); a plain number stays days.
+    older_than = (None if args.older_than is None else
+                  timedelta(seconds=parse_duration(args.older_than, what="--older-than", plain="d")))  # fmt: skip
     db = _open(args)
     dev_id = _known_device_id(db, _device(args)) if args.device else None
     opts = {"keep_top": args.keep_top, "keep_failed": args.keep_failed, "device_id": dev_id,
             "tvm_version": args.tvm_version,
-            "older_than": timedelta(days=args.older_than) if args.older_than is not None else None}  # fmt: skip
+            "older_than": older_than}  # fmt: skip
     plan = db.prune(**opts, dry_run=True)
     if args.dry_run:
         out.print(f"would delete {plan.deleted} records and keep {plan.kept}")

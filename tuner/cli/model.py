@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from tuner.cli.common import out
+from tuner.cli.common import out, with_examples
 from tuner.errors import UserInputError
 
 
@@ -21,9 +21,11 @@ def add_model_commands(
     sub: argparse._SubParsersAction, add_db_arg: Callable[[argparse.ArgumentParser], None]
 ) -> None:
     """Add the ``model`` command group to the ``nightshift`` subparsers."""
-    model = sub.add_parser("model", help="cost-model quality")
+    model = sub.add_parser("model", help="cost-model quality", **with_examples("nightshift model eval"))
     cmds = model.add_subparsers(dest="model_command", required=True)
-    p = cmds.add_parser("eval", help="pairwise accuracy and top-k of each cost model on held-out records")
+    p = cmds.add_parser("eval", help="pairwise accuracy and top-k of each cost model on held-out records",
+                        **with_examples("nightshift model eval --db nightshift.db",
+                                        "nightshift model eval --models xgb random --holdout 0.3 --json eval.json"))
     add_db_arg(p)
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.add_argument("--device", default="cpu", help="cpu or cuda:N (default: cpu)")

@@ -15,7 +15,7 @@ from typing import Any
 
 from rich.table import Table
 
-from tuner.cli.common import _open_db, out
+from tuner.cli.common import _open_db, out, with_examples
 from tuner.errors import UserInputError
 
 
@@ -23,8 +23,16 @@ def add_report_commands(
     sub: argparse._SubParsersAction, add_db_arg: Callable[[argparse.ArgumentParser], None]
 ) -> None:
     """Add ``run``, ``report`` and ``jobs`` to the ``nightshift`` subparsers."""
-    p = sub.add_parser("run", help="run a tuned artifact (tune -o) on inputs from .npy files or random ones, and "
-                                   "time it, with TVM's runtime only")
+    p = sub.add_parser(
+        "run", help="run a tuned artifact (tune -o) on inputs from .npy files or random ones, and time it, with "
+                    "TVM's runtime only",
+        description="Run an artifact that tune -o or nightshift compile -o wrote, with TVM's runtime "
+                    "only (no compiler, no database): on inputs from .npy/.npz files or random ones of "
+                    "its own shapes; print its outputs' summary and, with --rounds, time it.",
+        **with_examples("nightshift run resnet50.so --random-input --rounds 100",
+                        "nightshift run resnet50.so --input image.npy --output logits.npy",
+                        "nightshift run artifact/ --random-input --num-cores 4 --rounds 50"),
+    )  # fmt: skip
     p.add_argument("artifact", type=Path,
                    help="the .so that tune -o or nightshift compile -o wrote (with its .json), or the artifact folder")
     given = p.add_mutually_exclusive_group(required=True)
@@ -43,7 +51,13 @@ def add_report_commands(
     p.add_argument("--seed", type=int, default=0, help="seed of --random-input (default 0)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.set_defaults(func=cmd_run)
-    p = sub.add_parser("report", help="write a job's report: tuning curves, tasks, time, errors (one HTML file)")
+    p = sub.add_parser(
+        "report", help="write a job's report: tuning curves, tasks, time, errors (one HTML file)",
+        description="Write the morning report of a tuning job as one HTML file: its tuning curves, each "
+                    "task's best before and after, where the time went, and the errors.",
+        **with_examples("nightshift report --job nightly -o nightly.html",
+                        "nightshift report --job 12 -o r.html --artifact model.so --bench b.json"),
+    )  # fmt: skip
     add_db_arg(p)
     p.add_argument("--job", required=True, metavar="NAME_OR_ID", help="the job's name (tune --job) or id")
     p.add_argument("-o", "--output", type=Path, required=True, help="the HTML file to write")
@@ -53,7 +67,13 @@ def add_report_commands(
                    help="nightshift bench --json results to compare with (repeatable)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.set_defaults(func=cmd_report)
-    p = sub.add_parser("jobs", help="list the database's jobs and their state")
+    p = sub.add_parser(
+        "jobs", help="list the database's jobs and their state",
+        description="List the database's jobs, newest first: model, device, state (a running job "
+                    "whose heartbeat stopped shows as dead), trials, tuning time and budget, and the "
+                    "last heartbeat. nightshift db jobs is the same command.",
+        **with_examples("nightshift jobs", "nightshift jobs --db postgresql+psycopg://tuner@dbhost/nightshift"),
+    )  # fmt: skip
     add_db_arg(p)
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.set_defaults(func=cmd_jobs)
@@ -135,37 +155,88 @@ def _read_bench(path: Path) -> dict[str, Any]:
     return result
 
 
+def _span(sec: float) -> str:
+    """A duration in a few characters: ``45s``, ``12m``, ``1.5h``, ``8h``."""
+    if sec < 90:
+        return f"{sec:.0f}s"
+    if sec < 90 * 60:
+        return f"{sec / 60:.0f}m"
+    hours = sec / 3600
+    return f"{hours:.0f}h" if hours >= 10 or hours.is_integer() else f"{hours:.1f}h"
+
+
 def _ago(when: datetime | None, now: datetime) -> str:
     if when is None:
         return "–"
-    sec = (now - when).total_seconds()
-    if sec < 120:
-        return f"{sec:.0f} s ago"
-    if sec < 7200:
-        return f"{sec / 60:.0f} min ago"
-    return f"{sec / 3600:.1f} h ago"
+    return f"{_span(max((now - when).total_seconds(), 0.0))} ago"
+
+
+#: Below this many columns the jobs table leaves out the host (it still fits 80 columns).
+_HOST_FROM_WIDTH = 100
+
+
+def _fit(needs: tuple[int, int], room: int) -> tuple[int, int]:
+    """Widths of two columns that share ``room``: each its natural width where both fit, else
+    the shorter keeps its width up to half the room and the other takes what is left
+    (at least 6 each, where an ellipsis still says something)."""
+    a, b = needs
+    if a + b <= room:
+        return a, b
+    half = room // 2
+    if a <= half:
+        return a, max(room - a, 6)
+    if b <= half:
+        return max(room - b, 6), b
+    return max(half, 6), max(room - half, 6)
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    """List the jobs, newest first; a running job without a heartbeat for 5 minutes shows as dead."""
+    """List the jobs, newest first; a running job without a heartbeat for 5 minutes shows as dead.
+
+    ``nightshift jobs`` and ``nightshift db jobs`` both run this: one table, which fits the
+    terminal down to 80 columns (a long name or model is cut with an ellipsis, the host left
+    out below 100).
+    """
+    from rich import box
 
     from tuner.report import list_jobs
 
-    jobs = list_jobs(_open_db(args.db))
+    db = _open_db(args.db)
+    try:
+        jobs = list_jobs(db)
+    finally:
+        db.close()
     if not jobs:
         out.print("no jobs in the database")
         return 0
     now = datetime.now(UTC)
-    table = Table(title=f"{len(jobs)} jobs")
-    for col in ("id", "name", "model", "device", "state", "trials", "elapsed", "last heartbeat", "host"):
-        table.add_column(col, justify="right" if col in ("id", "trials", "elapsed") else "left")
+    wide = out.width >= _HOST_FROM_WIDTH
     colors = {"dead": "red", "failed": "red", "running": "cyan", "done": "green"}
+    rows = []
     for j in jobs:
         state = j.shown_state(now)
         trials = f"{j.trials_done}/{j.trials_total}" if j.trials_total else str(j.trials_done)
-        budget = f" of {j.time_budget_sec / 60:.0f} min" if j.time_budget_sec else ""
-        table.add_row(str(j.id), j.name or "–", j.model, f"{j.device} ({j.device_arch})",
-                      f"[{colors.get(state, 'white')}]{state}[/]", trials, f"{j.wall_sec / 60:.1f} min{budget}",
-                      _ago(j.last_alive, now), j.host or "–")  # fmt: skip
+        spent = _span(j.wall_sec) + (f"/{_span(j.time_budget_sec)}" if j.time_budget_sec else "")
+        rows.append([str(j.id), j.name or "–", j.model, f"{j.device} {j.device_arch}", state, trials, spent,
+                     _ago(j.last_alive, now), *([j.host or "–"] if wide else [])])  # fmt: skip
+    # "time": tuning time spent, then "/" the budget; "alive": the last heartbeat.
+    headers = ["id", "name", "model", "device", "state", "trials", "time", "alive", *(["host"] if wide else [])]
+    natural = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    natural[3] = min(natural[3], 16)  # a long CPU architecture: its start names it
+    if wide:
+        natural[8] = min(natural[8], 24)
+    # No vertical rules and one space between columns (2 per column in all, edges included):
+    # at 80 columns the rules would take the width the names need.
+    fixed = sum(natural) - natural[1] - natural[2] + 2 * len(headers)
+    name_w, model_w = _fit((natural[1], natural[2]), max(out.width - fixed, 12))
+    widths = [natural[0], name_w, model_w, *natural[3:]]
+    table = Table(title=f"{len(jobs)} jobs", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for header, width in zip(headers, widths, strict=True):
+        right = header in ("id", "trials", "time", "alive")
+        table.add_column(header, justify="right" if right else "left", no_wrap=True, overflow="ellipsis",
+                         width=width)  # fmt: skip
+    for r in rows:
+        r[4] = f"[{colors.get(r[4], 'white')}]{r[4]}[/]"
+        table.add_row(*r)
     out.print(table)
     return 0

@@ -20,11 +20,26 @@ from tuner.cli.common import (
     console,
     db_text,
     out,
+    with_examples,
 )
+from tuner.config import seconds_arg
 from tuner.db.url import redact_argv
 from tuner.errors import UserInputError
 
 logger = logging.getLogger(__name__)
+
+
+#: ``tune --help``'s text before the options, and its examples (``nightshift tune`` shows the same).
+TUNE_DESCRIPTION = (
+    "Run a tuning job, or resume it (the same --job name goes on where it stopped), then "
+    "compile the model with its best schedules and check it against the untuned build. "
+    "Every option can come from a --config TOML file (configs/ has some)."
+)
+TUNE_EXAMPLES = with_examples(
+    "tune --model resnet50 --time-budget 8h --job nightly",
+    "tune --model model.onnx --trials 200 -o model.so",
+    "tune --config configs/resnet50-cpu.toml --time-budget 2h",
+)
 
 
 def _add_tune_args(p: argparse.ArgumentParser) -> None:
@@ -36,12 +51,14 @@ def _add_tune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--job", default=None,
                    help="job name: running the same name again resumes it (default: MODEL-DEVICE)")
     p.add_argument("--time-budget", default=None,
-                   help="tuning time over all runs of the job: 90s, 45m, 2h, 8h (default: none)")
+                   help="tuning time over all runs of the job: 90s, 45m, 2h, 8h, 1d; a plain number is "
+                        "seconds (default: none)")  # fmt: skip
     p.add_argument("--trials", type=int, default=None,
                    help="measurements in all, a cap beside --time-budget (default 64 without a budget)")
     p.add_argument("--trials-per-batch", type=int, default=None,
                    help="candidates proposed, built and timed together (default 16)")
-    p.add_argument("--build-timeout", type=float, default=None, help="seconds per build (60)")
+    p.add_argument("--build-timeout", type=seconds_arg, default=None,
+                   help="time per build: 90s, 2m; a plain number is seconds (default 60)")
     p.add_argument("--timing", choices=["warm", "cold"], default=None,
                    help="time candidates on warm caches, or cold: inputs and weights flushed from the CPU "
                         "caches before each run, as inside a whole model (default: cold on a CPU, warm on a GPU)")

@@ -113,7 +113,7 @@ class Maintenance:
         if keep_top is not None and keep_top < 0:
             raise UserInputError(f"--keep-top must be 0 or more, got {keep_top}")
         if keep_top is None and tvm_version is None and older_than is None:
-            raise UserInputError("say what to prune: --keep-top N, --tvm-version V and/or --older-than DAYS")
+            raise UserInputError("say what to prune: --keep-top N, --tvm-version V and/or --older-than AGE")
         scope = []
         if device_id is not None:
             scope.append(RecordRow.device_id == device_id)
