@@ -23,7 +23,7 @@ from tuner.cli.db import add_db_commands
 from tuner.cli.model import add_model_commands
 from tuner.cli.report import add_report_commands
 from tuner.cli.tasks import cmd_tasks
-from tuner.cli.tune import TUNE_DESCRIPTION, TUNE_EXAMPLES, _add_tune_args, cmd_tune
+from tuner.cli.tune import TUNE_DESCRIPTION, _add_tune_args, cmd_tune, tune_examples
 from tuner.errors import NightshiftError
 
 __all__ = ["build_parser", "build_tune_parser", "console", "main", "out", "tune_main"]
@@ -41,7 +41,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                         "nightshift compile --job nightly -o resnet50.so"),
     )  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("tune", help="run a tuning job", description=TUNE_DESCRIPTION, **TUNE_EXAMPLES)
+    p = sub.add_parser("tune", help="run a tuning job", description=TUNE_DESCRIPTION, **tune_examples(f"{prog} tune"))
     _add_tune_args(p)
     p.set_defaults(func=cmd_tune)
     p = sub.add_parser(
@@ -71,7 +71,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                    help="skip checking the output against the untuned build (default: checked when that "
                         "build is cheap)")  # fmt: skip
     # The spelling before --no-verify (as tune's); "on" forces the check on a large model.
-    p.add_argument("--verify", choices=("auto", "on", "off"), default="auto", help=argparse.SUPPRESS)
+    p.add_argument("--verify", choices=("auto", "on", "off"), help=argparse.SUPPRESS)
+    p.set_defaults(verify="auto")  # for both: argparse would take the first option's default (None)
     p.set_defaults(func=cmd_compile)
     p = sub.add_parser(
         "bench", help="time the tuned and fallback builds against ONNX Runtime, OpenVINO "
@@ -131,7 +132,7 @@ def build_parser(prog: str = "nightshift") -> argparse.ArgumentParser:
 
 def build_tune_parser() -> argparse.ArgumentParser:
     """The ``tune`` command line's parser."""
-    parser = argparse.ArgumentParser(prog="tune", description=TUNE_DESCRIPTION, **TUNE_EXAMPLES)
+    parser = argparse.ArgumentParser(prog="tune", description=TUNE_DESCRIPTION, **tune_examples("tune"))
     _add_tune_args(parser)
     return parser
 

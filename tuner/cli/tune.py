@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from rich.table import Table
 
@@ -29,17 +30,19 @@ from tuner.errors import UserInputError
 logger = logging.getLogger(__name__)
 
 
-#: ``tune --help``'s text before the options, and its examples (``nightshift tune`` shows the same).
+#: ``tune --help``'s text before the options (``nightshift tune`` shows the same).
 TUNE_DESCRIPTION = (
     "Run a tuning job, or resume it (the same --job name goes on where it stopped), then "
     "compile the model with its best schedules and check it against the untuned build. "
     "Every option can come from a --config TOML file (configs/ has some)."
 )
-TUNE_EXAMPLES = with_examples(
-    "tune --model resnet50 --time-budget 8h --job nightly",
-    "tune --model model.onnx --trials 200 -o model.so",
-    "tune --config configs/resnet50-cpu.toml --time-budget 2h",
-)
+
+
+def tune_examples(prog: str) -> dict[str, Any]:
+    """The examples of ``tune --help`` or ``nightshift tune --help`` (``prog``)."""
+    return with_examples(f"{prog} --model resnet50 --time-budget 8h --job nightly",
+                         f"{prog} --model model.onnx --trials 200 -o model.so",
+                         f"{prog} --config configs/resnet50-cpu.toml --time-budget 2h")  # fmt: skip
 
 
 def _add_tune_args(p: argparse.ArgumentParser) -> None:
