@@ -88,9 +88,10 @@ def test_whole_loop_on_tiny(tmp_path):
         assert ok >= 4
         assert conn.execute("SELECT state, trials_done FROM jobs").fetchall() == [("done", 8)]
         assert conn.execute("SELECT count(*) FROM cost_models").fetchone()[0] == 1
-    # The compiler reads the same database without tuning again.
-    proc = run("nightshift", "compile", "--model", "tiny", "--db", "t.db", "-o", "again.so", cwd=tmp_path)
+    # The compiler reads the same database without tuning again; --job takes the job's model.
+    proc = run("nightshift", "compile", "--job", "tiny-cpu", "--db", "t.db", "-o", "again.so", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
+    assert "job tiny-cpu: --model tiny --device cpu" in proc.stderr
     assert "operators tuned" in proc.stdout and not proc.stdout.startswith("0 operators tuned")
 
 
@@ -174,3 +175,80 @@ def test_hints_keep_their_brackets(capsys):
 
     assert _run(fails, argparse.Namespace(verbose=False)) == 2
     assert "pip install -e '.[onnx]' in Nightshift's checkout" in capsys.readouterr().err
+
+
+def _parsers():
+    """``(prog, parser)`` of ``tune`` and of every ``nightshift`` command, group and subcommand."""
+    import argparse
+
+    from tuner.cli import build_parser, build_tune_parser
+
+    def walk(prog, parser):
+        yield prog, parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield from walk(f"{prog} {name}", sub)
+
+    return [("tune", build_tune_parser()), *walk("nightshift", build_parser())]
+
+
+def test_every_help_ends_with_examples_that_parse():
+    """Each --help has 1-3 example command lines, every one of which the parser accepts (so the
+    options they use exist), under 80 columns; the commands users start with have a description."""
+    import shlex
+
+    from tuner.cli import build_parser, build_tune_parser
+
+    parsers = dict(_parsers())
+    for prog, parser in parsers.items():
+        help_text = parser.format_help()
+        assert "\nexamples:\n" in help_text, prog
+        lines = parser.epilog.splitlines()[1:]
+        assert 1 <= len(lines) <= 3 and all(len(line) <= 80 for line in lines), (prog, lines)
+        for line in lines:
+            argv = shlex.split(line)
+            assert " ".join(argv[:len(prog.split())]) == prog, (prog, line)  # an example of this command
+            build = build_tune_parser if argv[0] == "tune" else build_parser
+            build().parse_args(argv[1:])  # SystemExit (an unknown option) fails the test
+    for prog in ("tasks", "compile", "bench", "run", "jobs", "report"):
+        assert parsers[f"nightshift {prog}"].description, prog
+
+
+def test_one_spelling_per_option():
+    """compile skips its check with tune's --no-verify (--verify MODE still parses, unlisted);
+    prune's --older-than takes a duration as tune's --time-budget does; durations everywhere."""
+    from tuner.cli import build_parser, build_tune_parser
+
+    parser = build_parser()
+    compile_ = ["compile", "--model", "tiny", "-o", "t.so"]
+    assert parser.parse_args(compile_).verify == "auto"
+    assert parser.parse_args([*compile_, "--no-verify"]).verify == "off"
+    assert parser.parse_args([*compile_, "--verify", "on"]).verify == "on"
+    assert "--verify {" not in parser._subparsers._group_actions[0].choices["compile"].format_help()
+    assert build_tune_parser().parse_args(["--no-verify"]).no_verify is True
+    assert build_tune_parser().parse_args(["--build-timeout", "2m"]).build_timeout == 120.0
+    assert parser.parse_args(["db", "prune", "--older-than", "30d"]).older_than == "30d"
+
+
+def test_read_only_commands_import_neither_tvm_nor_torch(tmp_path):
+    """nightshift jobs and db stats answer in well under a second: they import no TVM and no
+    torch (seconds each). The check counts modules, not seconds, so a busy machine cannot fail it."""
+    code = (
+        "import sys\n"
+        "from tuner import cli\n"
+        f"db = {str(tmp_path / 't.db')!r}\n"
+        "assert cli.main(['jobs', '--db', db]) == 0\n"
+        "assert cli.main(['db', 'jobs', '--db', db]) == 0\n"
+        "assert cli.main(['db', 'stats', '--db', db]) == 0\n"
+        "heavy = sorted(m for m in ('tvm', 'torch', 'numpy', 'alembic') if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    # Creating the schema loads alembic: in a process of its own.
+    assert run("nightshift", "db", "init", "--db", "t.db", cwd=tmp_path).returncode == 0
+    env = os.environ | {"COLUMNS": "80"}
+    env.pop("NIGHTSHIFT_DB", None)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("no jobs in the database") == 2 and "0 workloads, 0 records" in proc.stdout

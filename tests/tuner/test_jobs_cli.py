@@ -15,8 +15,8 @@ def _rows(stdout: str) -> dict[str, str]:
     """Table lines by job id (the first cell)."""
     out = {}
     for line in stdout.splitlines():
-        cells = [c.strip() for c in line.strip("│ ").split("│")]
-        if cells and cells[0].isdigit():
+        cells = line.split()  # the table has no vertical rules: cells are apart by spaces
+        if len(cells) > 2 and cells[0].isdigit() and cells[1] != "jobs":
             out[cells[0]] = line
     return out
 
@@ -67,9 +67,9 @@ def test_states_names_and_dead_jobs_on_both_backends(db_url, tmp_path):
     rows = _rows(proc.stdout)
     assert len(rows) == 4
     dead = rows[str(jobs[("killed", "running")])]
-    assert "dead" in dead and "killed" in dead and "7/64" in dead and "30 min ago" in dead
+    assert "dead" in dead and "killed" in dead and "7/64" in dead and "30m ago" in dead
     alive = rows[str(jobs[("nightly", "running")])]
-    assert "running" in alive and "10/64" in alive and "10.0 min" in alive
+    assert "running" in alive and "10/64" in alive and " 10m " in alive
     assert "failed" in rows[str(jobs[(None, "failed")])]
     # The report finds jobs by name on this backend too (a job without records: charts say so).
     proc = run("nightshift", "report", "--db", db_url, "--job", "killed", "-o", "r.html", cwd=tmp_path)

@@ -4,6 +4,7 @@ them into the objects the use cases take."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -149,11 +150,16 @@ def fill_from_job(args: argparse.Namespace) -> None:
     else:
         logger.info("job %s stores no model options (tuned before they were kept): its model %s on %s",
                     job.label, job.model, job.device)  # fmt: skip
+    from tuner.config import DEFAULTS
+
+    # Said back as options, those at their defaults (ModelOptions', tune's) left out of the line.
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelOptions)} | DEFAULTS
     filled = []
     for key, value in values.items():
         if hasattr(args, key) and getattr(args, key) is None:
             setattr(args, key, value)
-            filled.append(f"--{key.replace('_', '-')} {value}")
+            if key in ("model", "device") or value != defaults.get(key):
+                filled.append(f"--{key.replace('_', '-')} {value}")
     if filled:
         console.print(f"job {job.label}: {' '.join(filled)}", highlight=False, soft_wrap=True)
 

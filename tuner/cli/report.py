@@ -230,7 +230,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     fixed = sum(natural) - natural[1] - natural[2] + 2 * len(headers)
     name_w, model_w = _fit((natural[1], natural[2]), max(out.width - fixed, 12))
     widths = [natural[0], name_w, model_w, *natural[3:]]
-    table = Table(title=f"{len(jobs)} jobs", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    title = f"{len(jobs)} job" + ("s" if len(jobs) != 1 else "")
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     for header, width in zip(headers, widths, strict=True):
         right = header in ("id", "trials", "time", "alive")
         table.add_column(header, justify="right" if right else "left", no_wrap=True, overflow="ellipsis",
