@@ -49,6 +49,12 @@ def test_bad_database_arguments_exit_2_with_one_line(tmp_path, capsys, monkeypat
         assert says in err and PW not in err and err.count("error:") == 1
     # Only `db init` (and tune) create a database.
     assert cli.main(["db", "init", "--db", str(typo)]) == 0 and typo.exists()
+    # --older-than takes a duration as tune's --time-budget does; a plain number is still days.
+    for age in ("30d", "12h", "7"):
+        assert cli.main(["db", "prune", "--db", str(typo), "--older-than", age, "--dry-run"]) == 0
+        assert "would delete 0 records" in capsys.readouterr().out
+    assert cli.main(["db", "prune", "--db", str(typo), "--older-than", "soon"]) == 2
+    assert "--older-than must be a duration such as 30d, 7d or 12h (a plain number: days)" in _one_line_error(capsys)
 
 
 def test_config_values_are_typed_and_the_command_line_wins(tmp_path, capsys):

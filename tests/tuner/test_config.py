@@ -24,6 +24,12 @@ def test_durations(text, seconds):
     assert parse_duration(text) == seconds
 
 
+@pytest.mark.parametrize(("text", "seconds"), [("30d", 30 * 86400), ("12h", 43200), ("7", 7 * 86400), (1.5, 129600)])
+def test_durations_whose_plain_number_is_days(text, seconds):
+    """db prune --older-than: the same syntax as --time-budget, a plain number in days as before."""
+    assert parse_duration(text, what="--older-than", plain="d") == seconds
+
+
 @pytest.mark.parametrize("text", ["", "abc", "5x", "-5m", "0s", "h", "5m3", True])
 def test_bad_durations(text):
     with pytest.raises(UserInputError, match="--time-budget"):
