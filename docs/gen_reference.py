@@ -193,6 +193,9 @@ def _walk(prog: str, help_: str, parser: argparse.ArgumentParser, level: int, fa
         lines += [cell(help_[0].upper() + help_[1:]) + ("" if help_.endswith(".") else "."), ""]
     if parser.description and parser.description != help_:
         lines += [rst_to_md(parser.description), ""]
+    examples = (parser.epilog or "").splitlines()
+    if examples and examples[0].rstrip(":") == "examples":  # tuner.cli.common.with_examples
+        lines += ["```bash", *(e.strip() for e in examples[1:]), "```", ""]
     subs = _subcommands(parser)
     options = tuple(_option_set(parser))
     if options in same_as and not subs:
