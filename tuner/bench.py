@@ -27,7 +27,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from tuner.app.run import TIMING_METHOD, LatencyStats, time_runs
+from tuner.app.run import TIMING_METHOD, WARMUP_S, LatencyStats, time_runs
 from tuner.device import Device
 from tuner.errors import UserInputError, install_hint
 from tuner.frontends import ModelSpec
@@ -56,7 +56,8 @@ class BenchConfig:
 
     Attributes:
         rounds: timed runs of every entry, one per round.
-        warmup_per_round: untimed runs before each timed one.
+        warmup_per_round: untimed runs before each timed one (at least; more until
+            ``warmup_s`` seconds have passed, as every timing does: :func:`tuner.app.run.time_runs`).
         settle_s: idle seconds before each entry's warm-up. ONNX Runtime's threads stay busy
             after a run: on a 2-core Zen 4 (2026-11-27), OpenVINO's int8 ResNet-50 right after
             it took a median 19.95 ms (12.0-32.3) against 14.40 with a 0.1 s pause, which a
@@ -80,6 +81,7 @@ class BenchConfig:
 
     rounds: int = 10
     warmup_per_round: int = 1
+    warmup_s: float = WARMUP_S
     settle_s: float = 0.1
     peers: tuple[str | Peer, ...] = DEFAULT_PEERS
     fallback: bool = True
@@ -233,6 +235,7 @@ class BenchResult:
             "threads": self.threads,
             "rounds": self.config.rounds,
             "warmup_per_round": self.config.warmup_per_round,
+            "warmup_s": self.config.warmup_s,
             "settle_s": self.config.settle_s,
             "timing": f"median of {self.config.rounds} interleaved rounds, one timed run each; {TIMING_METHOD}",
             "tolerance": {"f32": self.config.tolerance, "low_precision": self.config.low_precision_tolerance},
@@ -287,12 +290,13 @@ def scaled_max_error(reference: Sequence[np.ndarray], outputs: Sequence[np.ndarr
 
 def interleave(
     runners: dict[str, Runner], inputs: list[np.ndarray], *, rounds: int, warmup: int = 1, settle_s: float = 0.0,
-    before_round: Callable[[int], None] | None = None,
+    before_round: Callable[[int], None] | None = None, warmup_s: float = 0.0,
 ) -> tuple[dict[str, list[float]], list[list[str]]]:
     """Time every runner once per round, rotating which one starts each round; ``settle_s``
     seconds of sleep before each runner's warm-up let the previous runtime's threads go idle.
-    ``before_round(r)``, when given, runs before round ``r`` (a benchmark changing or reading
-    the machine's state between rounds).
+    Each timed run is :func:`tuner.app.run.time_runs`'s, after ``warmup`` untimed runs and more
+    until ``warmup_s`` seconds have passed. ``before_round(r)``, when given, runs before round
+    ``r`` (a benchmark changing or reading the machine's state between rounds).
 
     Returns:
         the latencies (seconds) of each runner in round order, and the keys in the order they
@@ -310,7 +314,7 @@ def interleave(
             runner = runners[key]
             time.sleep(settle_s)
             # One timed run a round, timed as every latency Nightshift prints.
-            samples[key] += time_runs(lambda runner=runner: runner.run(inputs), 1, warmup=warmup)
+            samples[key] += time_runs(lambda runner=runner: runner.run(inputs), 1, warmup=warmup, warmup_s=warmup_s)
         order.append(this_round)
         logger.debug("round %d/%d: %s", r + 1, rounds, {k: f"{samples[k][-1] * 1e3:.2f} ms" for k in this_round})
     return samples, order
@@ -462,7 +466,7 @@ def bench(
 
         stage(f"{config.rounds} interleaved rounds of {len(runners)} runtimes")
         samples, order = interleave(runners, inputs, rounds=config.rounds, warmup=config.warmup_per_round,
-                                    settle_s=config.settle_s)  # fmt: skip
+                                    settle_s=config.settle_s, warmup_s=config.warmup_s)  # fmt: skip
 
     for entry in entries:
         entry.samples_s = samples.get(entry.key, [])

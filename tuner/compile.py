@@ -289,7 +289,7 @@ def time_model(
     ``budget_s`` (at least one, at most 50), since an untuned model can take 25 s a run. Each
     is timed as every latency Nightshift prints (:func:`tuner.app.run.time_runs`).
     """
-    from tuner.app.run import time_runs
+    from tuner.app.run import WARMUP_S, time_runs
 
     device.use_threads()
     dev = device.tvm_device()
@@ -303,7 +303,8 @@ def time_model(
     out = call()
     first = time.perf_counter() - first
     repeat = int(min(max(budget_s / max(first, 1e-6), 1), 50))
-    return out, time_runs(call, repeat, warmup=0)
+    # The first call counts towards the warm-up (an untuned model's one run may take seconds).
+    return out, time_runs(call, repeat, warmup=0, warmup_s=max(WARMUP_S - first, 0.0))
 
 
 def _flatten(out) -> list[np.ndarray]:

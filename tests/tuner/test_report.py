@@ -52,8 +52,10 @@ def test_page_is_self_contained_and_has_every_section(report):
     assert "output verification passed against untuned TVM build" in html
     bench = json.loads((report.parent / "bench.json").read_text())
     tvm = next(e for e in bench["entries"] if e["key"] == "tvm")
-    assert (f"{tvm['per_round_ratio_to_fastest_peer']:.2f}x onnxruntime round by round, faster in "
+    assert (f"{tvm['per_round_ratio_to_fastest_peer']:.2f}x of onnxruntime round by round, faster in "
             f"{tvm['rounds_faster_than_fastest_peer']} of 2 rounds") in html
+    # The artifact's latency with its spread and method, as a multiple of each baseline (lower is better).
+    assert " ms; median of " in html and "x of fallback build (0 trials)" in html and "(lower is better)" in html
 
 
 def test_figures_are_the_databases(report):

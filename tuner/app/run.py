@@ -47,22 +47,29 @@ def random_inputs(metadata: Mapping[str, Any], seed: int = 0) -> list[np.ndarray
 
 #: What one timed run is, said beside every latency figure.
 TIMING_METHOD = "each run copies the inputs in and the outputs out"
+#: Seconds of untimed runs before the timed ones (at least the ``warmup`` count). One run was
+#: not enough after an idle pause: on the 2-core host (2026-12-02) the tiny model's run after
+#: a 0.1 s sleep and one warm-up took a median 0.22 ms, after ten 0.11 ms, back to back 0.18.
+WARMUP_S = 0.02
 
 
-def time_runs(call: Callable[[], object], runs: int, *, warmup: int = 1) -> list[float]:
-    """Seconds of each of ``runs`` timed calls of ``call``, after ``warmup`` untimed ones.
+def time_runs(call: Callable[[], object], runs: int, *, warmup: int = 1, warmup_s: float = WARMUP_S) -> list[float]:
+    """Seconds of each of ``runs`` timed calls of ``call``, after untimed ones: at least
+    ``warmup``, and more until ``warmup_s`` seconds have passed.
 
     The one timing method of Nightshift's outputs: ``call`` is a whole run of the model, host
     inputs in and host outputs out (a copy to numpy waits for the device), so a TVM build and a
     peer runtime, or ``run`` and ``bench`` on the same artifact, are timed alike.
     """
-    for _ in range(warmup):
+    start, done = time.perf_counter(), 0
+    while done < warmup or (warmup_s > 0 and time.perf_counter() - start < warmup_s):
         call()
+        done += 1
     samples = []
     for _ in range(runs):
-        start = time.perf_counter()
+        t0 = time.perf_counter()
         call()
-        samples.append(time.perf_counter() - start)
+        samples.append(time.perf_counter() - t0)
     return samples
 
 

@@ -197,13 +197,12 @@ def _warn_if_slower(checked) -> None:
 
 def _show_reduced(checked, spec, device) -> int:
     """:func:`tuner.app.verify.verify_reduced`'s result as a table; 1 if its output is not finite."""
-    from tuner.app.run import TIMING_METHOD
     from tuner.bench import ratio_text
 
     r = checked.reduced
     precision = r.precision
-    runs = "" if r.tuned_stats is None else f"median of {r.tuned_stats.runs} runs; "
-    table = Table(title=f"{spec.name} on {device.name}: latency in ms, {runs}{TIMING_METHOD}")
+    runs = "medians" if r.tuned_stats is None else f"median of {r.tuned_stats.runs} runs"
+    table = Table(title=f"{spec.name} on {device.name}: latency in ms, {runs}")
     for col in ("build", "median ms", "IQR ms", "max rel. error", "top-1 agreement"):
         table.add_column(col, justify="left" if col == "build" else "right")
     table.add_row(f"fp32 ({len(r.reference.tuned)} ops tuned)",
@@ -230,7 +229,6 @@ def _show_verified(checked, spec, device) -> int:
     """:func:`tuner.app.verify.verify`'s result as a table, the tuned build's latency as a
     multiple of the fallback build's and the fastest peer's (CPU; else of TVM's default
     build), and the artifact written; 1 if the output differs from the reference's or the peer's."""
-    from tuner.app.run import TIMING_METHOD
     from tuner.bench import ratio_text
 
     r = checked.verified
@@ -239,7 +237,8 @@ def _show_verified(checked, spec, device) -> int:
         timing = f"medians of {peers.rounds} interleaved rounds"
     else:
         timing = "medians" if r.tuned_stats is None else f"median of {r.tuned_stats.runs} runs"
-    table = Table(title=f"{spec.name} on {device.name}: latency in ms, {timing}; {TIMING_METHOD}")
+    # The method is said in full on the tuned build's line below: a long title wraps.
+    table = Table(title=f"{spec.name} on {device.name}: latency in ms, {timing}")
     for col in ("build", "median ms", "IQR ms"):
         table.add_column(col, justify="left" if col == "build" else "right")
     if peers is not None and peers.fallback is not None:
