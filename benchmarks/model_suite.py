@@ -43,6 +43,8 @@ from settle import settle
 
 console = Console(width=150)  # the table is read in log files too
 RESULTS = Path(__file__).parent / "results"
+# openvino-f32 sets INFERENCE_PRECISION_HINT=f32: OpenVINO's default is bf16 on CPUs with
+# AVX512_BF16 or AMX, and the suite compares fp32 builds.
 PEERS = ("onnxruntime", "openvino-f32", "torch")
 
 #: The suite: a short name and what ``--model`` is given. ``onnx-data:NAME`` is a graph of

@@ -63,7 +63,8 @@ class TuneResult:
         baseline: what ``baseline_latency_ms`` is, in words.
         untuned_latency_ms: TVM's default build (no schedules), timed apart, or None.
         peer, peer_latency_ms: the fastest peer runtime timed with the tuned build (CPU, where
-            ONNX Runtime or OpenVINO is installed) and its latency, or None.
+            ONNX Runtime or OpenVINO is installed; OpenVINO at f32 through its
+            INFERENCE_PRECISION_HINT) and its latency, or None.
         warning: the sentence saying the tuned build is slower than its baseline and why, or None.
         max_error: the tuned output's largest relative difference from ``reference`` (for
             bf16/int8: from fp32), or None.
