@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
 import shutil
@@ -35,13 +37,50 @@ def report(tmp_path_factory) -> Path:
     return job / "report.html"
 
 
+@pytest.fixture(scope="module")
+def compared(report) -> Path:
+    """A second job on a copy of the database (the first job's candidates timed 1.5x slower,
+    written through the database's own API: no tuning) and the report comparing the two."""
+    from sqlalchemy import select
+
+    from tuner.db import NewRecord, TuningDatabase
+    from tuner.db.schema import JobRow
+
+    folder = report.parent / "compare"
+    folder.mkdir(exist_ok=True)
+    shutil.copy(report.parent / "t.db", folder / "t.db")
+    shutil.copy(report.parent / "tiny.so", folder / "tiny.so")
+    shutil.copy(report.parent / "tiny.json", folder / "tiny.json")
+    db = TuningDatabase(str(folder / "t.db"))
+    with db.session(write=False) as s:
+        first = s.scalar(select(JobRow).where(JobRow.id == 1))
+        device_id, config = first.device_id, json.loads(first.config)
+    with sqlite3.connect(folder / "t.db") as conn:
+        rows = conn.execute("SELECT w.key, r.record_json, r.mean_sec, r.timing FROM records r JOIN workloads w "
+                            "ON w.id = r.workload_id WHERE r.job_id = 1 AND r.mean_sec IS NOT NULL").fetchall()
+    job_id = db.start_job("tiny", device_id, config | {"name": "slower"}, len(rows), name="slower")
+    db.add_records(device_id, job_id, [NewRecord(key, f'{{"kind":"copy","n":{n}}}', trace, [mean * 1.5],
+                                                 build_sec=0.1, run_wall_sec=0.01, timing=timing)
+                                       for n, (key, trace, mean, timing) in enumerate(rows)])  # fmt: skip
+    db.update_job(job_id, trials_done=len(rows), state="done")
+    db.close()
+    proc = run("nightshift", "report", "--db", "t.db", "--job", "1", "--job", "slower", "-o", "compare.html",
+               "--artifact", "tiny.so", cwd=folder)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "compared with slower" in proc.stdout
+    return folder / "compare.html"
+
+
 def test_page_is_self_contained_and_has_every_section(report):
     html = report.read_text()
-    # Nothing to fetch: no scripts, stylesheets, images or links; the only URL is SVG's namespace.
-    assert not re.search(r"<script|<link|<img|<iframe|src=|href=|@import|url\(", html)
+    # Nothing to fetch: one inline script, no stylesheets, images or frames; the only links are
+    # the exports' data: URLs and the only URL is SVG's namespace.
+    assert not re.search(r"<link|<img|<iframe|src=|@import|url\(", html)
+    assert re.findall(r"<script[^>]*>", html) == ["<script>"]
+    assert all(h.startswith("data:") for h in re.findall(r'href="([^"]*)"', html))
     assert set(re.findall(r"https?://[^\s\"'<>]+", html)) == {"http://www.w3.org/2000/svg"}
     for section in ("End-to-end latency", "Tasks", "Tuning curves", "Where the time went",
-                    "Failed candidates by class"):
+                    "Failed candidates by class", "Export"):
         assert f"<h2>{section}</h2>" in html
     meta = json.loads((report.parent / "tiny.json").read_text())
     for task in meta["tasks"]:
@@ -67,6 +106,16 @@ def test_figures_are_the_databases(report):
     data = job_data(db, job, artifact=json.loads((report.parent / "tiny.json").read_text()))
     assert data.num_records == TRIALS and job.trials_done == TRIALS and job.shown_state() == "done"
     assert data.weights_from == "the job's configuration" and all(t.weight for t in data.tasks)
+    # The compiled plan is the artifact's tasks: the others are the layouts it did not take.
+    plan = {t["workload_key"] for t in json.loads((report.parent / "tiny.json").read_text())["tasks"]}
+    assert {t.workload_key for t in data.tasks if t.in_plan} == plan
+    assert sum(data.shares().values()) == pytest.approx(1.0) and set(data.shares()) <= plan
+    # The curve is the header's estimate over the same plan: it ends where the estimate does.
+    curve = data.estimate_curve()
+    if data.estimated_latency("end") is not None:
+        assert curve[-1][1] == pytest.approx(data.estimated_latency("end"))
+    else:
+        assert curve == [] and data.unmeasured_operators > 0
     with sqlite3.connect(report.parent / "t.db") as conn:
         rows = conn.execute("SELECT w.key, min(r.mean_sec), count(r.id) FROM records r JOIN workloads w "
                             "ON w.id = r.workload_id WHERE r.job_id = 1 GROUP BY w.key").fetchall()  # fmt: skip
@@ -78,9 +127,10 @@ def test_figures_are_the_databases(report):
     # Times are in order within the job; the wall time covers every record.
     ats = [m.at_sec for t in data.tasks for m in t.records]
     assert min(ats) >= 0 and data.time.wall >= max(ats) - 1e-6 and data.time.build > 0
-    # Σ weight × best needs a best for every task; with 8 trials some tasks may have none yet.
-    if all(t.best_now is not None for t in data.tasks):
-        assert data.estimated_latency("now") == pytest.approx(sum(t.weight * t.best_now for t in data.tasks))
+    # Σ weight × best needs a best for every task of the plan; with 8 trials some may have none yet.
+    if all(t.best_now is not None for t in data.tasks if t.in_plan):
+        assert data.estimated_latency("now") == pytest.approx(sum(t.weight * t.best_now for t in data.tasks
+                                                                  if t.in_plan))
     else:
         assert data.estimated_latency("now") is None
 
@@ -171,7 +221,30 @@ def _png(data: bytes) -> np.ndarray:
 
 @pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None,
                     reason="needs Debian's chromium and chromium-driver (apt-get install -y chromium chromium-driver)")
-def test_opens_in_headless_chromium_without_errors_with_curves(report, tmp_path):
+def _cells(driver, table: str, col: int) -> list[float | None]:
+    """The ``data-v`` of column ``col`` (1-based) of the visible rows of ``table``, in page order."""
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0] + ' tbody tr'))"
+        ".filter(r => r.style.display !== 'none').map(r => { const v = r.cells[arguments[1] - 1]"
+        ".getAttribute('data-v'); return v === '' ? null : parseFloat(v); });", table, col)  # fmt: skip
+
+
+def _exported(driver) -> dict[str, str]:
+    """Each export link's format and decoded content (its data: URL)."""
+    import base64
+
+    from selenium.webdriver.common.by import By
+
+    out = {}
+    for a in driver.find_elements(By.CSS_SELECTOR, "a.export"):
+        href = a.get_attribute("href")
+        head, _, body = href.partition(",")
+        assert head.startswith("data:") and head.endswith(";base64") and a.get_attribute("download"), head
+        out[a.get_attribute("data-format")] = base64.b64decode(body).decode()
+    return out
+
+
+def test_opens_in_headless_chromium_without_errors_with_curves(report, compared, tmp_path):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
@@ -212,10 +285,63 @@ def test_opens_in_headless_chromium_without_errors_with_curves(report, tmp_path)
         assert len(rows) == 1 + len(json.loads(config)["tasks"])
         meta = json.loads((report.parent / "tiny.json").read_text())
         assert {t["workload_key"] for t in meta["tasks"]} <= {t["workload_key"] for t in json.loads(config)["tasks"]}
+        # The shares are of the compiled plan only: they add up to 100%; the other layouts' rows have none.
+        heads = [h.text for h in driver.find_elements(By.CSS_SELECTOR, "table.tasks thead th")]
+        share_col, best_col, plan_col = (heads.index(h) + 1 for h in ("share of end to end", "best (ms)", "plan"))
+        shares = [v for v in _cells(driver, "table.tasks", share_col) if v is not None]
+        assert sum(shares) == pytest.approx(100.0, abs=0.1) and shares
+        plans = [r.text for r in driver.find_elements(By.CSS_SELECTOR, f"table.tasks tbody td:nth-child({plan_col})")]
+        assert len(shares) == plans.count("counted") and "other layout" in plans
+        # Clicking a header sorts the rows by it (empty cells last), a second click the other way.
+        header = driver.find_elements(By.CSS_SELECTOR, "table.tasks thead th")[best_col - 1]
+        for order in ("ascending", "descending"):
+            header.click()
+            assert header.get_attribute("aria-sort") == order
+            col = _cells(driver, "table.tasks", best_col)
+            known = [v for v in col if v is not None]
+            assert known == sorted(known, reverse=order == "descending") and col[:len(known)] == known
+        names = driver.find_elements(By.CSS_SELECTOR, "table.tasks thead th")[0]
+        names.click()
+        shown = [r.text for r in driver.find_elements(By.CSS_SELECTOR, "table.tasks tbody td:first-child")]
+        assert shown == sorted(shown, key=str.lower)
+        # The filter hides the rows whose name does not match.
+        driver.find_element(By.CSS_SELECTOR, ".tools input[type=search]").send_keys("mean")
+        assert 0 < len(_cells(driver, "table.tasks", 1)) < len(rows) - 1
+        # A chart zooms in (+), and reset restores its whole view box.
+        svg = driver.find_element(By.CSS_SELECTOR, ".task svg.chart")
+        full = svg.get_dom_attribute("viewBox")
+        driver.find_element(By.CSS_SELECTOR, ".task .zbar button[data-zoom=in]").click()
+        zoomed = [float(v) for v in svg.get_dom_attribute("viewBox").split()]
+        assert zoomed[2] < float(full.split()[2]) and zoomed[0] > 0
+        driver.find_element(By.CSS_SELECTOR, ".task .zbar button[data-zoom=reset]").click()
+        assert svg.get_dom_attribute("viewBox") == full
+        # The exports are what the table shows: JSON and CSV, in data: URLs.
+        exported = _exported(driver)
+        page = json.loads(exported["json"])
+        assert len(page["tasks"]) == len(rows) - 1
+        assert sum(t["share"] for t in page["tasks"] if t["share"] is not None) == pytest.approx(1.0)
+        table = list(csv.DictReader(io.StringIO(exported["csv"])))
+        assert [r["workload_key"] for r in table] == [t["workload_key"] for t in page["tasks"]]
         # The curves on screen: scroll to them and check the screenshot.
         driver.execute_script("document.querySelector('.task').scrollIntoView();")
         width, height, ratio = driver.execute_script("return [innerWidth, innerHeight, devicePixelRatio];")
         shot = driver.get_screenshot_as_png()
+        assert [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")] == []
+        # Two jobs compared: one curve per job on the same axes, each task's best per job with
+        # the ratio to the first (the second job's candidates were timed 1.5x slower).
+        driver.get(compared.as_uri())
+        assert [h.text for h in driver.find_elements(By.TAG_NAME, "h2")].count("Comparison of jobs") == 1
+        assert len(driver.find_elements(By.CSS_SELECTOR, ".compare-curves svg path.curve")) == 2
+        heads = [h.text for h in driver.find_elements(By.CSS_SELECTOR, "table.compare thead th")]
+        assert heads[1:] == ["tiny-cpu best (ms)", "slower best (ms)", "x of tiny-cpu"]
+        ratios = [v for v in _cells(driver, "table.compare", 4) if v is not None]
+        assert len(ratios) == measured and ratios == pytest.approx([1.5] * measured)
+        driver.find_elements(By.CSS_SELECTOR, "table.compare thead th")[3].click()
+        assert _cells(driver, "table.compare", 4)[:measured] == sorted(ratios)
+        exported = _exported(driver)
+        assert json.loads(exported["json"])["comparison"]["jobs"] == ["tiny-cpu", "slower"]
+        assert len(list(csv.reader(io.StringIO(exported["compare.csv"])))) == 1 + len(rows) - 1
+        assert [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")] == []
     finally:
         driver.quit()
     (tmp_path / "report.png").write_bytes(shot)

@@ -54,15 +54,21 @@ def add_report_commands(
     p = sub.add_parser(
         "report", help="write a job's report: tuning curves, tasks, time, errors (one HTML file)",
         description="Write the morning report of a tuning job as one HTML file: its tuning curves, each "
-                    "task's best before and after, where the time went, and the errors.",
+                    "task's best before and after and share of the compiled plan, where the time went, and "
+                    "the errors; with several --job, a comparison of them. Sortable tables, zoomable "
+                    "charts and JSON/CSV exports, all inside the page.",
         **with_examples("nightshift report --job nightly -o nightly.html",
-                        "nightshift report --job 12 -o r.html --artifact model.so --bench b.json"),
+                        "nightshift report --job 12 -o r.html --artifact model.so --bench b.json",
+                        "nightshift report --job nightly --job last-week -o compare.html"),
     )  # fmt: skip
     add_db_arg(p)
-    p.add_argument("--job", required=True, metavar="NAME_OR_ID", help="the job's name (tune --job) or id")
+    p.add_argument("--job", required=True, action="append", metavar="NAME_OR_ID",
+                   help="the job's name (tune --job) or id; repeat it to compare jobs with the first (their "
+                        "curves on the same axes, each task's best per job as x of the first)")
     p.add_argument("-o", "--output", type=Path, required=True, help="the HTML file to write")
     p.add_argument("--artifact", type=Path, default=None,
-                   help="the job's artifact (tune -o): its latency, verification and task weights")
+                   help="the job's artifact (tune -o): its latency, verification, task weights and the tasks of the "
+                        "plan it was compiled with (the shares and estimate count those)")
     p.add_argument("--bench", type=Path, action="append", default=[], metavar="FILE",
                    help="nightshift bench --json results to compare with (repeatable)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -133,13 +139,19 @@ def cmd_report(args: argparse.Namespace) -> int:
     artifact = read_metadata(args.artifact) if args.artifact is not None else None
     bench = [_read_bench(p) for p in args.bench]
     db = _open_db(args.db)
-    job = find_job(db, args.job)
-    data = job_data(db, job, artifact=artifact)
+    jobs = [find_job(db, name) for name in args.job]
+    if len({j.id for j in jobs}) != len(jobs):
+        raise UserInputError("--job names one job twice: give each job to compare once")
+    # The artifact's plan applies to every job of its model (job_data checks the model).
+    data = [job_data(db, job, artifact=artifact) for job in jobs]
     try:
-        args.output.write_text(render(data, bench=bench, artifact=artifact))
+        args.output.write_text(render(data[0], bench=bench, artifact=artifact, compare=data[1:]))
     except OSError as err:
         raise UserInputError(f"cannot write -o {args.output}: {err.strerror or err}") from err
-    out.print(f"wrote {args.output}: job {job.label}, {data.num_records} records of {len(data.tasks)} tasks")
+    job = jobs[0]
+    compared = f"; compared with {', '.join(j.label for j in jobs[1:])}" if len(jobs) > 1 else ""
+    out.print(f"wrote {args.output}: job {job.label}, {data[0].num_records} records of {len(data[0].tasks)} tasks"
+              f"{compared}")
     return 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -157,6 +158,20 @@ class TaskData:
     best_before: float | None = None
     #: Best mean of this device's records now (what the compiler picks), if any.
     best_now: float | None = None
+    #: Whether the compiled plan runs this task: False for a task of a layout alternative the
+    #: artifact's plan did not take (``--layout auto`` tunes every conv in each candidate layout).
+    in_plan: bool = True
+
+    @property
+    def operator(self) -> str:
+        """The operator the task is one variant of: its layout group, else the task itself."""
+        return self.choice or self.workload_key
+
+    @property
+    def best_end(self) -> float | None:
+        """Best mean at the end of the job: before it or of its own records (the curve's last value)."""
+        known = [b for b in (self.best_before, self.best_job) if b is not None]
+        return min(known) if known else None
 
     @property
     def best_job(self) -> float | None:
@@ -174,6 +189,12 @@ class TaskData:
         """FLOPs over the best latency known on the device."""
         best = self.best_now or self.best_job
         return self.flops / best / 1e9 if best and self.flops else None
+
+
+#: Which best :meth:`JobData.estimated_latency` takes: the database's now, before the job, or
+#: at the job's end (before it or its own records: what its curve ends at).
+_PICK: dict[str, Callable[[TaskData], float | None]] = {
+    "now": lambda t: t.best_now, "before": lambda t: t.best_before, "end": lambda t: t.best_end}
 
 
 @dataclass(frozen=True)
@@ -205,23 +226,82 @@ class JobData:
     errors: Counter[str]
     time: TimeSpent
     weights_from: str
+    #: Where the plan's tasks came from (empty: every task of the job, layout variants grouped).
+    plan_from: str = ""
 
     @property
     def num_records(self) -> int:
         """Records the job wrote."""
         return sum(len(t.records) for t in self.tasks)
 
+    def _costs(self, best: Callable[[TaskData], float | None], *,
+               unknown_weight: float | None = None) -> dict[str, tuple[TaskData | None, float | None]]:
+        """Per operator of the plan, the task that counts and its weight × ``best`` (None: none known).
+
+        A task of a layout alternative outside the plan never counts; layout variants of one
+        operator (one ``choice``) count once, the fastest that has a best: what ``--layout
+        auto`` picks for a conv when transforms cost nothing. One definition for the header,
+        the shares and the curve, so that they add up."""
+        out: dict[str, tuple[TaskData | None, float | None]] = {}
+        for t in self.tasks:
+            if not t.in_plan:
+                continue
+            b, w = best(t), t.weight if t.weight is not None else unknown_weight
+            cost = None if b is None or w is None else w * b
+            old = out.get(t.operator)
+            if old is None or old[1] is None or (cost is not None and cost < old[1]):
+                out[t.operator] = (t if cost is not None or old is None else old[0], cost)
+        return out
+
+    def operator_costs(self, use: str = "now") -> dict[str, float | None]:
+        """Weight × best of each operator of the plan (``use`` as :meth:`estimated_latency`)."""
+        return {op: c for op, (_t, c) in self._costs(_PICK[use]).items()}
+
     def estimated_latency(self, use: str = "now") -> float | None:
-        """Σ weight × best over tasks (``use``: ``now``, ``before``), None if a task lacks one.
+        """Σ weight × best over the plan's operators (``use``: ``now``, ``before``, ``end``),
+        None if an operator lacks one.
 
         Layout variants of one operator count once, the fastest that has a best (the layout
         transforms a variant implies are left out); None if none of a group has one."""
-        costs = per_operator(
-            (t.choice, None if best is None or t.weight is None else t.weight * best)
-            for t in self.tasks
-            for best in [t.best_now if use == "now" else t.best_before]
-        )
-        return None if any(c is None for c in costs) else sum(costs)  # type: ignore[arg-type]
+        costs = list(self.operator_costs(use).values())
+        return None if not costs or any(c is None for c in costs) else sum(costs)  # type: ignore[arg-type]
+
+    def shares(self) -> dict[str, float]:
+        """Each counted task's share of Σ weight × best now over the plan's measured operators
+        (by workload key; they sum to 1). Tasks outside the plan, slower layout variants and
+        tasks without a record have none. Unknown weights count 1."""
+        costs = {t.workload_key: c for t, c in self._costs(lambda t: t.best_now, unknown_weight=1.0).values()
+                 if t is not None and c is not None}  # fmt: skip
+        total = sum(costs.values())
+        return {k: c / total for k, c in costs.items()} if total > 0 else {}
+
+    @property
+    def unmeasured_operators(self) -> int:
+        """Operators of the plan without any best on the device (they run TVM's default schedule)."""
+        return sum(1 for _t, c in self._costs(lambda t: t.best_now, unknown_weight=1.0).values() if c is None)
+
+    def estimate_curve(self, operators: Collection[str] | None = None) -> list[tuple[float, float]]:
+        """``(seconds since the job started, Σ weight × best so far)`` after each of the job's
+        measurements, over the plan's operators (or those of ``operators``), from when every one
+        of them has a best; it ends at :meth:`estimated_latency` ``("end")``."""
+        keep = None if operators is None else set(operators)
+        tasks = [t for t in self.tasks if t.in_plan and t.weight is not None and (keep is None or t.operator in keep)]
+        ops = {t.operator for t in tasks}
+        if not tasks or (keep is not None and ops != keep):
+            return []
+        if keep is None and ops != {t.operator for t in self.tasks if t.in_plan}:
+            return []  # an operator of the plan has no weight: no estimate to draw
+        best: dict[str, float | None] = {t.workload_key: t.best_before for t in tasks}
+        events = sorted((m.at_sec, t.workload_key, m.mean_sec) for t in tasks for m in t.records if m.mean_sec)
+        out: list[tuple[float, float]] = []
+        for at, key, sec in events:
+            old = best[key]
+            best[key] = sec if old is None else min(old, sec)
+            costs = per_operator((t.operator, None if best[t.workload_key] is None
+                                  else t.weight * best[t.workload_key]) for t in tasks)  # type: ignore[operator]
+            if all(c is not None for c in costs):
+                out.append((at, sum(costs)))  # type: ignore[arg-type]
+        return out
 
 
 def job_data(db: TuningDatabase, job: JobInfo, *, artifact: dict[str, Any] | None = None) -> JobData:
@@ -269,12 +349,37 @@ def job_data(db: TuningDatabase, job: JobInfo, *, artifact: dict[str, Any] | Non
                 w = s.execute(select(WorkloadRow.name, WorkloadRow.flops).where(WorkloadRow.key == key)).first()
                 if w is not None:
                     tasks[key] = TaskData(key, w.name, float(w.flops or 0.0), weight, choices.get(key, ""))
+        plan, plan_from = _plan(artifact, job)
+        for key, weight in plan.items():
+            if key not in tasks:  # a task of the compiled plan the job's configuration does not list
+                w = s.execute(select(WorkloadRow.name, WorkloadRow.flops).where(WorkloadRow.key == key)).first()
+                if w is not None:
+                    tasks[key] = TaskData(key, w.name, float(w.flops or 0.0), weights.get(key, weight))
+        if plan:
+            for key, t in tasks.items():
+                t.in_plan = key in plan
         if device_id is not None and tasks:
             _bests(s, tasks, device_id, job)
     wall = job.elapsed_sec or max(last_at, job.wall_sec)
     spent = TimeSpent(wall, build, wall_timing if has_wall and rows else timing, not (has_wall and rows))
-    ordered = sorted(tasks.values(), key=lambda t: -(t.weight or 1.0) * (t.best_now or t.best_job or 0.0))
-    return JobData(job, ordered, errors, spent, source)
+    ordered = sorted(tasks.values(), key=lambda t: (not t.in_plan, -(t.weight or 1.0) * (t.best_now or t.best_job
+                                                                                          or 0.0)))
+    return JobData(job, ordered, errors, spent, source, plan_from)
+
+
+def _plan(artifact: dict[str, Any] | None, job: JobInfo) -> tuple[dict[str, float], str]:
+    """The compiled plan's tasks (workload key: weight) from the artifact of the job's model, and
+    where they came from; empty without one.
+
+    The artifact lists the tasks its build runs, one per operator in the layout the plan gave
+    it; the job tunes each conv in every candidate layout, and also the other layouts' own
+    pooling and transform tasks, which the plan never runs."""
+    if artifact is None or artifact.get("model") not in (None, job.model):
+        return {}, ""
+    weights, _choices, _ = _weights(artifact.get("tasks"), "")
+    if not weights:
+        return {}, ""
+    return weights, "the artifact's tasks (the plan it was compiled with)"
 
 
 def _weights(tasks: Any, source: str) -> tuple[dict[str, float], dict[str, str], str]:

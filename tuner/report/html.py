@@ -1,8 +1,18 @@
-"""The morning report: one self-contained HTML page (inline CSS and SVG, no script, no network)."""
+"""The morning report: one self-contained HTML page (inline CSS, SVG and script, no network).
+
+The script is plain and inline: it sorts and filters the tables and zooms the charts. The
+page reads the same without it; its figures and exports are written here, in Python.
+"""
 
 from __future__ import annotations
 
+import base64
+import csv
+import io
+import json
+import logging
 import math
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from html import escape
 from typing import Any
@@ -22,6 +32,107 @@ th{background:#f6f6f6}td.l,th.l{text-align:left}
 .kpi{display:inline-block;margin:6px 22px 6px 0}.kpi b{font-size:20px;display:block}
 .state-dead,.state-failed{color:#c00;font-weight:600}.state-done{color:#080}
 svg text{font-family:system-ui,Helvetica,Arial,sans-serif;fill:#333}
+table.sortable th{cursor:pointer;user-select:none}table.sortable th[aria-sort=ascending]::after{content:" \\25B2"}
+table.sortable th[aria-sort=descending]::after{content:" \\25BC"}tr.off td{color:#999}
+.tools{margin:4px 0 8px}.tools input{margin-right:14px}a.export{margin-right:12px}
+.zbar{font-size:11px;margin:2px 0}.zbar button{font-size:11px;padding:0 6px;margin-right:3px}
+svg.chart{cursor:crosshair}
+"""
+
+logger = logging.getLogger(__name__)
+
+# Sorting, filtering and zooming; no library, nothing fetched. A cell's data-v is its value
+# (empty: none, sorted last either way); a cell without one sorts by its text.
+_SCRIPT = """
+(function () {
+  function key(cell) {
+    var v = cell.getAttribute('data-v');
+    if (v === null) return cell.textContent.trim().toLowerCase();
+    return v === '' ? null : parseFloat(v);
+  }
+  document.querySelectorAll('table.sortable').forEach(function (table) {
+    var heads = table.tHead.rows[0].cells;
+    Array.prototype.forEach.call(heads, function (th, col) {
+      th.title = 'click to sort';
+      th.addEventListener('click', function () {
+        var asc = th.getAttribute('aria-sort') !== 'ascending';
+        Array.prototype.forEach.call(heads, function (h) { h.removeAttribute('aria-sort'); });
+        th.setAttribute('aria-sort', asc ? 'ascending' : 'descending');
+        var body = table.tBodies[0];
+        var rows = Array.prototype.slice.call(body.rows);
+        rows.sort(function (a, b) {
+          var x = key(a.cells[col]), y = key(b.cells[col]);
+          if (x === null || y === null) return (x === null) - (y === null);
+          return (x < y ? -1 : x > y ? 1 : 0) * (asc ? 1 : -1);
+        });
+        rows.forEach(function (r) { body.appendChild(r); });
+      });
+    });
+  });
+  document.querySelectorAll('.tools').forEach(function (tools) {
+    var table = document.getElementById(tools.getAttribute('data-table'));
+    var text = tools.querySelector('input[type=search]'), plan = tools.querySelector('input[type=checkbox]');
+    function apply() {
+      var words = text.value.trim().toLowerCase();
+      Array.prototype.forEach.call(table.tBodies[0].rows, function (r) {
+        var hide = (words && r.cells[0].textContent.toLowerCase().indexOf(words) < 0) ||
+                   (plan && plan.checked && r.classList.contains('off'));
+        r.style.display = hide ? 'none' : '';
+      });
+    }
+    text.addEventListener('input', apply);
+    if (plan) plan.addEventListener('change', apply);
+  });
+  // Zoom: +/- about the centre, or drag a box; reset restores the whole chart.
+  document.querySelectorAll('svg.chart').forEach(function (svg) {
+    var full = svg.getAttribute('viewBox').split(' ').map(Number), box = full.slice();
+    function set(b) { box = b; svg.setAttribute('viewBox', b.join(' ')); }
+    function scale(f) {
+      var cx = box[0] + box[2] / 2, cy = box[1] + box[3] / 2;
+      set([cx - box[2] * f / 2, cy - box[3] * f / 2, box[2] * f, box[3] * f]);
+    }
+    var bar = document.createElement('div');
+    bar.className = 'zbar';
+    [['+', function () { scale(1 / 1.5); }], ['\u2212', function () { scale(1.5); }],
+     ['reset', function () { set(full.slice()); }]].forEach(function (b) {
+      var button = document.createElement('button');
+      button.type = 'button';
+      button.textContent = b[0];
+      button.setAttribute('data-zoom', b[0] === 'reset' ? 'reset' : b[0] === '+' ? 'in' : 'out');
+      button.addEventListener('click', b[1]);
+      bar.appendChild(button);
+    });
+    svg.parentNode.insertBefore(bar, svg);
+    var start = null, rect = null;
+    function at(e) {
+      var pt = svg.createSVGPoint();
+      pt.x = e.clientX; pt.y = e.clientY;
+      return pt.matrixTransform(svg.getScreenCTM().inverse());
+    }
+    svg.addEventListener('mousedown', function (e) {
+      start = at(e);
+      rect = document.createElementNS('http://www.w3.org/2000/svg', 'rect');
+      rect.setAttribute('fill', 'rgba(31,119,180,0.15)');
+      svg.appendChild(rect);
+      e.preventDefault();
+    });
+    svg.addEventListener('mousemove', function (e) {
+      if (!start) return;
+      var p = at(e);
+      rect.setAttribute('x', Math.min(p.x, start.x)); rect.setAttribute('y', Math.min(p.y, start.y));
+      rect.setAttribute('width', Math.abs(p.x - start.x)); rect.setAttribute('height', Math.abs(p.y - start.y));
+    });
+    function end(e) {
+      if (!start) return;
+      var p = at(e), w = Math.abs(p.x - start.x), h = Math.abs(p.y - start.y);
+      svg.removeChild(rect);
+      if (w > 4 && h > 4) set([Math.min(p.x, start.x), Math.min(p.y, start.y), w, h]);
+      start = null;
+    }
+    svg.addEventListener('mouseup', end);
+    svg.addEventListener('mouseleave', function (e) { if (start) end(e); });
+  });
+})();
 """
 
 
@@ -41,9 +152,10 @@ def _dur(sec: float | None) -> str:
 
 
 def render(data: JobData, *, bench: list[dict[str, Any]] = (), artifact: dict[str, Any] | None = None,  # type: ignore[assignment]
-           now: datetime | None = None) -> str:
+           now: datetime | None = None, compare: Sequence[JobData] = ()) -> str:
     """The report page of ``data``, with end-to-end latencies from ``bench`` results
-    (``nightshift bench --json``) and the ``artifact``'s metadata where given."""
+    (``nightshift bench --json``) and the ``artifact``'s metadata where given, and, with
+    ``compare``, a comparison of the job with those (their curves and each task's best)."""
     now = now or datetime.now(UTC)
     job = data.job
     state = job.shown_state(now)
@@ -55,12 +167,25 @@ def render(data: JobData, *, bench: list[dict[str, Any]] = (), artifact: dict[st
     body.append(_kpis(data))
     body.append(_end_to_end(data, bench, artifact))
     body.append(_task_table(data))
+    if compare:
+        body.append(_comparison(data, list(compare)))
     body.append(_curves(data))
     body.append(_time(data))
     body.append(_errors(data))
+    body.append(_exports(data, list(compare)))
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>\n"
-            + "\n".join(body) + "\n</body></html>\n")  # fmt: skip
+            + "\n".join(body) + f"\n<script>{_SCRIPT}</script>\n</body></html>\n")  # fmt: skip
+
+
+def _plan_note(data: JobData) -> str:
+    """Which tasks the estimate, the shares and the curve count."""
+    if data.plan_from:
+        return (f"the compiled plan's operators, from {data.plan_from}; tasks of the layouts it did not take "
+                "are greyed and count for nothing")
+    return ("every task of the job, the layout variants of one conv once (the fastest); pass the artifact "
+            "(--artifact) to count exactly the compiled plan's tasks (the other layouts' own pooling and "
+            "transform tasks count here too)")
 
 
 def _kpis(data: JobData) -> str:
@@ -71,7 +196,7 @@ def _kpis(data: JobData) -> str:
              ("failed candidates", f"{sum(data.errors.values()):,}"), ("tasks", str(len(data.tasks)))]
     before, now = data.estimated_latency("before"), data.estimated_latency("now")
     if now is not None:
-        items.append(("estimated end to end (Σ weight × best)", f"{now * 1e3:,.3f} ms"))
+        items.append(("estimated end to end (Σ weight × best over the plan)", f"{now * 1e3:,.3f} ms"))
     if before and now is not None:
         # One ratio direction everywhere: latency as a multiple of the reference's, lower is better.
         items.append(("of the estimate before this job (lower is better)", f"{now / before:.2f}x"))
@@ -155,46 +280,189 @@ def _end_to_end(data: JobData, bench: list[dict[str, Any]], artifact: dict[str, 
 
 
 def _estimate_curve(data: JobData) -> str:
-    """Σ weight × best-so-far against wall time, from when every task has a best."""
-    tasks = [t for t in data.tasks if t.weight is not None and (t.best_before is not None or t.best_job is not None)]
-    if not tasks or len(tasks) != len(data.tasks):
-        return ""
-    events = sorted((m.at_sec, k, m.mean_sec) for k, t in enumerate(tasks) for m in t.records if m.mean_sec)
-    best: list[float | None] = [t.best_before for t in tasks]
-    xs, ys = [], []
-    for at, k, sec in events:
-        if best[k] is None or sec < best[k]:  # type: ignore[operator]
-            best[k] = sec
-        if all(b is not None for b in best):
-            xs.append(at / 60)
-            ys.append(sum(t.weight * b for t, b in zip(tasks, best, strict=True)) * 1e3)  # type: ignore[operator]
-    if not xs:
-        return ""
+    """Σ weight × best-so-far over the plan's operators against wall time, from when every one
+    has a best: the same operators and tasks as the header's estimate."""
+    points = data.estimate_curve()
+    if not points:
+        missing = data.unmeasured_operators
+        why = (f"{missing} operator{'s' if missing != 1 else ''} of the plan never measured on the device"
+               if missing else "no task weights")
+        return f'<p class="note">No estimated end-to-end curve: {why}.</p>'
     axes = Axes("wall time since the job started (min)", "estimated latency (ms)", width=560, height=230,
                 title="estimated end-to-end latency")  # fmt: skip
-    return "<h3>Estimated end-to-end latency while tuning</h3>" + line_chart(
-        [Series("Σ weight × best", xs, ys, PALETTE[2])], axes)
+    end, now = points[-1][1], data.estimated_latency("now")
+    note = f"It ends at {end * 1e3:,.3f} ms"
+    if now is not None and not math.isclose(end, now, rel_tol=1e-9):
+        note += (f"; the header's {now * 1e3:,.3f} ms also counts records written since by other jobs")
+    else:
+        note += ", the header's estimate"
+    return ("<h3>Estimated end-to-end latency while tuning</h3>"
+            + line_chart([Series("Σ weight × best", [x / 60 for x, _ in points], [y * 1e3 for _, y in points],
+                                 PALETTE[2])], axes)
+            + f'<p class="note">{escape(note)}: Σ over {_plan_note(data)}.</p>')
+
+
+def _num(value: float | None, text: str) -> str:
+    """A table cell whose ``data-v`` is the value the script sorts by (empty: none)."""
+    return f'<td data-v="{"" if value is None else repr(float(value))}">{text}</td>'
+
+
+def _status(t: TaskData, shares: dict[str, float]) -> str:
+    if not t.in_plan:
+        return "other layout"
+    if t.workload_key in shares:
+        return "counted"
+    return "no record" if t.best_now is None else "slower layout variant"
+
+
+def _task_rows(data: JobData) -> list[dict[str, Any]]:
+    """The task table's rows as plain values (what the page shows and exports)."""
+    shares = data.shares()
+    return [{"task": t.name, "workload_key": t.workload_key, "plan": _status(t, shares), "weight": t.weight,
+             "trials": len(t.records), "failed": t.errors, "best_before_ms": _msv(t.best_before),
+             "best_job_ms": _msv(t.best_job), "best_ms": _msv(t.best_now), "gflops": t.gflops,
+             "share": shares.get(t.workload_key)} for t in data.tasks]  # fmt: skip
+
+
+def _msv(sec: float | None) -> float | None:
+    return None if sec is None else sec * 1e3
 
 
 def _task_table(data: JobData) -> str:
-    # Layout variants of one conv are alternatives: the estimate counts the faster one only.
-    total = data.estimated_latency("now") or sum((t.weight or 1.0) * (t.best_now or 0.0) for t in data.tasks)
     weights = (f"weights from {escape(data.weights_from)}" if data.weights_from else
                "task weights unknown (the job did not store them; pass --artifact): each counted once")
+    rows = _task_rows(data)
+    missing = data.unmeasured_operators
+    unmeasured = (f" {missing} operator{'s' if missing != 1 else ''} of the plan "
+                  f"{'have' if missing != 1 else 'has'} no record yet (TVM's default schedule): the shares "
+                  "are of the measured ones." if missing else "")  # fmt: skip
     out = ["<h2>Tasks</h2>", f'<p class="note">Best: this device\'s best record in the database (what the '
-           f"compiler uses); share: weight × best over the sum; {weights}.</p>",
-           '<table class="tasks"><tr><th class="l">task</th><th>weight</th><th>trials</th><th>failed</th>'
-           "<th>best before (ms)</th><th>best this job (ms)</th><th>best (ms)</th><th>GFLOPS</th>"
-           "<th>share of end to end</th></tr>"]
-    for t in data.tasks:
-        share = (t.weight or 1.0) * (t.best_now or 0.0) / total if total else None
-        out.append(f'<tr><td class="l" title="{escape(t.workload_key)}">{escape(t.name)}</td>'
-                   f"<td>{'?' if t.weight is None else f'{t.weight:g}'}</td><td>{len(t.records)}</td>"
-                   f"<td>{t.errors}</td><td>{_ms(t.best_before)}</td><td>{_ms(t.best_job)}</td>"
-                   f"<td>{_ms(t.best_now)}</td><td>{'–' if t.gflops is None else f'{t.gflops:,.1f}'}</td>"
-                   f"<td>{'–' if share is None else f'{share:.1%}'}</td></tr>")
-    out.append("</table>")
+           f"compiler uses); share: weight × best over Σ weight × best of {escape(_plan_note(data))}, so the "
+           f"shares add up to 100%; {weights}.{escape(unmeasured)} Click a column's header to sort.</p>",
+           '<div class="tools" data-table="tasks"><input type="search" placeholder="filter by task name" '
+           'aria-label="filter tasks by name">'
+           + ('<label><input type="checkbox"> only the plan\'s tasks</label>' if data.plan_from else "")
+           + "</div>",
+           '<table class="tasks sortable" id="tasks"><thead><tr><th class="l">task</th><th class="l">plan</th>'
+           "<th>weight</th><th>trials</th><th>failed</th><th>best before (ms)</th><th>best this job (ms)</th>"
+           "<th>best (ms)</th><th>GFLOPS</th><th>share of end to end</th></tr></thead><tbody>"]
+    for r in rows:
+        share, gflops = r["share"], r["gflops"]
+        off = ' class="off"' if r["plan"] == "other layout" else ""
+        out.append(f'<tr{off}><td class="l" title="{escape(r["workload_key"])}">{escape(r["task"])}</td>'
+                   f'<td class="l">{escape(r["plan"])}</td>'
+                   + _num(r["weight"], "?" if r["weight"] is None else f"{r['weight']:g}")
+                   + _num(r["trials"], str(r["trials"])) + _num(r["failed"], str(r["failed"]))
+                   + "".join(_num(r[k], _ms(None if r[k] is None else r[k] / 1e3))
+                             for k in ("best_before_ms", "best_job_ms", "best_ms"))
+                   + _num(gflops, "–" if gflops is None else f"{gflops:,.1f}")
+                   + _num(None if share is None else share * 100, "–" if share is None else f"{share:.1%}")
+                   + "</tr>")  # fmt: skip
+    out.append("</tbody></table>")
     return "\n".join(out)
+
+
+def _comparison_data(data: JobData, others: list[JobData]) -> dict[str, Any]:
+    """The comparison's figures: each job's curve over the operators every job measured, and each
+    task's best per job with its ratio to the first job's (lower is better)."""
+    jobs = [data, *others]
+    costs = [j.operator_costs("end") for j in jobs]
+    common = [op for op in costs[0] if all(c.get(op) is not None for c in costs)]
+    base = data.job.label
+    curves = [{"job": j.job.label, "points": [[at, sec * 1e3] for at, sec in j.estimate_curve(common)]}
+              for j in jobs] if common else []  # fmt: skip
+    tasks: dict[str, dict[str, Any]] = {}
+    for n, j in enumerate(jobs):
+        for t in j.tasks:
+            row = tasks.setdefault(t.workload_key, {"task": t.name, "workload_key": t.workload_key, "best_ms": {},
+                                                    "x_of_first": {}})  # fmt: skip
+            row["best_ms"][j.job.label] = _msv(t.best_job)
+            first = row["best_ms"].get(base)
+            if n and first and t.best_job is not None:
+                row["x_of_first"][j.job.label] = t.best_job * 1e3 / first
+    ends = {c["job"]: c["points"][-1][1] if c["points"] else None for c in curves}
+    return {"first": base, "jobs": [j.job.label for j in jobs], "operators": len(common),
+            "plan_operators": len(costs[0]), "curves": curves, "end_ms": ends, "tasks": list(tasks.values())}
+
+
+def _comparison(data: JobData, others: list[JobData]) -> str:
+    cmp = _comparison_data(data, others)
+    base, labels = cmp["first"], cmp["jobs"]
+    out = ["<h2>Comparison of jobs</h2>"]
+    if cmp["curves"]:
+        axes = Axes("wall time since each job started (min)", "Σ weight × best (ms)", width=560, height=240,
+                    title="jobs compared")  # fmt: skip
+        series = [Series(c["job"], [p[0] / 60 for p in c["points"]], [p[1] for p in c["points"]],
+                         PALETTE[n % len(PALETTE)]) for n, c in enumerate(cmp["curves"])]  # fmt: skip
+        out.append('<div class="compare-curves">' + line_chart(series, axes) + "</div>")
+        ends = "; ".join(f"{escape(k)} {v:,.3f} ms" + (f" ({v / cmp['end_ms'][base]:.2f}x of {escape(base)})"
+                                                      if k != base and v and cmp["end_ms"][base] else "")
+                         for k, v in cmp["end_ms"].items() if v is not None)  # fmt: skip
+        out.append(f'<p class="note">One curve per job: Σ weight × best so far over the {cmp["operators"]} of '
+                   f"{cmp['plan_operators']} operators of {escape(base)}'s plan that every job measured, against "
+                   f"the time since each job started. At the end: {ends} (lower is better).</p>")
+    else:
+        out.append(f'<p class="note">No common curve: no operator of {escape(base)}\'s plan was measured by '
+                   "every job.</p>")
+    heads = "".join(f"<th>{escape(k)} best (ms)</th>" + (f"<th>x of {escape(base)}</th>" if k != base else "")
+                    for k in labels)  # fmt: skip
+    out.append('<p class="note">Each task\'s best among each job\'s own records, and as a multiple of '
+               f"{escape(base)}'s (lower is better). Click a column's header to sort.</p>"
+               '<table class="compare sortable" id="compare"><thead><tr><th class="l">task</th>'
+               f"{heads}</tr></thead><tbody>")
+    for r in cmp["tasks"]:
+        cells = []
+        for k in labels:
+            best = r["best_ms"].get(k)
+            cells.append(_num(best, _ms(None if best is None else best / 1e3)))
+            if k != base:
+                x = r["x_of_first"].get(k)
+                cells.append(_num(x, "–" if x is None else f"{x:.2f}x"))
+        out.append(f'<tr><td class="l" title="{escape(r["workload_key"])}">{escape(r["task"])}</td>'
+                   + "".join(cells) + "</tr>")
+    out.append("</tbody></table>")
+    return "\n".join(out)
+
+
+def _data_url(kind: str, text: str) -> str:
+    return f"data:{kind};charset=utf-8;base64,{base64.b64encode(text.encode()).decode('ascii')}"
+
+
+def _exports(data: JobData, others: list[JobData]) -> str:
+    """Download links for what the page shows, as JSON and CSV, inside the page (data: URLs)."""
+    job = data.job
+    rows = _task_rows(data)
+    payload: dict[str, Any] = {
+        "job": {"id": job.id, "name": job.name, "label": job.label, "model": job.model, "device": job.device,
+                "state": job.shown_state()},
+        "plan": data.plan_from or "the job's tasks, layout variants of a conv once",
+        "estimated_ms": {"before": _msv(data.estimated_latency("before")), "now": _msv(data.estimated_latency("now"))},
+        "curve": [[at, sec * 1e3] for at, sec in data.estimate_curve()],
+        "tasks": rows,
+    }  # fmt: skip
+    if others:
+        payload["comparison"] = _comparison_data(data, others)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else ["task"], lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    stem = "".join(c if c.isalnum() or c in "-_" else "_" for c in job.label)
+    links = [("json", "application/json", json.dumps(payload, indent=1, default=str), "JSON (everything shown)"),
+             ("csv", "text/csv", buf.getvalue(), "CSV (task table)")]
+    if others:
+        cmp = payload["comparison"]
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(["task", "workload_key", *[f"{k} best (ms)" for k in cmp["jobs"]],
+                    *[f"{k} x of {cmp['first']}" for k in cmp["jobs"][1:]]])
+        for r in cmp["tasks"]:
+            w.writerow([r["task"], r["workload_key"], *[r["best_ms"].get(k, "") for k in cmp["jobs"]],
+                        *[r["x_of_first"].get(k, "") for k in cmp["jobs"][1:]]])
+        links.append(("compare.csv", "text/csv", buf.getvalue(), "CSV (comparison)"))
+    logger.debug("export links: %s", ", ".join(name for name, *_ in links))
+    return "<h2>Export</h2><p>" + "".join(
+        f'<a class="export" data-format="{ext}" download="{escape(stem)}.{ext}" href="{_data_url(kind, text)}">'
+        f"{escape(label)}</a>" for ext, kind, text, label in links) + "</p>"
 
 
 def _task_series(t: TaskData, use_time: bool) -> list[Series]:
