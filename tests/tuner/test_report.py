@@ -339,7 +339,11 @@ def test_opens_in_headless_chromium_without_errors_with_curves(report, compared,
         driver.find_elements(By.CSS_SELECTOR, "table.compare thead th")[3].click()
         assert _cells(driver, "table.compare", 4)[:measured] == sorted(ratios)
         exported = _exported(driver)
-        assert json.loads(exported["json"])["comparison"]["jobs"] == ["tiny-cpu", "slower"]
+        cmp = json.loads(exported["json"])["comparison"]
+        assert cmp["jobs"] == ["tiny-cpu", "slower"]
+        # Each curve from its job's own records: the slower job's ends 1.5x the first's.
+        assert cmp["end_ms"]["slower"] == pytest.approx(1.5 * cmp["end_ms"]["tiny-cpu"])
+        assert "(1.50x of tiny-cpu)" in driver.find_element(By.CSS_SELECTOR, ".compare-curves + p").text
         assert len(list(csv.reader(io.StringIO(exported["compare.csv"])))) == 1 + len(rows) - 1
         assert [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")] == []
     finally:

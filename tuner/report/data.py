@@ -192,9 +192,10 @@ class TaskData:
 
 
 #: Which best :meth:`JobData.estimated_latency` takes: the database's now, before the job, or
-#: at the job's end (before it or its own records: what its curve ends at).
+#: at the job's end (before it or its own records: what its curve ends at), or the job's own.
 _PICK: dict[str, Callable[[TaskData], float | None]] = {
-    "now": lambda t: t.best_now, "before": lambda t: t.best_before, "end": lambda t: t.best_end}
+    "now": lambda t: t.best_now, "before": lambda t: t.best_before, "end": lambda t: t.best_end,
+    "job": lambda t: t.best_job}
 
 
 @dataclass(frozen=True)
@@ -258,7 +259,7 @@ class JobData:
         return {op: c for op, (_t, c) in self._costs(_PICK[use]).items()}
 
     def estimated_latency(self, use: str = "now") -> float | None:
-        """Σ weight × best over the plan's operators (``use``: ``now``, ``before``, ``end``),
+        """Σ weight × best over the plan's operators (``use``: ``now``, ``before``, ``end``, ``job``),
         None if an operator lacks one.
 
         Layout variants of one operator count once, the fastest that has a best (the layout
@@ -280,10 +281,12 @@ class JobData:
         """Operators of the plan without any best on the device (they run TVM's default schedule)."""
         return sum(1 for _t, c in self._costs(lambda t: t.best_now, unknown_weight=1.0).values() if c is None)
 
-    def estimate_curve(self, operators: Collection[str] | None = None) -> list[tuple[float, float]]:
+    def estimate_curve(self, operators: Collection[str] | None = None, *,
+                       own: bool = False) -> list[tuple[float, float]]:
         """``(seconds since the job started, Σ weight × best so far)`` after each of the job's
         measurements, over the plan's operators (or those of ``operators``), from when every one
-        of them has a best; it ends at :meth:`estimated_latency` ``("end")``."""
+        of them has a best; it ends at :meth:`estimated_latency` ``("end")``, or with ``own``
+        (the job's records only, not the database's bests before it) at ``("job")``."""
         keep = None if operators is None else set(operators)
         tasks = [t for t in self.tasks if t.in_plan and t.weight is not None and (keep is None or t.operator in keep)]
         ops = {t.operator for t in tasks}
@@ -291,7 +294,7 @@ class JobData:
             return []
         if keep is None and ops != {t.operator for t in self.tasks if t.in_plan}:
             return []  # an operator of the plan has no weight: no estimate to draw
-        best: dict[str, float | None] = {t.workload_key: t.best_before for t in tasks}
+        best: dict[str, float | None] = {t.workload_key: None if own else t.best_before for t in tasks}
         events = sorted((m.at_sec, t.workload_key, m.mean_sec) for t in tasks for m in t.records if m.mean_sec)
         out: list[tuple[float, float]] = []
         for at, key, sec in events:

@@ -298,7 +298,7 @@ def _estimate_curve(data: JobData) -> str:
         note += ", the header's estimate"
     return ("<h3>Estimated end-to-end latency while tuning</h3>"
             + line_chart([Series("Σ weight × best", [x / 60 for x, _ in points], [y * 1e3 for _, y in points],
-                                 PALETTE[2])], axes)
+                                 PALETTE[2], dots=True)], axes)
             + f'<p class="note">{escape(note)}: Σ over {_plan_note(data)}.</p>')
 
 
@@ -366,22 +366,26 @@ def _comparison_data(data: JobData, others: list[JobData]) -> dict[str, Any]:
     """The comparison's figures: each job's curve over the operators every job measured, and each
     task's best per job with its ratio to the first job's (lower is better)."""
     jobs = [data, *others]
-    costs = [j.operator_costs("end") for j in jobs]
+    # Two jobs of one name (the newest by name, an older by id) need their ids to tell them apart.
+    names = [j.job.label for j in jobs]
+    labels = [f"{n} (#{j.job.id})" if names.count(n) > 1 else n for n, j in zip(names, jobs, strict=True)]
+    # Each job's own records: a later job's curve would otherwise start from the earlier one's bests.
+    costs = [j.operator_costs("job") for j in jobs]
     common = [op for op in costs[0] if all(c.get(op) is not None for c in costs)]
-    base = data.job.label
-    curves = [{"job": j.job.label, "points": [[at, sec * 1e3] for at, sec in j.estimate_curve(common)]}
-              for j in jobs] if common else []  # fmt: skip
+    base = labels[0]
+    curves = [{"job": label, "points": [[at, sec * 1e3] for at, sec in j.estimate_curve(common, own=True)]}
+              for label, j in zip(labels, jobs, strict=True)] if common else []  # fmt: skip
     tasks: dict[str, dict[str, Any]] = {}
-    for n, j in enumerate(jobs):
+    for n, (label, j) in enumerate(zip(labels, jobs, strict=True)):
         for t in j.tasks:
             row = tasks.setdefault(t.workload_key, {"task": t.name, "workload_key": t.workload_key, "best_ms": {},
                                                     "x_of_first": {}})  # fmt: skip
-            row["best_ms"][j.job.label] = _msv(t.best_job)
+            row["best_ms"][label] = _msv(t.best_job)
             first = row["best_ms"].get(base)
             if n and first and t.best_job is not None:
-                row["x_of_first"][j.job.label] = t.best_job * 1e3 / first
+                row["x_of_first"][label] = t.best_job * 1e3 / first
     ends = {c["job"]: c["points"][-1][1] if c["points"] else None for c in curves}
-    return {"first": base, "jobs": [j.job.label for j in jobs], "operators": len(common),
+    return {"first": base, "jobs": labels, "operators": len(common),
             "plan_operators": len(costs[0]), "curves": curves, "end_ms": ends, "tasks": list(tasks.values())}
 
 
@@ -393,13 +397,14 @@ def _comparison(data: JobData, others: list[JobData]) -> str:
         axes = Axes("wall time since each job started (min)", "Σ weight × best (ms)", width=560, height=240,
                     title="jobs compared")  # fmt: skip
         series = [Series(c["job"], [p[0] / 60 for p in c["points"]], [p[1] for p in c["points"]],
-                         PALETTE[n % len(PALETTE)]) for n, c in enumerate(cmp["curves"])]  # fmt: skip
+                         PALETTE[n % len(PALETTE)], dots=True) for n, c in enumerate(cmp["curves"])]  # fmt: skip
         out.append('<div class="compare-curves">' + line_chart(series, axes) + "</div>")
         ends = "; ".join(f"{escape(k)} {v:,.3f} ms" + (f" ({v / cmp['end_ms'][base]:.2f}x of {escape(base)})"
                                                       if k != base and v and cmp["end_ms"][base] else "")
                          for k, v in cmp["end_ms"].items() if v is not None)  # fmt: skip
         out.append(f'<p class="note">One curve per job: Σ weight × best so far over the {cmp["operators"]} of '
-                   f"{cmp['plan_operators']} operators of {escape(base)}'s plan that every job measured, against "
+                   f"{cmp['plan_operators']} operators of {escape(base)}'s plan that every job measured, from each "
+                   "job's own records (not the database's bests before it), against "
                    f"the time since each job started. At the end: {ends} (lower is better).</p>")
     else:
         out.append(f'<p class="note">No common curve: no operator of {escape(base)}\'s plan was measured by '
