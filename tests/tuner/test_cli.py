@@ -251,3 +251,19 @@ def test_read_only_commands_import_neither_tvm_nor_torch(tmp_path):
                           timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("no jobs in the database") == 2 and "0 workloads, 0 records" in proc.stdout
+
+
+def test_tasks_total_counts_each_conv_once_across_its_layout_variants():
+    """A conv tuned in NCHW, NCHW8c and Winograd runs once per inference: the total takes its
+    costliest variant, not the sum of the alternatives (ResNet-50 printed ~3x its GFLOP)."""
+    from tuner.cli.tasks import _total_line
+    from tuner.graph.tasks import Task
+
+    # mod is not read by the total (no IRModule needed for arithmetic on weights and FLOPs).
+    conv = [Task("conv", None, 2, 1e9, "k1", "NCHW", "c0", 0), Task("conv8c", None, 2, 1e9, "k2", "NCHW8c", "c0", 1),
+            Task("conv_w", None, 2, 0.4e9, "k3", "NCHW8c:w4", "c0", 2)]  # fmt: skip
+    dense = Task("dense", None, 1, 0.5e9, "k4")
+    line = _total_line([*conv, dense])
+    assert line.startswith("total 2.50 GFLOP per inference")
+    assert "3 tasks are layout variants of 1 convs" in line
+    assert _total_line([dense]) == "total 0.50 GFLOP per inference"

@@ -42,6 +42,21 @@ def cmd_tasks(args: argparse.Namespace) -> int:
         table.add_row(*r)
     out.print(table)
     _print_precision(spec, loaded.precision, device.target)
-    total = sum(t.weight * t.flops for t in tasks)
-    out.print(f"total {total / 1e9:,.2f} GFLOP per inference")
+    out.print(_total_line(tasks))
     return 0
+
+
+def _total_line(tasks: list) -> str:
+    """The model's work per inference: a conv tuned in several layouts runs once, so each group
+    of layout variants (``Task.choice``) counts once, as its costliest variant (the direct
+    convolution, where Winograd variants do fewer FLOPs)."""
+    groups: dict[str, float] = {}
+    for t in tasks:
+        key = t.choice or t.workload_key
+        groups[key] = max(groups.get(key, 0.0), t.weight * t.flops)
+    variants = sum(1 for t in tasks if t.choice)
+    total = f"total {sum(groups.values()) / 1e9:,.2f} GFLOP per inference"
+    if not variants:
+        return total
+    convs = len({t.choice for t in tasks if t.choice})
+    return f"{total} ({variants} tasks are layout variants of {convs} convs, each counted once)"
