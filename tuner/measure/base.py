@@ -37,6 +37,11 @@ MeasurerName = Literal["ray", "inline"]
 #: Slack of a timing's lease wait over the build timeout (see ``MeasureConfig.lease_wait_s``).
 LEASE_MARGIN_S = 30.0
 MEASURERS: tuple[str, ...] = ("ray", "inline")
+#: Set in every Ray worker of a job (the job's runtime environment, and the device actors' own).
+#: tvm_ffi imports torch in each process and, for a torch without the C DLPack exchange API
+#: (torch 2.11 has none, 2.13 has it), JIT-compiles an add-on with torch's C++ extension (with
+#: nvcc on a CUDA torch) in every cold worker at once; Nightshift hands TVM no torch tensor.
+WORKER_ENV: dict[str, str] = {"TVM_FFI_DISABLE_TORCH_C_DLPACK": "1"}
 
 
 class MeasureError(NightshiftError):

@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import shutil
+from pathlib import Path
 from typing import Any, Literal
 
 from tuner.cuda_runtime import load_cuda_runtime, wheel_cuda_home
@@ -33,25 +34,71 @@ logger = logging.getLogger(__name__)
 # ----- build side -----
 
 
+#: Where CUDA toolkits install nvcc when it is not on PATH (a login shell's profile adds it;
+#: a Ray worker, a container's entry point or ``ssh host cmd`` may not run that profile).
+NVCC_DIRS = ("/usr/local/cuda/bin", "/opt/cuda/bin")
+
+
+def find_nvcc(path: str | None = None, cuda_home: str | None = None,
+              dirs: tuple[str, ...] = NVCC_DIRS) -> Path | None:
+    """The nvcc this node can run: on ``path`` (default: ``$PATH``), else under ``cuda_home``
+    (default: ``$CUDA_HOME`` or ``$CUDA_PATH``), the usual toolkit folders, or the ``cuda``
+    extra's wheel (``nvidia-cuda-nvcc``); None if there is none."""
+    found = shutil.which("nvcc", path=path)
+    if found:
+        return Path(found)
+    home = cuda_home if cuda_home is not None else os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    wheel = wheel_cuda_home()
+    candidates = [*([Path(home) / "bin"] if home else []), *(Path(d) for d in dirs),
+                  *([wheel / "bin"] if wheel is not None else [])]  # fmt: skip
+    for folder in candidates:
+        nvcc = folder / "nvcc"
+        if nvcc.is_file() and os.access(nvcc, os.X_OK):
+            return nvcc
+    return None
+
+
 def cuda_compiler() -> Literal["nvcc", "nvrtc"]:
-    """The CUDA compiler this node builds kernels with: nvcc if on PATH, else NVRTC.
+    """The CUDA compiler this node builds kernels with: nvcc (see :func:`find_nvcc`), else NVRTC.
+
+    An nvcc found off PATH is put on this process's PATH: TVM runs "nvcc" by name, and finds
+    the toolkit's headers from where that nvcc is.
 
     Raises:
         CudaToolchainError: neither nvcc nor NVRTC's Python bindings (the ``cuda`` extra).
     """
-    home = wheel_cuda_home()
-    if not shutil.which("nvcc") and home is not None and (home / "bin" / "nvcc").exists():
-        # The `cuda` extra's toolkit wheels; TVM runs "nvcc" from PATH.
-        os.environ["PATH"] = f"{home / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
-    if shutil.which("nvcc"):
+    nvcc = find_nvcc()
+    if nvcc is not None:
+        if not shutil.which("nvcc"):
+            os.environ["PATH"] = f"{nvcc.parent}{os.pathsep}{os.environ.get('PATH', '')}"
+            logger.info("nvcc is not on PATH: using %s", nvcc)
         return "nvcc"
     try:
         from cuda.bindings import nvrtc  # noqa: F401
     except ImportError:
         raise CudaToolchainError(
-            f"building CUDA kernels needs nvcc on PATH or NVRTC: {install_hint('cuda')}"
+            "building CUDA kernels needs nvcc (on PATH, under $CUDA_HOME or /usr/local/cuda) or NVRTC: "
+            f"{install_hint('cuda')}"
         ) from None
+    if not os.environ.get("CUDA_PATH"):
+        # TVM's NVRTC path takes CUDA's headers from $CUDA_PATH, else from where nvcc is, which
+        # here is nowhere: it would fail each build with "Cannot find CUDA path".
+        headers = cuda_headers_home()
+        if headers is None:
+            raise CudaToolchainError("NVRTC needs CUDA's headers (include/cuda_runtime.h): set CUDA_PATH to a "
+                                     f"CUDA toolkit, or {install_hint('cuda')}")  # fmt: skip
+        os.environ["CUDA_PATH"] = str(headers)
+        logger.info("no nvcc here: CUDA kernels compile with NVRTC (headers from %s)", headers)
     return "nvrtc"
+
+
+def cuda_headers_home(cuda_home: str | None = None, dirs: tuple[str, ...] = NVCC_DIRS) -> Path | None:
+    """A CUDA root whose ``include/`` has ``cuda_runtime.h`` (``cuda_home``, default
+    ``$CUDA_HOME``; the toolkit folders; the ``cuda`` extra's wheels), or None."""
+    home = cuda_home if cuda_home is not None else os.environ.get("CUDA_HOME")
+    wheel = wheel_cuda_home()
+    roots = [*([Path(home)] if home else []), *(Path(d).parent for d in dirs), *([wheel] if wheel else [])]
+    return next((r for r in roots if (r / "include" / "cuda_runtime.h").is_file()), None)
 
 
 def prepare_cuda_build() -> str:

@@ -227,6 +227,7 @@ def ensure(resource: str, node_id: str, unit: int, kind: str, target_config: dic
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    from tuner.measure.base import WORKER_ENV
     from tuner.measure.quiet import NAMESPACE
 
     options: dict[str, Any] = {
@@ -235,7 +236,7 @@ def ensure(resource: str, node_id: str, unit: int, kind: str, target_config: dic
         "resources": {resource: 1},
         "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False),
         # The runtime-only import proves the device side needs no compiler.
-        "runtime_env": {"env_vars": {"TVM_USE_RUNTIME_LIB": "1"}},
+        "runtime_env": {"env_vars": {"TVM_USE_RUNTIME_LIB": "1", **WORKER_ENV}},
     }  # fmt: skip
     if kind == "cuda":
         options["num_gpus"] = 1

@@ -52,7 +52,7 @@ from tuner.device import Device
 from tuner.errors import CudaToolchainError, UserInputError
 from tuner.graph.tasks import Task
 from tuner.measure import device_actor
-from tuner.measure.base import MeasureConfig, MeasureError, MeasureStats, device_resource
+from tuner.measure.base import WORKER_ENV, MeasureConfig, MeasureError, MeasureStats, device_resource
 from tuner.measure.builder import BuildPause, build_task
 from tuner.measure.builder import arg_specs as _arg_specs
 from tuner.measure.builder import entry_name as _entry
@@ -129,7 +129,7 @@ def connect(address: str | None = None, *, num_cpus: int | None = None,
         logger.debug("Ray is already initialized in this process: using its cluster")
         return False
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
-                              "logging_level": logging.WARNING}
+                              "logging_level": logging.WARNING, "runtime_env": {"env_vars": dict(WORKER_ENV)}}
     if not address:
         address = env_address()
         if address is not None:
@@ -175,8 +175,15 @@ def connect(address: str | None = None, *, num_cpus: int | None = None,
     try:
         # "local", not None: with None, Ray joins the newest cluster a `ray start` on this
         # machine recorded in /tmp/ray (another user's), and then refuses our resources.
+        device_resources = local_device_resources()
+        # Ray counts GPUs through NVML, which a container or VM may not expose even where
+        # TVM's CUDA runtime sees the GPUs: offer as many as TVM sees (CUDA_VISIBLE_DEVICES
+        # applies to both), so the device actors' num_gpus=1 can be granted.
+        gpus = sum(int(v) for k, v in device_resources.items() if k.startswith("nightshift_cuda_"))
+        if gpus:
+            kwargs["num_gpus"] = gpus
         with _quiet_auth_notice(ray_auth.logger):
-            ray.init(address="local", num_cpus=num_cpus, resources=local_device_resources() | (resources or {}),
+            ray.init(address="local", num_cpus=num_cpus, resources=device_resources | (resources or {}),
                      _node_ip_address="127.0.0.1", **kwargs)  # fmt: skip
     finally:
         services.resolve_ip_for_localhost = resolve
@@ -939,15 +946,31 @@ def identify_gpu_worker(device: Any, timeout_s: float = 120.0) -> Any:
     import dataclasses
 
     import ray
-
-
+    from ray.exceptions import GetTimeoutError
 
     resource = device_resource(device)
+    offering = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get(resource, 0) >= 1]
+    if offering and not any(n["Resources"].get("GPU", 0) >= 1 for n in offering):
+        # The probe (and the device actor) ask for a GPU: without one they would wait forever.
+        raise CudaToolchainError(
+            f"the node(s) offering {resource} offer Ray no GPU (Ray counts GPUs through NVML and "
+            "CUDA_VISIBLE_DEVICES; on a node where it finds none, start the worker with --num-gpus N): "
+            + "; ".join(f"{n.get('NodeManagerAddress')}: {_resource_text(n['Resources'])}" for n in offering)
+        )
     probe = ray.remote(gpu_identity).options(
         num_cpus=0, num_gpus=1, resources={resource: 1},
-        runtime_env={"env_vars": {"TVM_USE_RUNTIME_LIB": "1"}},
+        runtime_env={"env_vars": {"TVM_USE_RUNTIME_LIB": "1", **WORKER_ENV}},
     )  # fmt: skip
-    info = ray.get(probe.remote(0), timeout=timeout_s)
+    ref = probe.remote(0)
+    try:
+        info = ray.get(ref, timeout=timeout_s)
+    except GetTimeoutError:
+        ray.cancel(ref, force=True)
+        total = ray.cluster_resources()
+        raise CudaToolchainError(
+            f"the GPU probe (one GPU and {resource}) did not run within {timeout_s:.0f} s; free now: "
+            f"{_resource_text(ray.available_resources(), keys=total)}; the cluster: {_resource_text(total)}"
+        ) from None
     if info is None:
         raise CudaToolchainError(f"the node offering {resource} sees no GPU with TVM's CUDA runtime")
     if info["arch"] != device.arch:
@@ -958,3 +981,10 @@ def identify_gpu_worker(device: Any, timeout_s: float = 120.0) -> Any:
         config[key] = info[key]
     logger.info("timing node's GPU: %s", info)
     return dataclasses.replace(device, target_config=config, description=info, present=True)
+
+
+def _resource_text(resources: dict[str, float], keys: dict[str, float] | None = None) -> str:
+    """Ray's CPU, GPU and Nightshift resources, in a line (not its per-node internals); those
+    of ``keys`` where given, 0 where ``resources`` lacks one (Ray leaves out what is all taken)."""
+    names = [k for k in (keys or resources) if k in ("CPU", "GPU") or k.startswith("nightshift_")]
+    return ", ".join(f"{k} {resources.get(k, 0):g}" for k in sorted(names)) or "none"
