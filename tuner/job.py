@@ -366,7 +366,8 @@ class TuningJob:
                    resumed=self.resumed, time_budget_s=config.time_budget_s, trials_cap=config.trials,
                    trials_before=self.done, elapsed_before_s=self.elapsed_before, tasks=[
                        {"index": i, "name": t.name, "workload_key": t.workload_key, "weight": t.weight,
-                        "flops": t.flops, "choice": t.choice, "reuse": self.reuse[i], "reuse_rule": rules[i],
+                        "flops": t.flops, "choice": t.choice, "plans": list(t.plans), "reuse": self.reuse[i],
+                        "reuse_rule": rules[i],
                         "trials": self.scheduler.trials[i], "best_sec": self.scheduler.best_sec[i],
                         "done": self.scheduler.done_reason(i)}
                        for i, t in enumerate(self.tasks)])  # fmt: skip
@@ -526,8 +527,8 @@ class TuningJob:
         # The process id lets a rerun on the same host see at once that a killed run is dead.
         settings = {"device": self.device.name, "pid": os.getpid(), "timing": self.timing} | _jsonable(asdict(config))
         # The report weighs each task's best by how often the model calls it.
-        settings["tasks"] = [{"workload_key": t.workload_key, "weight": t.weight, "choice": t.choice}
-                             for t in self.tasks]
+        settings["tasks"] = [{"workload_key": t.workload_key, "weight": t.weight, "choice": t.choice,
+                              "plans": list(t.plans)} for t in self.tasks]
         total = config.trials or 0
         for _ in range(_OPEN_ATTEMPTS):
             # A running row first: an older killed run may sit under a newer finished one.

@@ -48,6 +48,40 @@ def per_operator(costs: Iterable[tuple[str, float | None]]) -> list[float | None
     return list(groups.values())
 
 
+def preferred_plan(tasks: Iterable[tuple[tuple[int, ...], str, float | None]]) -> int | None:
+    """The uniform layout plan an estimate follows, from the tasks' ``(plans, choice, cost)``.
+
+    A job tuning convs in several layouts also tunes each layout's own other operators (a
+    ``mean`` reading NCHW8c beside one reading NCHW); the model runs one set of them. The plan
+    is the one whose conv variants cost least over the conv groups measured in every plan
+    (the scheduler's rule), else the first. None when no task is tied to a plan.
+    """
+    items = list(tasks)
+    ranks = sorted({r for plans, _choice, _cost in items for r in plans})
+    if not ranks:
+        return None
+    groups: dict[str, dict[int, float | None]] = {}
+    for plans, choice, cost in items:
+        if choice:
+            for r in plans or ranks:
+                groups.setdefault(choice, {})[r] = cost
+    totals = dict.fromkeys(ranks, 0.0)
+    measured = False
+    for costs in groups.values():
+        if set(costs) >= set(ranks) and all(c is not None for c in costs.values()):
+            measured = True
+            for r in ranks:
+                totals[r] += costs[r]  # type: ignore[operator]
+    return min(ranks, key=lambda r: (totals[r], r)) if measured else ranks[0]
+
+
+def in_plan(plans: tuple[int, ...], choice: str, plan: int | None) -> bool:
+    """Whether a task counts in an estimate following ``plan`` (:func:`preferred_plan`): conv
+    variants always do (:func:`per_operator` keeps the fastest), other operators only when
+    ``plan`` runs them."""
+    return bool(choice) or plan is None or not plans or plan in plans
+
+
 def event(kind: str, **fields: Any) -> Event:
     """An event dict: its kind, the wall-clock time, and ``fields``."""
     return {"event": kind, "t": time.time(), **fields}
@@ -64,6 +98,8 @@ class TaskProgress:
     reuse: str = "new"
     #: Layout-variant group (``Task.choice``): the model runs one task of a group.
     choice: str = ""
+    #: Uniform layout plans running the task (``Task.plans``); empty: every plan.
+    plans: tuple[int, ...] = ()
     trials: int = 0
     errors: int = 0
     #: Best latency when the job started (stored records), else its first measured best.
@@ -116,8 +152,8 @@ class JobProgress:
             self.elapsed_before_s = self.elapsed_s = ev.get("elapsed_before_s", 0.0)
             self.started_t = ev["t"]
             self.tasks = [TaskProgress(t["name"], t["workload_key"], t["weight"], t["flops"], t.get("reuse", "new"),
-                                       t.get("choice", ""), t.get("trials", 0), 0, t.get("best_sec"),
-                                       t.get("best_sec"), t.get("done"))
+                                       t.get("choice", ""), tuple(t.get("plans") or ()), t.get("trials", 0), 0,
+                                       t.get("best_sec"), t.get("best_sec"), t.get("done"))
                           for t in ev["tasks"]]  # fmt: skip
         elif kind == "batch_submitted":
             self.propose_s += float((ev.get("propose_s") or {}).get("total", 0.0))
@@ -151,8 +187,11 @@ class JobProgress:
         """Estimated end-to-end latency ``sum(weight * best)`` at the start and now, over the
         tasks that have a best schedule (a task's start is its first best when it had none).
         Layout variants of one operator count once, the fastest of them (the layout
-        transforms a variant implies are left out)."""
-        known = [t for t in self.tasks if t.best_sec is not None and t.start_sec is not None]
+        transforms a variant implies are left out); operators that only one layout plan runs
+        count in the preferred plan only (:func:`preferred_plan`)."""
+        plan = preferred_plan((t.plans, t.choice, t.best_sec) for t in self.tasks)
+        known = [t for t in self.tasks
+                 if t.best_sec is not None and t.start_sec is not None and in_plan(t.plans, t.choice, plan)]
         if not known:
             return None, None
         start = per_operator((t.choice, t.weight * t.start_sec) for t in known)  # type: ignore[operator]

@@ -55,3 +55,30 @@ def test_local_cluster_binds_loopback_with_token_auth(tmp_path: Path, loose_toke
     assert seen["node_ip"] == "127.0.0.1"
     assert seen["mode"] == "token" and seen["token_mode"] == "0o600" and seen["token_len"] == 64, seen
     assert "RAY_AUTH_MODE=disabled ignored" in proc.stderr
+
+
+_PLAIN_INIT = r"""
+import ray
+from tuner.device import parse_device
+from tuner.errors import UserInputError
+from tuner.measure.ray_measure import RayMeasurer
+
+ray.init(num_cpus=1, include_dashboard=False)
+try:
+    RayMeasurer(parse_device("cpu"))
+except UserInputError as e:
+    print(e)
+ray.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_plain_ray_init_gets_a_notebook_hint(tmp_path: Path):
+    """A notebook's plain ``ray.init()`` lacks the device resource: the error says to start the
+    cluster with ``connect()``, not to start a worker on a head node the user never ran."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "NIGHTSHIFT_"))} | {"HOME": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", _PLAIN_INIT], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    message = proc.stdout.strip().splitlines()[-1]
+    assert "does not offer device resource 'nightshift_cpu_" in message, message
+    assert "connect()" in message and "ray start" not in message, message

@@ -375,6 +375,11 @@ def test_auto_tasks_hold_each_conv_in_each_layout_once(tiny, cpu_device):
     # The classifier head is the same in both plans: one task, tuned once.
     shared = set.intersection(*({t.workload_key for t in p} for p in per_plan.values()))
     assert shared and all(not t.choice for t in tasks if t.workload_key in shared)
+    # Each task says which uniform plans run it: every plan (empty) when shared, else its own.
+    for rank, layout in enumerate(("NCHW8c", "NCHW")):
+        own = {t.workload_key for t in per_plan[layout]} - shared
+        assert own and all(t.plans == (rank,) for t in tasks if t.workload_key in own)
+    assert all(t.plans == () for t in tasks if t.workload_key in shared)
 
 
 def _store(db, device, tasks, seconds) -> None:

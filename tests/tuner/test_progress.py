@@ -5,9 +5,10 @@ from __future__ import annotations
 import io
 import json
 
+import pytest
 from rich.console import Console
 
-from tuner.progress import JobProgress, JsonLog, LiveView, event
+from tuner.progress import JobProgress, JsonLog, LiveView, event, preferred_plan
 
 
 def _events() -> list[dict]:
@@ -56,6 +57,26 @@ def test_layout_variants_of_one_conv_count_once_in_the_estimate():
     for task, best, done in ((0, 2e-3, 4), (1, 5e-3, 8), (2, 1e-3, 12), (0, 1.5e-3, 16)):
         p.apply(event("batch_done", task=task, trials=4, errors={}, best_sec=best, trials_done=done, elapsed_s=done))
     assert p.estimate_sec == (3 * 2e-3 + 1e-3, 3 * 1.5e-3 + 1e-3)
+
+
+def test_operators_of_one_layout_plan_count_only_in_the_preferred_plan():
+    """A ``mean`` reading NCHW8c and one reading NCHW are one operator in two plans: the
+    estimate counts the one of the plan whose conv variants are faster, never both."""
+    tasks = [{"name": f"conv_{lay}", "workload_key": f"c{r}", "weight": 2, "flops": 1e9, "choice": "c0",
+              "plans": [r], "trials": 0, "best_sec": None} for r, lay in enumerate(("nchw8c", "nchw"))]
+    tasks += [{"name": f"mean_{lay}", "workload_key": f"m{r}", "weight": 1, "flops": 1e6, "plans": [r],
+               "trials": 0, "best_sec": None} for r, lay in enumerate(("nchw8c", "nchw"))]
+    tasks.append({"name": "dense", "workload_key": "d", "weight": 1, "flops": 1e8, "plans": [], "trials": 0,
+                  "best_sec": None})
+    p = JobProgress()
+    p.apply(event("job_start", job_id=1, name="j", model="m", device="cpu", resumed=False, tasks=tasks))
+    for task, best, done in ((0, 3e-3, 4), (1, 2e-3, 8), (2, 1e-4, 12), (3, 2e-4, 16), (4, 1e-3, 20)):
+        p.apply(event("batch_done", task=task, trials=4, errors={}, best_sec=best, trials_done=done, elapsed_s=done))
+    # The NCHW conv is faster: NCHW's mean counts, NCHW8c's does not.
+    assert p.estimate_sec == pytest.approx((2 * 2e-3 + 2e-4 + 1e-3, 2 * 2e-3 + 2e-4 + 1e-3))
+    assert preferred_plan((t.plans, t.choice, t.best_sec) for t in p.tasks) == 1
+    p.apply(event("batch_done", task=0, trials=4, errors={}, best_sec=1e-3, trials_done=24, elapsed_s=24))
+    assert p.estimate_sec[1] == pytest.approx(2 * 1e-3 + 1e-4 + 1e-3)
 
 
 def test_json_log_and_line_view(tmp_path):

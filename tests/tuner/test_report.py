@@ -219,8 +219,6 @@ def _png(data: bytes) -> np.ndarray:
     return out.reshape(height, width, bpp)[:, :, :3]
 
 
-@pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None,
-                    reason="needs Debian's chromium and chromium-driver (apt-get install -y chromium chromium-driver)")
 def _cells(driver, table: str, col: int) -> list[float | None]:
     """The ``data-v`` of column ``col`` (1-based) of the visible rows of ``table``, in page order."""
     return driver.execute_script(
@@ -244,6 +242,8 @@ def _exported(driver) -> dict[str, str]:
     return out
 
 
+@pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None,
+                    reason="needs Debian's chromium and chromium-driver (apt-get install -y chromium chromium-driver)")
 def test_opens_in_headless_chromium_without_errors_with_curves(report, compared, tmp_path):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service

@@ -49,9 +49,14 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 def _total_line(tasks: list) -> str:
     """The model's work per inference: a conv tuned in several layouts runs once, so each group
     of layout variants (``Task.choice``) counts once, as its costliest variant (the direct
-    convolution, where Winograd variants do fewer FLOPs)."""
+    convolution, where Winograd variants do fewer FLOPs); an operator that only another layout
+    plan runs (``Task.plans``, a ``mean`` reading NCHW8c) counts in the first plan only."""
     groups: dict[str, float] = {}
+    others = 0
     for t in tasks:
+        if not t.choice and t.plans and 0 not in t.plans:
+            others += 1
+            continue
         key = t.choice or t.workload_key
         groups[key] = max(groups.get(key, 0.0), t.weight * t.flops)
     variants = sum(1 for t in tasks if t.choice)
@@ -59,4 +64,7 @@ def _total_line(tasks: list) -> str:
     if not variants:
         return total
     convs = len({t.choice for t in tasks if t.choice})
+    if others:
+        return (f"{total} ({variants} tasks are layout variants of {convs} convs, each counted once; "
+                f"{others} run only in another layout)")
     return f"{total} ({variants} tasks are layout variants of {convs} convs, each counted once)"

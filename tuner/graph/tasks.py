@@ -40,6 +40,9 @@ class Task:
             first, the target's preferred layout).
         io_bytes: bytes of the conv's input and output tensors: what the layout transforms
             around it move when its neighbours run in another layout.
+        plans: for :func:`extract_layout_tasks`, the candidate layouts (by position) whose
+            uniform plan runs this task, when that is not all of them (a ``mean`` reading
+            NCHW8c runs only where the convs before it are blocked); empty: every plan.
     """
 
     name: str
@@ -51,6 +54,7 @@ class Task:
     choice: str = ""
     choice_rank: int = 0
     io_bytes: int = 0
+    plans: tuple[int, ...] = ()
 
 
 def fuse_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
@@ -174,12 +178,14 @@ def extract_layout_tasks(
 
     conv_io: dict[str, int] = {}
     rank: dict[str, int] = {}
+    in_plans: dict[str, set[int]] = {}
     for r, layout in enumerate(layouts):
         fused = fuse(prepare(base, target, LayoutPlan(layout)), target)
         for t in _fused_tasks(fused, target, precision):
             old = merged.get(t.workload_key)
             merged[t.workload_key] = t if old is None else replace(old, weight=max(old.weight, t.weight))
             rank.setdefault(t.workload_key, r)
+            in_plans.setdefault(t.workload_key, set()).add(r)
         keys = fused_conv_keys(fused, precision)
         if len(keys) != len(calls):
             raise ValueError(f"found {len(keys)} conv tasks for {len(calls)} convs under {layout}")
@@ -192,7 +198,8 @@ def extract_layout_tasks(
     for key in conv_io:
         groups.setdefault(find(key), []).append(key)
     choice = {k: min(members) for members in groups.values() if len(members) > 1 for k in members}
-    tasks = [replace(t, choice=choice.get(k, ""), choice_rank=rank[k], io_bytes=conv_io.get(k, 0))
+    tasks = [replace(t, choice=choice.get(k, ""), choice_rank=rank[k], io_bytes=conv_io.get(k, 0),
+                     plans=() if len(in_plans[k]) == len(layouts) else tuple(sorted(in_plans[k])))
              for k, t in merged.items()]  # fmt: skip
     # Two plans' modules each name their functions: a later plan's task that takes a name an
     # earlier plan's holds (a `mean` reading NCHW8c beside one reading NCHW, the F(2, 3)

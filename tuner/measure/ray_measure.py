@@ -103,6 +103,27 @@ def starts_local(address: str | None = None) -> bool:
     return not ray.is_initialized() and not address and env_address() is None
 
 
+def _no_device_node(resource: str, device: Device) -> str:
+    """Why no node can time ``device``, and what to do, for the cluster this process joined."""
+    if _local_head():
+        # A notebook's plain ``ray.init()``: the local cluster lacks our resource, and a worker
+        # command with HEAD_IP:PORT is not what that user needs.
+        return (f"the Ray cluster this process started (ray.init()) does not offer device resource {resource!r}; "
+                "start it with tuner.measure.ray_measure.connect() instead of ray.init() (or "
+                "ray.init(resources=local_device_resources()) from the same module), or call ray.shutdown() "
+                "and let tune start its own")
+    return f"no node of the Ray cluster offers device resource {resource!r}; start a worker for it with: " \
+        f"{worker_command(device)}"
+
+
+def _local_head() -> bool:
+    """Whether this process's Ray cluster was started by ``ray.init()`` in this process."""
+    # Ray's private node object is the only place that says so; a Ray without it gets the
+    # general wording.
+    node = getattr(ray._private.worker, "_global_node", None)
+    return bool(getattr(node, "ray_init_cluster", False))
+
+
 def connect(address: str | None = None, *, num_cpus: int | None = None,
             resources: dict[str, float] | None = None) -> bool:
     """Join the Ray cluster at ``address`` (``auto``, ``HOST:PORT``) or start a local one.
@@ -298,10 +319,7 @@ class RayMeasurer:
         self.resource = device_resource(device)
         nodes = _device_nodes(self.resource)
         if not nodes:
-            raise UserInputError(
-                f"no node of the Ray cluster offers device resource {self.resource!r}; start a "
-                f"worker for it with: {worker_command(device)}"
-            )
+            raise UserInputError(_no_device_node(self.resource, device))
         self._build = ray.remote(build_task).options(
             num_cpus=1, num_returns="streaming", max_retries=self.config.build_retries, retry_exceptions=False
         )

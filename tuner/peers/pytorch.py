@@ -18,7 +18,7 @@ class TorchEagerPeer(Peer):
 
     name = "torch"
     module = "torch"
-    install = "pip install torch==2.13.0"
+    install = "pip install 'torch>=2.13,<2.14'"
 
     def prepare(self, model: PeerModel, threads: int) -> None:
         import torch

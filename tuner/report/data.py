@@ -20,7 +20,7 @@ from sqlalchemy import and_, func, or_, select
 from tuner.db import TuningDatabase
 from tuner.db.schema import DeviceRow, JobRow, RecordRow, WorkloadRow
 from tuner.errors import UserInputError
-from tuner.progress import per_operator
+from tuner.progress import in_plan, per_operator, preferred_plan
 
 logger = logging.getLogger(__name__)
 
@@ -153,6 +153,8 @@ class TaskData:
     weight: float | None = None
     #: Layout-variant group (``Task.choice``): the model runs one task of a group.
     choice: str = ""
+    #: Uniform layout plans running the task (``Task.plans``); empty: every plan.
+    plans: tuple[int, ...] = ()
     records: list[Measurement] = field(default_factory=list)
     #: Best mean of this device's records written before the job started (any job), if any.
     best_before: float | None = None
@@ -314,6 +316,7 @@ def job_data(db: TuningDatabase, job: JobInfo, *, artifact: dict[str, Any] | Non
     (``tasks``), else from the artifact's metadata, else are unknown (the report says so).
     """
     weights, choices, source = _weights(job.config.get("tasks"), "the job's configuration")
+    plans = _plans(job.config.get("tasks"))
     if not weights and artifact is not None:
         weights, choices, source = _weights(artifact.get("tasks"), "the artifact's metadata")
     if not weights:
@@ -333,7 +336,8 @@ def job_data(db: TuningDatabase, job: JobInfo, *, artifact: dict[str, Any] | Non
             .order_by(RecordRow.created_at, RecordRow.id)
         ).all()  # fmt: skip
         for key, name, flops, created, mean, error, b_sec, w_sec, run_secs in rows:
-            t = tasks.setdefault(key, TaskData(key, name, float(flops or 0.0), weights.get(key), choices.get(key, "")))
+            t = tasks.setdefault(key, TaskData(key, name, float(flops or 0.0), weights.get(key), choices.get(key, ""),
+                                               plans.get(key, ())))
             at = ((_utc(created) or job.created_at) - job.created_at).total_seconds()
             last_at = max(last_at, at)
             try:
@@ -351,7 +355,8 @@ def job_data(db: TuningDatabase, job: JobInfo, *, artifact: dict[str, Any] | Non
             if key not in tasks:
                 w = s.execute(select(WorkloadRow.name, WorkloadRow.flops).where(WorkloadRow.key == key)).first()
                 if w is not None:
-                    tasks[key] = TaskData(key, w.name, float(w.flops or 0.0), weight, choices.get(key, ""))
+                    tasks[key] = TaskData(key, w.name, float(w.flops or 0.0), weight, choices.get(key, ""),
+                                          plans.get(key, ()))
         plan, plan_from = _plan(artifact, job)
         for key, weight in plan.items():
             if key not in tasks:  # a task of the compiled plan the job's configuration does not list
@@ -363,6 +368,12 @@ def job_data(db: TuningDatabase, job: JobInfo, *, artifact: dict[str, Any] | Non
                 t.in_plan = key in plan
         if device_id is not None and tasks:
             _bests(s, tasks, device_id, job)
+        if not plan:
+            # No compiled plan given: the layout plan the job's bests favour stands in for it, so
+            # the other plans' own operators are not added to the model's time.
+            favoured = preferred_plan((t.plans, t.choice, t.best_now) for t in tasks.values())
+            for t in tasks.values():
+                t.in_plan = in_plan(t.plans, t.choice, favoured)
     wall = job.elapsed_sec or max(last_at, job.wall_sec)
     spent = TimeSpent(wall, build, wall_timing if has_wall and rows else timing, not (has_wall and rows))
     ordered = sorted(tasks.values(), key=lambda t: (not t.in_plan, -(t.weight or 1.0) * (t.best_now or t.best_job
@@ -383,6 +394,14 @@ def _plan(artifact: dict[str, Any] | None, job: JobInfo) -> tuple[dict[str, floa
     if not weights:
         return {}, ""
     return weights, "the artifact's tasks (the plan it was compiled with)"
+
+
+def _plans(tasks: Any) -> dict[str, tuple[int, ...]]:
+    """The uniform layout plans of each task (``Task.plans``) by workload key, from a job's tasks."""
+    if not isinstance(tasks, list):
+        return {}
+    return {str(t["workload_key"]): tuple(int(r) for r in t["plans"]) for t in tasks
+            if isinstance(t, dict) and "workload_key" in t and isinstance(t.get("plans"), list) and t["plans"]}
 
 
 def _weights(tasks: Any, source: str) -> tuple[dict[str, float], dict[str, str], str]:

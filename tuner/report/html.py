@@ -183,9 +183,11 @@ def _plan_note(data: JobData) -> str:
     if data.plan_from:
         return (f"the compiled plan's operators, from {data.plan_from}; tasks of the layouts it did not take "
                 "are greyed and count for nothing")
+    if any(t.plans for t in data.tasks):
+        return ("each conv once (its fastest layout variant) and the other operators of the layout plan the "
+                "job's bests favour; pass the artifact (--artifact) to count exactly the compiled plan's tasks")
     return ("every task of the job, the layout variants of one conv once (the fastest); pass the artifact "
-            "(--artifact) to count exactly the compiled plan's tasks (the other layouts' own pooling and "
-            "transform tasks count here too)")
+            "(--artifact) to count exactly the compiled plan's tasks")
 
 
 def _kpis(data: JobData) -> str:
