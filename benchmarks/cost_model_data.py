@@ -6,7 +6,15 @@ random points of the sketch space, builds each with ``tvm.compile`` and times it
 Nightshift record with its MetaSchedule TuningRecord JSON, as the job does. ``nightshift
 model eval`` and ``benchmarks/cost_model_quality.py`` read the result.
 
+With ``--model NAME`` (repeatable), the workloads are instead the heaviest ``--tasks`` tasks
+of those models (``tuner.graph.tasks.extract_tasks``), each sampled in every space that
+applies (the sketch space and the x86 templates, points shared out evenly), and each model's
+records belong to a job of that model: ``nightshift model eval`` then also holds out whole
+models.
+
     nice -n 10 .venv/bin/python benchmarks/cost_model_data.py --db /tmp/cm.db --points 96
+    nice -n 10 .venv/bin/python benchmarks/cost_model_data.py --db /tmp/cm.db --model resnet18 \
+        --model mobilenet_v2 --tasks 6 --points 32
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import search_spaces
 from tuner.db import NewRecord, TuningDatabase
 from tuner.device import parse_device
 from tuner.graph.keys import workload_key
+from tuner.trace_json import record_as_json
 
 logger = logging.getLogger("cost_model_data")
 
@@ -92,36 +101,44 @@ def time_lib(lib, dev, mod: tvm.IRModule, *, repeat: int = 5, min_repeat_ms: int
     return [float(s) for s in evaluator(*args).results]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--db", required=True)
-    parser.add_argument("--points", type=int, default=96, help="random points per workload")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    device = parse_device("cpu")
+def model_tasks(model: str, target: tvm.target.Target, count: int) -> list[tuple[str, tvm.IRModule, float, str]]:
+    """``(name, mod, flops, key)`` of the ``count`` heaviest tasks of a zoo model."""
+    from tuner.frontends import load_model
+    from tuner.graph.tasks import extract_tasks
+
+    spec = load_model(model)
+    return [(t.name, t.mod, t.flops, t.workload_key) for t in extract_tasks(spec.mod, target)[:count]]
+
+
+def measure_task(db: TuningDatabase, dev_id: int, job_id: int | None, name: str, mod: tvm.IRModule, key: str,
+                 kinds: list[str], points: int, seed: int, device) -> None:  # fmt: skip
+    """Sample ``points`` random points shared out over ``kinds``, build and time each, store them."""
     target = device.target
-    db = TuningDatabase(args.db)
-    dev_id = db.device_id(device)
-    for name in args.workloads:
-        mod, flops = WORKLOADS[name]()
-        key = workload_key(mod)
-        db.workload_id(key, name, mod, flops)
-        space = search_spaces.create(mod, target, seed=args.seed + 1)
-        rng = np.random.default_rng(args.seed)
-        args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+    args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+    records: list[NewRecord] = []
+    start = time.perf_counter()
+    for i, kind in enumerate(kinds):
+        try:
+            space = search_spaces.create(mod, target, kind=kind, seed=seed + 1)
+        except ValueError as err:
+            logger.info("%s: space %s does not apply (%s)", name, kind, err)
+            continue
+        quota = points // len(kinds) + (1 if i < points % len(kinds) else 0)
+        rng = np.random.default_rng(seed)
         seen: set[str] = set()
-        records: list[NewRecord] = []
-        start = time.perf_counter()
-        for _ in range(args.points * 3):
-            if len(records) >= args.points:
+        made = 0
+        for _ in range(quota * 4):
+            if made >= quota:
                 break
             point = space.sample(rng)
             if point.to_json() in seen:
                 continue
             seen.add(point.to_json())
-            sch = space.apply(point)
+            try:
+                sch = space.apply(point)
+            except search_spaces.InvalidPointError:
+                continue
+            made += 1
             secs: list[float] = []
             error = msg = None
             t0 = time.perf_counter()
@@ -133,12 +150,45 @@ def main() -> None:
                 build_s = time.perf_counter() - t0
                 error, msg = "BUILD_ERROR", f"{type(err).__name__}: {err}"[:500]
             rec = ms.database.TuningRecord(sch.trace, ms.database.Workload(mod), secs or None, target, args_info)
-            records.append(NewRecord(workload_key=key, point=point.to_json(), record_json=json.dumps(rec.as_json()),
+            text = point.to_json() if kind == "sketch" else f'{{"kind":{json.dumps(kind)},{point.to_json()[1:]}'
+            records.append(NewRecord(workload_key=key, point=text, record_json=json.dumps(record_as_json(rec)),
                                      run_secs=secs, error_class=error, error_msg=msg, build_sec=build_s))  # fmt: skip
-        db.add_records(dev_id, None, records)
-        ok = [float(np.median(r.run_secs)) for r in records if r.error_class is None]
-        logger.info("%s: %d records (%d ok) in %.0f s; best %.3g ms, worst %.3g ms", name, len(records), len(ok),
-                    time.perf_counter() - start, 1e3 * min(ok, default=0), 1e3 * max(ok, default=0))
+    db.add_records(dev_id, job_id, records)
+    ok = [float(np.median(r.run_secs)) for r in records if r.error_class is None]
+    logger.info("%s (%s): %d records (%d ok) in %.0f s; best %.3g ms, worst %.3g ms", name, "+".join(kinds),
+                len(records), len(ok), time.perf_counter() - start, 1e3 * min(ok, default=0),
+                1e3 * max(ok, default=0))  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--db", required=True)
+    parser.add_argument("--points", type=int, default=96, help="random points per workload")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
+    parser.add_argument("--model", action="append", default=[], help="a zoo model whose tasks to sample (repeat)")
+    parser.add_argument("--tasks", type=int, default=6, help="heaviest tasks of each --model")
+    parser.add_argument("--sketch-only", action="store_true", help="no template spaces for --model tasks")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    device = parse_device("cpu")
+    target = device.target
+    db = TuningDatabase(args.db)
+    dev_id = db.device_id(device)
+    for model in args.model:
+        tasks = model_tasks(model, target, args.tasks)
+        job_id = db.start_job(model, dev_id, {"source": "benchmarks/cost_model_data.py", "points": args.points},
+                              args.points * len(tasks), name=f"cost-model-data-{model}")  # fmt: skip
+        for name, mod, flops, key in tasks:
+            db.workload_id(key, name, mod, flops)
+            kinds = ["sketch"] if args.sketch_only else search_spaces.applicable_kinds(mod, target)
+            measure_task(db, dev_id, job_id, name, mod, key, kinds, args.points, args.seed, device)
+        db.update_job(job_id, trials_done=db.job_trials(job_id), state="done")
+    for name in args.workloads if not args.model else []:
+        mod, flops = WORKLOADS[name]()
+        key = workload_key(mod)
+        db.workload_id(key, name, mod, flops)
+        measure_task(db, dev_id, None, name, mod, key, ["sketch"], args.points, args.seed, device)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import tvm
+from sqlalchemy import select
 from tvm.s_tir import Schedule
 from tvm.s_tir.meta_schedule.database import TuningRecord, Workload
 
@@ -48,21 +49,51 @@ class Dataset:
         groups: task of each candidate: the workload key, with ``@fingerprint`` appended for
             records of another device than the one asked for (its speeds differ).
         names: task name of each group.
+        sources: the model of the job that measured each candidate ("" for records of no job).
+        spaces: the search space kind of each candidate (``sketch`` or a template's name).
+        devices: the device fingerprint of each candidate.
     """
 
     features: StoreFeatures
     throughputs: np.ndarray
     groups: np.ndarray
     names: dict[str, str] = field(default_factory=dict)
+    sources: np.ndarray | None = None
+    spaces: np.ndarray | None = None
+    devices: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.throughputs)
+        for name in ("sources", "spaces", "devices"):
+            if getattr(self, name) is None:
+                setattr(self, name, np.full(n, "sketch" if name == "spaces" else "", dtype=object))
 
     def __len__(self) -> int:
         return len(self.throughputs)
 
     def subset(self, index: np.ndarray) -> Dataset:
-        return Dataset(self.features[index], self.throughputs[index], self.groups[index], self.names)
+        return Dataset(self.features[index], self.throughputs[index], self.groups[index], self.names,
+                       self.sources[index], self.spaces[index], self.devices[index])  # fmt: skip
 
     def family(self, group: str) -> str:
         return task_family(self.names.get(group, group))
+
+    @classmethod
+    def concat(cls, parts: list[Dataset]) -> Dataset:
+        """All candidates of ``parts``, in order (groups keep their names: use distinct keys)."""
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            return empty_dataset()
+        names: dict[str, str] = {}
+        for p in parts:
+            names |= p.names
+        cat = {a: np.concatenate([getattr(p, a) for p in parts])
+               for a in ("throughputs", "groups", "sources", "spaces", "devices")}  # fmt: skip
+        return cls(StoreFeatures.concat([p.features for p in parts]), names=names, **cat)
+
+
+def empty_dataset() -> Dataset:
+    return Dataset(StoreFeatures.from_list([]), np.zeros(0), np.zeros(0, dtype=str))
 
 
 def load_dataset(db, device, *, target: tvm.target.Target | None = None, same_arch: bool = True,
@@ -70,29 +101,82 @@ def load_dataset(db, device, *, target: tvm.target.Target | None = None, same_ar
     """Rebuild features and labels from the database's records of ``device`` (and its family).
 
     Each record's MetaSchedule trace is replayed on its workload and TVM's per-store features
-    are extracted for ``target`` (the device's by default). Failed records get label 0;
-    early-stopped probes and records that no longer replay (another TVM) are left out.
+    are extracted for the target of the device that measured it (``target``, when given, for
+    all of them), so each record carries its own device's hardware descriptor. Failed records
+    get label 0; early-stopped probes and records that no longer replay (another TVM) are left
+    out.
 
     Args:
         db: a :class:`tuner.db.TuningDatabase`.
         device: a :class:`tuner.device.Device`.
-        target: target to extract features for; ``device.target`` by default.
+        target: target to extract every record's features for, instead of its device's.
         same_arch: include records of other devices of the same kind and architecture.
         max_records: newest records read at most (rebuilding takes ~20 ms a record).
     """
-    target = target or device.target
     dev_id = db.find_device_id(device)
     if dev_id is None:
-        return Dataset(StoreFeatures.from_list([]), np.zeros(0), np.zeros(0, dtype=str))
+        return empty_dataset()
+    rows = db.training_records(dev_id, same_arch=same_arch, limit=max_records)
+    return _build(db, rows, device.fingerprint, target)
+
+
+def load_all(db, *, kind: str = "cpu", max_records: int | None = 20_000) -> Dataset:
+    """Every device of ``kind``'s records (newest ``max_records`` of each device), rebuilt as
+    :func:`load_dataset` does; each task's group is ``key@fingerprint``: one model learns from
+    all the devices, ranking within one task on one device."""
+    from tuner.db.schema import DeviceRow
+
+    with db.session(write=False) as s:
+        ids = [int(i) for i in s.scalars(select(DeviceRow.id).where(DeviceRow.kind == kind).order_by(DeviceRow.id))]
+    rows = [r for i in ids for r in db.training_records(i, same_arch=False, limit=max_records)]
+    return _build(db, rows, None, None)
+
+
+def _device_targets(db) -> dict[str, tvm.target.Target]:
+    """Target of every device in the database, by fingerprint."""
+    from tuner.db.schema import DeviceRow
+
+    with db.session(write=False) as s:
+        stored = s.execute(select(DeviceRow.fingerprint, DeviceRow.target)).all()
+    out = {}
+    for fingerprint, text in stored:
+        try:
+            out[fingerprint] = tvm.target.Target(json.loads(text))
+        except (ValueError, RuntimeError, TypeError) as err:
+            logger.info("device %s's target %s does not load here (%s)", fingerprint, text, err)
+    return out
+
+
+def _job_models(db) -> dict[int, str]:
+    from tuner.db.schema import JobRow
+
+    with db.session(write=False) as s:
+        return {int(i): str(m) for i, m in s.execute(select(JobRow.id, JobRow.model)).all()}
+
+
+def _space_kind(point: str) -> str:
+    try:
+        return str(json.loads(point).get("kind", "sketch"))
+    except (ValueError, AttributeError):
+        return "sketch"
+
+
+def _build(db, records: list, own_fingerprint: str | None, target: tvm.target.Target | None) -> Dataset:
+    """Replay ``(workload key, fingerprint, record)`` rows into a dataset."""
     start = time.perf_counter()
+    targets = _device_targets(db)
+    models = _job_models(db)
     by_workload: dict[str, list] = {}
-    for key, fingerprint, row in db.training_records(dev_id, same_arch=same_arch, limit=max_records):
+    for key, fingerprint, row in records:
         if row.error_class is None and (row.error_msg or "").startswith(EARLY_STOP_PREFIX):
             continue
         by_workload.setdefault(key, []).append((fingerprint, row))
     parts: list[StoreFeatures] = []
     ys: list[float] = []
     gs: list[str] = []
+    srcs: list[str] = []
+    kinds: list[str] = []
+    fps: list[str] = []
     names: dict[str, str] = {}
     skipped = 0
     for key, rows in sorted(by_workload.items()):
@@ -103,7 +187,7 @@ def load_dataset(db, device, *, target: tvm.target.Target | None = None, same_ar
             logger.info("workload %s does not load on this TVM (%s); its %d records skipped", key, err, len(rows))
             skipped += len(rows)
             continue
-        schedules, labels, groups = [], [], []
+        by_device: dict[str, list] = {}
         for fingerprint, row in sorted(rows, key=lambda r: r[1].id):
             try:
                 record = TuningRecord.from_json(json.loads(row.record_json), workload)
@@ -113,20 +197,27 @@ def load_dataset(db, device, *, target: tvm.target.Target | None = None, same_ar
                 logger.debug("record %d does not replay: %s", row.id, str(err).splitlines()[0] if str(err) else err)
                 skipped += 1
                 continue
-            schedules.append(sch)
-            labels.append(_label(row, stored.flops))
-            group = key if fingerprint == device.fingerprint else f"{key}@{fingerprint}"
-            if row.timing != "warm":  # cold times rank among themselves, not with warm ones
-                group += f"~{row.timing}"
-            groups.append(group)
-            names[group] = stored.name
-        if schedules:
-            parts.append(extract_features(workload.mod, target, schedules))
-            ys += labels
-            gs += groups
+            by_device.setdefault(fingerprint, []).append((row, sch))
+        for fingerprint, replayed in by_device.items():
+            dev_target = target or targets.get(fingerprint)
+            if dev_target is None:
+                skipped += len(replayed)
+                continue
+            parts.append(extract_features(workload.mod, dev_target, [sch for _, sch in replayed]))
+            for row, _ in replayed:
+                ys.append(_label(row, stored.flops))
+                group = key if fingerprint == own_fingerprint else f"{key}@{fingerprint}"
+                if row.timing != "warm":  # cold times rank among themselves, not with warm ones
+                    group += f"~{row.timing}"
+                gs.append(group)
+                names[group] = stored.name
+                srcs.append(models.get(row.job_id, "") if row.job_id is not None else "")
+                kinds.append(_space_kind(row.point))
+                fps.append(fingerprint)
     logger.info("rebuilt features of %d records of %d workloads in %.1f s (%d skipped)", len(ys), len(by_workload),
                 time.perf_counter() - start, skipped)  # fmt: skip
-    return Dataset(StoreFeatures.concat(parts), np.asarray(ys, dtype=float), np.asarray(gs, dtype=str), names)
+    return Dataset(StoreFeatures.concat(parts), np.asarray(ys, dtype=float), np.asarray(gs, dtype=str), names,
+                   np.asarray(srcs, dtype=object), np.asarray(kinds, dtype=object), np.asarray(fps, dtype=object))
 
 
 def _label(row, flops: float) -> float:

@@ -1,4 +1,5 @@
-"""Per-store features of candidate schedules, from TVM's ``PerStoreFeature`` extractor."""
+"""Per-store features of candidate schedules: TVM's ``PerStoreFeature`` rows, each followed by
+the target's hardware descriptor (:mod:`cost_models.hardware`)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,15 @@ import tvm
 from tvm.s_tir import Schedule
 from tvm.s_tir import meta_schedule as ms
 
+from cost_models.hardware import HARDWARE_WIDTH, hardware_descriptor
 from search_spaces.preload import preload_tensor_intrinsics
 
 # Width of one PerStoreFeature row (extract_workload=False), the layout MetaSchedule's own
 # XGBModel is trained on.
 STORE_WIDTH = 164
+# Width of one row as models see it: TVM's store features, then the hardware descriptor, so
+# records of several devices train one model and its scores differ between them.
+FEATURE_WIDTH = STORE_WIDTH + HARDWARE_WIDTH
 
 
 class StoreFeatures:
@@ -46,7 +51,7 @@ class StoreFeatures:
         return cls(x, np.arange(len(x) + 1))
 
     @classmethod
-    def from_list(cls, per_candidate: Sequence[np.ndarray], width: int = STORE_WIDTH) -> StoreFeatures:
+    def from_list(cls, per_candidate: Sequence[np.ndarray], width: int = FEATURE_WIDTH) -> StoreFeatures:
         """From one ``(stores_i, width)`` matrix per candidate."""
         counts = [len(r) for r in per_candidate]
         offsets = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
@@ -58,7 +63,7 @@ class StoreFeatures:
         """All candidates of ``parts``, in order."""
         parts = list(parts)
         if not parts:
-            return cls(np.zeros((0, STORE_WIDTH), dtype=np.float32), np.zeros(1, dtype=np.int64))
+            return cls(np.zeros((0, FEATURE_WIDTH), dtype=np.float32), np.zeros(1, dtype=np.int64))
         widths = {p.width for p in parts}
         if len(widths) > 1:
             raise ValueError(f"cannot concatenate store features of widths {sorted(widths)}")
@@ -103,7 +108,8 @@ def as_store_features(features: StoreFeatures | np.ndarray) -> StoreFeatures:
 
 
 def extract_features(mod: tvm.IRModule, target: tvm.target.Target, schedules: list[Schedule]) -> StoreFeatures:
-    """TVM's per-store features (164 per buffer store) of each schedule of ``mod``."""
+    """TVM's per-store features (164 per buffer store) of each schedule of ``mod``, each row
+    followed by ``target``'s hardware descriptor (``FEATURE_WIDTH`` in all)."""
     if not schedules:
         return StoreFeatures.from_list([])
     preload_tensor_intrinsics()
@@ -111,4 +117,9 @@ def extract_features(mod: tvm.IRModule, target: tvm.target.Target, schedules: li
     args = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
     cands = [ms.MeasureCandidate(s, args) for s in schedules]
     extractor = ms.feature_extractor.PerStoreFeature(extract_workload=False)
-    return StoreFeatures.from_list([f.numpy().astype(np.float32) for f in extractor.extract_from(ctx, cands)])
+    hw = hardware_descriptor(target)
+    rows = []
+    for f in extractor.extract_from(ctx, cands):
+        store = f.numpy().astype(np.float32)
+        rows.append(np.hstack([store, np.broadcast_to(hw, (len(store), len(hw)))]))
+    return StoreFeatures.from_list(rows)

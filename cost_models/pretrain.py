@@ -1,4 +1,5 @@
-"""A job's starting cost model: pre-trained from the database's records, or the stored one."""
+"""A job's starting cost model: the closest knowledge there is, in order: the database's records
+of the device family, a model stored in the database, the model shipped in the package."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import tvm
 
 from cost_models.base import CostModel
 from cost_models.dataset import load_dataset
+from cost_models.features import FEATURE_WIDTH
+from cost_models.pretrained import shipped_model
 
 logger = logging.getLogger(__name__)
 
@@ -20,8 +23,11 @@ def pretrain(db, device, *, kind: str = "xgb", seed: int = 0, target: tvm.target
     Trains on every usable record of the device's family in ``db`` (this device and, with
     ``same_arch``, every device of the same kind and architecture; all workloads, since the
     model is shared across tasks), rebuilding features by replaying each stored trace.
-    Without such records, loads the newest stored model of ``kind`` for the family. Without
-    either, returns an untrained model (it predicts zeros, so the job explores at random).
+    Without such records, loads the newest stored model of ``kind`` for the family; without
+    one (or one of another feature layout), the model shipped in the package for the
+    device's kind (:mod:`cost_models.pretrained`). Without any, returns an untrained model
+    (it predicts zeros, so the job explores at random). A loaded model is fine-tuned as the
+    job measures: its ``update`` adds trees on top of the loaded ones.
 
     The job should pass each task's workload key as its ``groups`` in later ``update``
     calls, so its measurements join the pre-training records of the same task.
@@ -51,11 +57,27 @@ def pretrain(db, device, *, kind: str = "xgb", seed: int = 0, target: tvm.target
                     len(set(data.groups.tolist())), time.perf_counter() - start)  # fmt: skip
         return model
     dev_id = db.find_device_id(device)
-    blob = db.load_cost_model(dev_id, kind, same_arch=same_arch) if dev_id is not None else None
-    if blob:
-        try:
-            model.load(blob)
-            logger.info("cost model %s loaded from the database (%d samples)", kind, model.num_samples)
-        except ValueError as err:
-            logger.warning("stored cost model %s does not load (%s); starting untrained", kind, err)
+    stored = db.load_cost_model(dev_id, kind, same_arch=same_arch) if dev_id is not None else None
+    for origin, blob in (("the database", stored), ("the package", lambda: shipped_model(device.kind, kind))):
+        blob = blob() if callable(blob) else blob
+        if blob and _load(model, blob, origin, kind):
+            return model
     return model
+
+
+def _load(model: CostModel, blob: bytes, origin: str, kind: str) -> bool:
+    """Load ``blob`` into ``model`` if it reads today's features; say which and why not."""
+    try:
+        model.load(blob)
+    except ValueError as err:
+        logger.warning("cost model %s from %s does not load (%s)", kind, origin, err)
+        return False
+    width = getattr(model, "num_features", None)
+    if width is not None and width != FEATURE_WIDTH:
+        # A model of an older feature layout (before the hardware descriptor) would
+        # misread every column.
+        logger.info("cost model %s from %s reads %d features, not %d; not used", kind, origin, width, FEATURE_WIDTH)
+        model.load(b"")
+        return False
+    logger.info("cost model %s loaded from %s (trained on %d samples)", kind, origin, model.num_samples)
+    return True

@@ -1,5 +1,6 @@
-"""Cost models by name: :func:`create` resolves ``"xgb"`` or ``"random"`` (lazily imported) or
-passes an instance through."""
+"""Cost models by name: :func:`create` resolves ``"xgb"`` (its default objective),
+``"xgb-rank"`` / ``"xgb-mse"`` (one objective), or ``"random"`` (lazily imported), or passes an
+instance through."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from cost_models.base import CostModel
 
 def kinds() -> list[str]:
     """Every cost model name ``create`` accepts."""
-    return ["random", "xgb"]
+    return ["random", "xgb", "xgb-mse", "xgb-rank"]
 
 
-def create(kind: CostModel | Literal["xgb", "random"] = "xgb", **kwargs) -> CostModel:
+def create(kind: CostModel | Literal["xgb", "xgb-rank", "xgb-mse", "random"] = "xgb", **kwargs) -> CostModel:
     """Resolve a cost model by name (keyword options go to its constructor) or pass an
     instance through.
 
@@ -22,9 +23,11 @@ def create(kind: CostModel | Literal["xgb", "random"] = "xgb", **kwargs) -> Cost
     """
     if isinstance(kind, CostModel):
         return kind
-    if kind == "xgb":
+    if kind in ("xgb", "xgb-rank", "xgb-mse"):
         from cost_models.xgb import XGBCostModel
 
+        if kind != "xgb":
+            kwargs = {"objective": kind.removeprefix("xgb-")} | kwargs
         return XGBCostModel(**kwargs)
     if kind == "random":
         from cost_models.random_model import RandomCostModel

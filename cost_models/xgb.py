@@ -293,14 +293,20 @@ class XGBCostModel(CostModel):
         preds = self._booster.predict(xgb.DMatrix(feats.rows, nthread=1))
         return np.bincount(feats.ids, weights=preds, minlength=len(feats))
 
-    def save(self) -> bytes:
-        """XGBoost's UBJSON (``save_raw("ubj")``), with the sample count as an attribute."""
+    @property
+    def num_features(self) -> int | None:
+        """Feature width the trained model reads (None when untrained)."""
+        return int(self._booster.num_features()) if self._booster is not None else None
+
+    def save(self, raw_format: Literal["ubj", "json"] = "ubj") -> bytes:
+        """XGBoost's UBJSON (``save_raw("ubj")``; ``"json"``: its JSON, for files people read
+        and diff), with the sample count and objective as attributes."""
         if self._booster is None:
             return b""
-        return bytes(self._booster.save_raw(raw_format="ubj"))
+        return bytes(self._booster.save_raw(raw_format=raw_format))
 
     def load(self, blob: bytes) -> None:
-        """Load UBJSON bytes of :meth:`save`; later training adds trees to this model."""
+        """Load UBJSON or JSON bytes of :meth:`save`; later training adds trees to this model."""
         if not blob:
             self._booster = self._base = None
             self._base_samples = self._trained_on = 0

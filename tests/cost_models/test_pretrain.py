@@ -38,9 +38,18 @@ def _other_machine(base: Device, **desc) -> Device:
     return Device(kind="cpu", index=0, target_config=dict(base.target_config), description=base.description | desc)
 
 
-def _fill(db: TuningDatabase, device: Device, points: int = 12) -> dict[str, int]:
+def _shipped_samples() -> int:
+    from cost_models.pretrained import shipped_model
+
+    model = cost_models.create("xgb")
+    model.load(shipped_model("cpu") or b"")
+    return model.num_samples
+
+
+def _fill(db: TuningDatabase, device: Device, points: int = 12, jobs: bool = False) -> dict[str, int]:
     """Real schedules' records of two workloads; run times are made up (this test is about
-    plumbing, test_quality about real timings): one failed and one early-stopped record each."""
+    plumbing, test_quality about real timings): one failed and one early-stopped record each.
+    With ``jobs``, each workload's records belong to a job of another model."""
     target = device.target
     dev_id = db.device_id(device)
     counts = {"ok": 0, "failed": 0, "early": 0}
@@ -72,7 +81,8 @@ def _fill(db: TuningDatabase, device: Device, points: int = 12) -> dict[str, int
                 counts["ok"] += 1
             records.append(NewRecord(workload_key=key, point=text, record_json=json.dumps(rec.as_json()),
                                      run_secs=secs, error_class=error, error_msg=msg))  # fmt: skip
-        db.add_records(dev_id, None, records)
+        job = db.start_job(f"net-{name}", dev_id, {}, len(records)) if jobs else None
+        db.add_records(dev_id, job, records)
     return counts
 
 
@@ -80,7 +90,7 @@ def _fill(db: TuningDatabase, device: Device, points: int = 12) -> dict[str, int
 def filled(tmp_path_factory, cpu_device) -> tuple[Path, dict[str, int]]:
     path = tmp_path_factory.mktemp("cm") / "tuning.db"
     db = TuningDatabase(str(path))
-    counts = _fill(db, cpu_device)
+    counts = _fill(db, cpu_device, jobs=True)
     db.close()
     return path, counts
 
@@ -91,7 +101,7 @@ def test_dataset_rebuilds_features_and_labels(filled, cpu_device):
     assert len(data) == counts["ok"] + counts["failed"]  # early-stopped probes are no labels
     assert (data.throughputs == 0).sum() == counts["failed"]
     assert len(set(data.groups.tolist())) == 2 and set(data.names.values()) == {"matmul", "row_sum"}
-    assert data.features.width == cost_models.features.STORE_WIDTH
+    assert data.features.width == cost_models.features.FEATURE_WIDTH
     # Slower records (larger i) have lower throughput: labels follow the stored times.
     ok = data.throughputs > 0
     assert data.throughputs[ok].max() / data.throughputs[ok].min() > 3
@@ -105,13 +115,14 @@ def test_pretrain_trains_on_the_family_records(filled, cpu_device):
     peer = _other_machine(cpu_device, model="a teammate's CPU")  # same arch, other fingerprint
     db.device_id(peer)
     assert cost_models.pretrain(db, peer).num_samples == model.num_samples
-    assert cost_models.pretrain(db, peer, same_arch=False).num_samples == 0
+    # Without the family's records or models: the model shipped in the package.
+    assert cost_models.pretrain(db, peer, same_arch=False).num_samples == _shipped_samples()
 
 
 def test_stored_model_is_loaded_for_the_family(tmp_path, cpu_device):
     db = TuningDatabase(str(tmp_path / "models.db"))
     rng = np.random.default_rng(0)
-    x = rng.uniform(0, 1, (80, cost_models.features.STORE_WIDTH)).astype(np.float32)
+    x = rng.uniform(0, 1, (80, cost_models.features.FEATURE_WIDTH)).astype(np.float32)
     trained = cost_models.create("xgb", seed=0)
     trained.fit(x, x[:, 0] + x[:, 1], np.zeros(80, dtype=int))
     db.save_cost_model(db.device_id(cpu_device), "xgb", trained.save(), trained.num_samples)
@@ -122,7 +133,8 @@ def test_stored_model_is_loaded_for_the_family(tmp_path, cpu_device):
     stranger = Device(kind="cpu", index=0, target_config=cpu_device.target_config | {"mcpu": "x86-64"},
                       description=cpu_device.description | {"mcpu": "x86-64", "model": "an older CPU"})  # fmt: skip
     db.device_id(stranger)
-    assert cost_models.pretrain(db, stranger).num_samples == 0  # another architecture: nothing
+    # Another architecture: nothing of the family's, so the shipped model.
+    assert cost_models.pretrain(db, stranger).num_samples == _shipped_samples()
 
 
 def test_model_eval_command(filled, capsys):
@@ -133,9 +145,47 @@ def test_model_eval_command(filled, capsys):
     assert main(["model", "eval", "--db", str(path), "--holdout", "0.3", "--json", str(out_json)]) == 0
     text = capsys.readouterr().out
     assert "unseen tasks" in text and "held-out records" in text and "dense/matmul" in text
+    assert "held-out models" in text and "net-matmul" in text
     rows = json.loads(out_json.read_text())
     assert {r["model"] for r in rows} == {"xgb", "random"}
+    assert {r["split"] for r in rows} == {"unseen tasks", "held-out models", "held-out records"}
     assert all(0 <= r["pairwise"] <= 1 for r in rows if r["pairwise"] == r["pairwise"])
+    # Both objectives by name, one split.
+    assert main(["model", "eval", "--db", str(path), "--models", "xgb-rank", "xgb-mse", "--splits",
+                 "held-out models", "--json", str(out_json)]) == 0  # fmt: skip
+    rows = json.loads(out_json.read_text())
+    assert {(r["model"], r["split"], r["tasks"]) for r in rows if r["family"] == "all"} == {
+        ("xgb-rank", "held-out models", 2), ("xgb-mse", "held-out models", 2)}
+
+
+def test_model_train_command(filled, tmp_path, cpu_device, capsys):
+    """Two databases (one of them the same twice over) train one model; it loads and predicts."""
+    from tuner.cli import main
+
+    path, counts = filled
+    other = tmp_path / "other.db"
+    db = TuningDatabase(str(other))
+    peer = _other_machine(cpu_device, model="a teammate's CPU", cores=4)
+    peer = Device(kind="cpu", index=0, target_config=peer.target_config | {"num-cores": 4},
+                  description=peer.description)  # fmt: skip
+    _fill(db, peer, points=8)
+    db.close()
+    model_path = tmp_path / "model.json"
+    assert main(["model", "train", "--db", str(path), "--db", str(other), "-o", str(model_path)]) == 0
+    assert "trained on" in capsys.readouterr().out
+    prov = json.loads(model_path.with_suffix(".provenance.json").read_text())
+    assert prov["format"] == "xgboost-json" and prov["objective"] == "rank"
+    assert prov["feature_width"] == cost_models.features.FEATURE_WIDTH
+    assert [s["models"] for s in prov["sources"]] == [["net-matmul", "net-row_sum"], []]
+    assert prov["records"] == counts["ok"] + counts["failed"] + sum(s["records"] for s in prov["sources"][1:])
+    assert {d["fingerprint"] for s in prov["sources"] for d in s["devices"] if d["records"]} == {
+        cpu_device.fingerprint, peer.fingerprint}
+    assert prov["command"].startswith("nightshift model train --db")
+    model = cost_models.create("xgb")
+    model.load(model_path.read_bytes())  # XGBoost's JSON, not a pickle
+    assert json.loads(model_path.read_text())["learner"]
+    data = load_dataset(TuningDatabase(str(path), create=False), cpu_device)
+    assert np.isfinite(model.predict(data.features)).all() and model.num_samples == prov["records"]
 
 
 def test_family_queries_on_both_backends(db_url, cpu_device):

@@ -5,7 +5,7 @@ from tvm import te
 
 import cost_models
 from cost_models import StoreFeatures
-from cost_models.features import STORE_WIDTH
+from cost_models.features import FEATURE_WIDTH
 from cost_models.metrics import pairwise_accuracy
 from search_spaces import create
 
@@ -30,7 +30,7 @@ def test_per_store_features_of_real_schedules(cpu_device):
     space = create(mod, cpu_device.target)
     rng = np.random.default_rng(0)
     feats = cost_models.extract_features(mod, cpu_device.target, [space.apply(space.sample(rng)) for _ in range(8)])
-    assert len(feats) == 8 and feats.width == STORE_WIDTH
+    assert len(feats) == 8 and feats.width == FEATURE_WIDTH
     assert np.isfinite(feats.rows).all()
     assert all(len(feats.candidate(i)) >= 1 for i in range(8))
     picked = feats[[5, 2]]
