@@ -2,6 +2,7 @@
 
 import itertools
 import json
+import math
 
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ from tuner.graph.layout.ops import conv2d_nchwc_dot, row_taps
 from tuner.graph.layout.packing import pack_dot_weight, row_tap_weight
 from tuner.graph.layout.plan import LayoutPlan, auto_layouts, conv_calls, row_taps_fit, vector_lanes
 from tuner.graph.layout.rewrites import prepare, simplify_sums
-from tuner.graph.tasks import Task, extract_layout_tasks, extract_tasks
+from tuner.graph.tasks import Task, extract_layout_tasks, extract_tasks, operator_count
 
 
 def _run(mod: tvm.IRModule, target: tvm.target.Target, inputs: list[np.ndarray]) -> np.ndarray:
@@ -380,6 +381,8 @@ def test_auto_tasks_hold_each_conv_in_each_layout_once(tiny, cpu_device):
         own = {t.workload_key for t in per_plan[layout]} - shared
         assert own and all(t.plans == (rank,) for t in tasks if t.workload_key in own)
     assert all(t.plans == () for t in tasks if t.workload_key in shared)
+    # `tune`'s "N tasks for M operators": M is what one plan runs, as `db coverage` counts.
+    assert operator_count(tasks) == len(per_plan["NCHW8c"]) < len(tasks)
 
 
 def _store(db, device, tasks, seconds) -> None:
@@ -495,6 +498,18 @@ def test_layout_choice_is_printed_only_for_a_model_with_convs(capsys):
                         ["NCHW8c", "NCHW"])  # fmt: skip
     printed = capsys.readouterr().out
     assert "3x3 8->8 8x8" in printed and "layout plan NCHW8c" in printed
+
+
+def test_a_plan_without_estimate_says_which_convs_it_lacks():
+    """The plan line names what keeps a candidate plan from an estimate, beside a table that
+    shows some of its convs measured."""
+    from tuner.graph.layout.choose import ConvDecision, PlanChoice
+
+    convs = [ConvDecision(0, "NCHW8c", {"NCHW8c": 1e-3}, "3x3 3->8 8x8"),
+             ConvDecision(1, "NCHW8c", {"NCHW8c": 1e-3, "NCHW": 2e-3}, "3x3 8->8 8x8")]
+    line = PlanChoice(LayoutPlan("NCHW8c"), 2e-3, {"NCHW8c": 2e-3, "NCHW": math.inf}, convs, 10e9, False).describe()
+    assert "NCHW8c 2.00 ms" in line and "NCHW not estimated (1 of 2 convs unmeasured in it)" in line
+    assert "unmeasured;" not in line
 
 
 @pytest.mark.parametrize(("n", "packed"), [(64, True), (40, False)])

@@ -233,6 +233,7 @@ def cmd_coverage(args: argparse.Namespace) -> int:
 
     from tuner.db.tvm_adapter import replays_cleanly
     from tuner.frontends import load_model
+    from tuner.graph.layout.plan import LayoutPlan
     from tuner.graph.tasks import extract_tasks
 
     db = _open(args)
@@ -265,7 +266,9 @@ def cmd_coverage(args: argparse.Namespace) -> int:
             table.add_row(t.name, str(t.weight), f"{t.flops / 1e6:,.1f}", str(n), "-", "-", "untuned")
     out.print(table)
     share = weighted / total if total else 0.0
-    out.print(f"{int(covered)} of {len(tasks)} operators tuned for {device.name}, {share:.0%} of the model's FLOPs")
+    plan = LayoutPlan.for_target(device.target)
+    out.print(f"{int(covered)} of {len(tasks)} operators (the {plan} plan's tasks) tuned for {device.name}, "
+              f"{share:.0%} of the model's FLOPs")
     return 0
 
 
@@ -279,7 +282,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     db = _open(args)
     dev_id = _known_device_id(db, _device(args))
     res = export_json(db, dev_id, args.output, top_k=args.top_k)
-    out.print(f"exported {res.records} records of {res.workloads} workloads to {args.output}"
+    out.print(f"exported {res.records} records of {res.workloads} workloads (the tasks with a record) to {args.output}"
               + (f"; {res.skipped} not loadable on this TVM, skipped" if res.skipped else ""))
     return 0
 

@@ -129,7 +129,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     spec, device = loaded.spec, job.device
     _print_precision(spec, loaded.precision, device.target)
-    console.print(f"[bold]{spec.name}[/] ({loaded.precision}): {len(job.tasks)} tasks on {device.name} "
+    from tuner.graph.tasks import operator_count
+
+    ops = operator_count(job.tasks)
+    of = f" for {ops} operators (layout alternatives tuned side by side)" if ops != len(job.tasks) else ""
+    console.print(f"[bold]{spec.name}[/] ({loaded.precision}): {len(job.tasks)} tasks{of} on {device.name} "
                   f"({device.arch}, fingerprint {device.fingerprint}); database {redact(job.db.url)}")
     view = LiveView(console, quiet=args.quiet)
 

@@ -57,6 +57,14 @@ class Task:
     plans: tuple[int, ...] = ()
 
 
+def operator_count(tasks: Sequence[Task]) -> int:
+    """How many fused operators the model runs: the tasks of one layout plan (the first), where
+    :func:`extract_layout_tasks` tuned each conv in several layouts and each layout's own other
+    operators beside it."""
+    return len({t.choice for t in tasks if t.choice}) + sum(
+        1 for t in tasks if not t.choice and (not t.plans or 0 in t.plans))
+
+
 def fuse_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
     """The graph passes that turn a Relax model into fused TIR functions.
 

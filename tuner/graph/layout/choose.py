@@ -223,13 +223,20 @@ class PlanChoice:
         """Whether the choice rests on measurements (else it is the target's default plan)."""
         return math.isfinite(self.seconds)
 
+    def _gap(self, name: str) -> str:
+        """Why a candidate plan has no estimate: how many of its convs lack a measurement."""
+        missing = sum(1 for c in self.convs if not math.isfinite(c.seconds.get(name, math.inf)))
+        if name not in {lay for c in self.convs for lay in c.seconds} or not missing:
+            return "not estimated (a conv of it has no record)"
+        return f"not estimated ({missing} of {len(self.convs)} convs unmeasured in it)"
+
     def describe(self) -> str:
         """One line: the chosen plan against the other candidates."""
         counts: dict[str, int] = {}
         for c in self.convs:
             counts[c.layout] = counts.get(c.layout, 0) + 1
         mix = ", ".join(f"{n} {layout}" for layout, n in sorted(counts.items(), key=lambda kv: -kv[1]))
-        others = "; ".join(f"{name} {sec * 1e3:.2f} ms" if math.isfinite(sec) else f"{name} unmeasured"
+        others = "; ".join(f"{name} {sec * 1e3:.2f} ms" if math.isfinite(sec) else f"{name} {self._gap(name)}"
                            for name, sec in self.candidates.items())  # fmt: skip
         if not self.measured:
             return f"convs: {mix} (no measured plan; the target's default); weighed: {others}"
