@@ -71,7 +71,7 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x
 EXTRAS = {"ray": ("default",), "psycopg": ("binary",)}
 # The default part: 64 MiB per call minus the working tree that travels with it (~16 MiB).
 DEFAULT_PART_MIB = 44.0
-DEFAULT_LEVEL = {"xz": "9e", "zstd": "19"}
+DEFAULT_LEVEL = {"xz": "9", "zstd": "19"}
 
 #: Packages the GPU machine already has, by profile. ``pytorch``: what any PyTorch 2.x install
 #: brings (torch's own Requires-Dist) plus numpy, which every PyTorch machine in practice has.
@@ -584,9 +584,19 @@ def install(args: argparse.Namespace) -> int:
     with payload(manifest, parts) as stream, tarfile.open(fileobj=stream, mode="r|") as tar:
         tar.extractall(target, filter="data")
     t_unpack = time.perf_counter() - t
-    _fix_scripts(target)
-    (target / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     report: dict[str, Any] = {"target": str(target), "check_s": round(t_check, 1), "unpack_s": round(t_unpack, 1)}
+    _fix_scripts(target)
+    if not args.no_compile:
+        # Bytecode now, with this Python and all its cores, as pip does on install: otherwise the
+        # first `tune` compiles Ray's agents from source while the raylet waits for them (it
+        # gives up after seconds), and where PYTHONDONTWRITEBYTECODE is set, every start does.
+        t = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", str(target / "site")],
+                              capture_output=True, text=True)  # fmt: skip
+        report["compile_s"] = round(time.perf_counter() - t, 1)
+        if done.returncode != 0:  # a file that does not compile (a template, a test) is not an error here
+            logger.info("compileall: %s", done.stdout.strip().splitlines()[-1:] or done.returncode)
+    (target / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     env_line = f"export PYTHONPATH={target / 'site'}${{PYTHONPATH:+:$PYTHONPATH}} PATH={target / 'bin'}:$PATH"
     status = 0
     if not args.no_smoke:
@@ -634,7 +644,7 @@ def main(argv: list[str] | None = None) -> int:
         help="what the GPU machine already has (default: the H200 image)",
     )
     b.add_argument("--codec", choices=("xz", "zstd"), default="xz")
-    b.add_argument("--level", help="compression preset (xz: 0-9, e.g. 9e, the default; zstd: 1-22, default 19)")
+    b.add_argument("--level", help="compression preset (xz: 0-9 with an optional e, default 9; zstd: 1-22, default 19)")
     b.add_argument("--threads", type=int, default=2)
     b.add_argument(
         "--part-mib",
@@ -654,6 +664,7 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--target", type=Path, required=True, help="where to unpack (site/ and bin/ inside)")
             p.add_argument("--force", action="store_true", help="replace an earlier install in --target")
             p.add_argument("--no-smoke", action="store_true", help="skip the import check")
+            p.add_argument("--no-compile", action="store_true", help="skip compiling the bytecode")
             p.add_argument("--any-python", action="store_true", help="install although this is not the kit's Python")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
