@@ -549,38 +549,44 @@ def _fmt_ms(ms: float) -> str:
 
 
 def render(result: BenchResult) -> Any:
-    """The result as a rich Table: median and IQR of the rounds, latency as a multiple of the
-    fastest f32 peer's (of the medians, and the median of the rounds' ratios with the rounds
-    the entry won; lower is better), max error."""
+    """The result as a rich Table that fits 80 columns: median and IQR (as a share of the
+    median) of the rounds, latency as a multiple of the fastest f32 peer's (of the medians, and
+    the median of the rounds' ratios with the rounds the entry won; lower is better), max
+    error; each row's note (and a skipped peer's reason) in the caption below it."""
     from rich.table import Table
 
     if result.fastest_peer:
-        ratio = f"ratios are x of {result.entry(result.fastest_peer).label}, lower is better"
+        ratio = f"'x peer' is x of {result.entry(result.fastest_peer).label}, lower is better"
     else:  # ratios are to the fastest f32 peer; a bf16 run may ask for bf16 peers only
         ratio = "no ratios: no f32 peer ran"
     table = Table(title=f"{result.model} on {result.device.name} ({result.device.arch}), {result.threads} threads; "
                         f"median of {result.config.rounds} interleaved rounds ({TIMING_METHOD}); {ratio}")  # fmt: skip
-    for col, justify in (("runtime", "left"), ("precision", "left"), ("median ms", "right"),
-                         ("IQR ms (% of median)", "right"), ("x of fastest peer", "right"),
-                         ("per round (faster in)", "right"), ("max error", "right"), ("note", "left")):  # fmt: skip
+    for col, justify in (("runtime", "left"), ("prec", "left"), ("ms", "right"), ("IQR", "right"),
+                         ("x peer", "right"), ("rounds", "right"), ("error", "right")):  # fmt: skip
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    notes: list[str] = []
     for e in result.entries:
         if e.status != "ok":
-            note = f"{e.status}: {e.reason}" + (f" ({e.install})" if e.install and e.status == "skipped" else "")
-            table.add_row(e.label, "", "", "", "", "", "", note)
+            install = f" ({e.install})" if e.install and e.status == "skipped" else ""
+            notes.append(f"{e.label}: {e.status}, {e.reason}{install}")
+            table.add_row(e.label, "", e.status, "", "", "", "")
             continue
+        if e.note:
+            notes.append(f"{e.label}: {e.note}")
         ratio = result.ratio(e)
-        error = "" if e.max_error is None else ("reference" if e.key == result.reference else f"{e.max_error:.1e}")
+        error = "" if e.max_error is None else ("ref" if e.key == result.reference else f"{e.max_error:.1e}")
         if e.agrees is False:
             error = f"[red]{error} MISMATCH[/]"
         stats = e.stats
         median = "" if stats is None else _fmt_ms(stats.median_ms)
-        iqr = "" if stats is None else f"{_fmt_ms(stats.iqr_ms)} ({stats.spread:.0%})"
+        iqr = "" if stats is None else f"{stats.spread:.0%}"
         paired = result.paired_ratio(e)
         per_round = "" if paired is None or e.key == result.fastest_peer else \
             f"{paired.median:.2f}x ({paired.faster}/{paired.rounds})"
-        table.add_row(e.label, e.precision, median, iqr, "" if ratio is None else f"{ratio:.2f}x", per_round, error,
-                      e.note)  # fmt: skip
+        table.add_row(e.label, e.precision, median, iqr, "" if ratio is None else f"{ratio:.2f}x", per_round, error)
+    table.caption = "IQR: of the rounds, as a share of the median; rounds: the median of the rounds' ratios " \
+        "(rounds won)" + "".join(f"\n{n}" for n in notes)
+    table.caption_justify = "left"
     return table
 
 

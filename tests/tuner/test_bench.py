@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import itertools
 import json
 import time
@@ -112,10 +113,17 @@ def test_json_fields(result, tmp_path):
     assert by_key["not-installed"]["status"] == "skipped" and by_key["not-installed"]["median_ms"] is None
     table = render(result)
     assert table.row_count == len(result.entries)
-    assert str(table.title).endswith(f"ratios are x of {result.entry(result.fastest_peer).label}, lower is better")
+    assert str(table.title).endswith(f"'x peer' is x of {result.entry(result.fastest_peer).label}, lower is better")
     assert "median of 3 interleaved rounds (each run copies the inputs in and the outputs out)" in str(table.title)
     # A run whose peers all ran at another precision (bf16 peers only) has no f32 peer to divide by.
     assert str(render(dataclasses.replace(result, fastest_peer=None)).title).endswith("no ratios: no f32 peer ran")
+    # An 80-column terminal: no line of the table runs over, the notes go below it.
+    from rich.console import Console
+
+    console = Console(width=80, record=True, file=io.StringIO())
+    console.print(table)
+    printed = console.export_text()
+    assert max(len(line) for line in printed.splitlines()) <= 80 and "not-installed: skipped" in printed
 
 
 def test_the_per_round_ratio_pairs_each_round_with_the_fastest_peers(result):
