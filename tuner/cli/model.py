@@ -126,7 +126,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             devices = [{"fingerprint": d.fingerprint, "arch": d.arch, "target": json.loads(d.target),
                         "description": json.loads(d.description)}
                        for d in s.query(DeviceRow).filter(DeviceRow.kind == args.kind)]  # fmt: skip
-            jobs = [{"model": j.model, "trials_done": j.trials_done, "state": j.state} for j in s.query(JobRow)]
+            jobs = [{"model": j.model, "trials_done": j.trials_done, "state": j.state, "name": j.name,
+                     "config": json.loads(j.config or "{}")} for j in s.query(JobRow)]  # fmt: skip
         counts = {fp: int((data.devices == fp).sum()) for fp in {d["fingerprint"] for d in devices}}
         for d in devices:
             d["records"] = counts.get(d["fingerprint"], 0)
