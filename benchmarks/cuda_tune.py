@@ -55,6 +55,9 @@ STEPS = ("env", "reference", "tune", "compile", "bench")
 # Seconds each step may take beyond the tuning budget, on the GPU server (16 cores); the CPU
 # rehearsal on 2 shared cores passes --step-scale.
 STEP_TIMEOUT_S = {"env": 90.0, "reference": 300.0, "tune": 180.0, "compile": 240.0, "bench": 240.0}
+# What --total keeps for the steps after tune (their usual time there, not their timeout):
+# tune is cut to leave them this much.
+STEP_RESERVE_S = {"compile": 90.0, "bench": 90.0}
 # Packages `tune` imports beyond a PyTorch machine's (the kit's), by import name.
 KIT_MODULES = ("tvm", "tvm_ffi", "ray", "xgboost", "optuna", "sqlalchemy", "alembic", "rich", "psutil",
                "cloudpickle")  # fmt: skip
@@ -84,6 +87,8 @@ def orchestrate(args: argparse.Namespace) -> int:
                   date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                   command=shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]), work=str(work))  # fmt: skip
     result.setdefault("steps", {})
+    # A shared host's load explains a CPU rehearsal's figures (2 cores at load 8 time nothing).
+    result["load_avg_start"] = os.getloadavg()
 
     def save() -> None:
         text = json.dumps(result, indent=1, default=str) + "\n"
@@ -101,8 +106,8 @@ def orchestrate(args: argparse.Namespace) -> int:
         nominal = STEP_TIMEOUT_S[step] * args.step_scale + (_seconds(args.time_budget) if step == "tune" else 0.0)
         if deadline is None:
             return nominal
-        later = sum(STEP_TIMEOUT_S[s] * 0.5 for s in ("compile", "bench") if s in args.steps and
-                    STEPS.index(s) > STEPS.index(step))  # fmt: skip
+        later = sum(STEP_RESERVE_S[s] * args.step_scale for s in STEP_RESERVE_S
+                    if s in args.steps and STEPS.index(s) > STEPS.index(step))  # fmt: skip
         return max(min(nominal, deadline - time.monotonic() - later), 10.0)
 
     background: _Child | None = None
@@ -138,6 +143,7 @@ def orchestrate(args: argparse.Namespace) -> int:
     if background is not None:
         _record(result, background.wait(), work)
     result["minutes_total"] = round((time.monotonic() - started) / 60, 2)
+    result["load_avg_end"] = os.getloadavg()
     if out_path is None:
         out_path = default_out(args, result)
     save()
@@ -502,6 +508,12 @@ def step_bench(args: argparse.Namespace) -> dict[str, Any]:
     from tuner.bench import interleave
 
     out: dict[str, Any] = {}
+    if args.device != "cpu":
+        from tuner.cuda_runtime import gpu_identity, load_cuda_runtime
+
+        if not load_cuda_runtime():  # without it TVM sees no GPU and the artifact does not load
+            raise RuntimeError("TVM's CUDA runtime library does not load")
+        out["gpu_identity"] = gpu_identity(0)
     art = load(artifact_path(args))
     ref_file = args.work / "reference.npz"
     if ref_file.exists():

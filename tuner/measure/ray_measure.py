@@ -63,6 +63,10 @@ from tuner.measure.runner import ArgSpec, Reference
 logger = logging.getLogger(__name__)
 
 
+#: Ray's own variable for its memory monitor (see :func:`connect`).
+MEMORY_MONITOR_ENV = "RAY_memory_monitor_refresh_ms"
+
+
 def local_device_resources() -> dict[str, float]:
     """The device resources of this machine: its CPU and each CUDA GPU TVM sees."""
     from tuner.device import parse_device
@@ -203,6 +207,12 @@ def connect(address: str | None = None, *, num_cpus: int | None = None,
         gpus = sum(int(v) for k, v in device_resources.items() if k.startswith("nightshift_cuda_"))
         if gpus:
             kwargs["num_gpus"] = gpus
+        if MEMORY_MONITOR_ENV not in os.environ:  # a user's own setting of Ray's variable stands
+            # Ray's memory monitor kills the newest worker above 95% of the memory the machine
+            # reports; a VM whose memory grows as it is used (the GPU servers we verify on)
+            # reports far less than it gives. A job's processes are bounded (a build per core,
+            # an actor per device); a real out-of-memory kill is still a worker crash, a record.
+            kwargs["_system_config"] = {"memory_monitor_refresh_ms": 0}
         with _quiet_auth_notice(ray_auth.logger):
             ray.init(address="local", num_cpus=num_cpus, resources=device_resources | (resources or {}),
                      _node_ip_address="127.0.0.1", **kwargs)  # fmt: skip
