@@ -12,8 +12,9 @@ Two steps, on two machines:
 Design: ``build`` installs every wheel here with ``pip install --target --no-deps`` for
 cp312/manylinux (pip does the wheel-to-tree work, ``.data`` folders and all), slims that tree
 (Ray's jar, UI and libraries, stripped binaries; every RECORD rewritten to what remains), and
-ships the tree itself. Installing on the GPU machine is then untar + ``PYTHONPATH``: no pip, no
-wheel repacking, no resolver that could go looking for an index. ``PYTHONPATH`` puts the kit
+ships the tree itself. Installing on the GPU machine is then untar, ``compileall`` (with that
+machine's Python and cores) and ``PYTHONPATH``: no pip, no wheel repacking, no resolver that
+could go looking for an index. ``PYTHONPATH`` puts the kit
 ahead of site-packages, which is what we want for the pinned packages (apache-tvm-ffi
 0.1.14.post1 above all); the machine's own packages fill in what the kit leaves out.
 
