@@ -474,16 +474,16 @@ def artifact_path(args: argparse.Namespace) -> Path:
 class _TorchRunner:
     """The zoo's PyTorch twin, one run = host inputs in, host outputs out (as TVM's)."""
 
-    def __init__(self, fn: Any, device: str, label: str, tf32: bool | None) -> None:
+    def __init__(self, fn: Any, device: str, label: str, tf32: tuple[bool, bool] | None) -> None:
         import torch
 
         self.torch, self.fn, self.device, self.label, self.tf32 = torch, fn, device, label, tf32
-        self.precision = "f32" if not tf32 else "tf32"
+        self.precision = "tf32" if tf32 and any(tf32) else "f32"
 
     def run(self, inputs: list[Any]) -> list[Any]:
         torch = self.torch
-        if self.tf32 is not None:  # the flags are process-wide: set for each run of each runner
-            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = self.tf32
+        if self.tf32 is not None:  # (matmul, cuDNN); process-wide flags: set for each run of each runner
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self.tf32
         with torch.inference_mode():
             out = self.fn(*(torch.from_numpy(x).to(self.device) for x in inputs))
         outs = out if isinstance(out, (list, tuple)) else [out]
@@ -547,10 +547,12 @@ def step_bench(args: argparse.Namespace) -> dict[str, Any]:
     net = torch_zoo_model(load_model(args.model)).to(dev)
     runners: dict[str, Any] = {"tvm": _TvmRunner(art)}
     # TF32 off: fp32 as TVM computes it. On a GPU, PyTorch's defaults beside (cuDNN convs in TF32).
-    variants = [(False, "")] + ([(None, "_default")] if gpu else [])
+    off = (False, False)
+    default = (defaults["cuda.matmul.allow_tf32"], defaults["cudnn.allow_tf32"])
+    variants = [(off, "")] + ([(default, "_default")] if gpu else [])
     peers = set(args.peers.split(","))
     for tf32, suffix in variants:
-        flag = None if not gpu else (tf32 if tf32 is not None else defaults["cudnn.allow_tf32"])
+        flag = tf32 if gpu else None
         if "eager" in peers:
             runners[f"torch_eager{suffix}"] = _TorchRunner(net, dev, f"PyTorch eager{suffix}", flag)
         if "compile" in peers:
