@@ -29,6 +29,7 @@ def _clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env | {"HOME": str(tmp_path), "PYTHONPATH": str(ROOT)} | extra
 
 
+@pytest.mark.slow
 def test_installed_tvm_ffi_honours_the_flag(tmp_path):
     """With the flag, tvm_ffi never reaches its add-on loader (which JIT-builds the add-on into
     its cache for a torch without the C exchange API); without it, it does."""
