@@ -113,6 +113,7 @@ def write_artifact(
     source: str | None = None,
     tasks: Sequence[Any] = (),
     outputs: Sequence[np.ndarray] = (),
+    precision: dict[str, Any] | None = None,
 ) -> Path:
     """Export ``compiled`` (a :class:`tuner.compile.Compiled`) and its metadata to ``path``.
 
@@ -132,6 +133,8 @@ def write_artifact(
         source: what ``--model`` said (zoo name, ONNX path, factory).
         tasks: the model's tasks (:class:`tuner.graph.tasks.Task`), for their weights in the report.
         outputs: the tuned build's outputs on the verification input (their shapes and dtypes).
+        precision: a bf16/int8 build's precision (``name``) and its accuracy against the fp32
+            build; fp32 when None.
 
     Returns:
         the metadata file's path.
@@ -155,6 +158,7 @@ def write_artifact(
                    | ({"bounds": list(i.bounds)} if i.bounds else {}) for i in spec.inputs],
         "outputs": [{"shape": list(o.shape), "dtype": str(o.dtype)} for o in outputs],
         "operators": counts,
+        "precision": precision or {"name": "fp32"},
         "tasks": [{"name": t.name, "workload_key": t.workload_key, "weight": t.weight, "flops": t.flops,
                    "choice": t.choice}
                   for t in tasks],

@@ -615,3 +615,20 @@ def test_bf16_leaves_a_matmul_it_cannot_pack_unpacked():
             out = bb.emit_output(relax.op.matmul(a, c))
         bb.emit_func_output([x, out])
     assert "2 matmul" in bf16_summary(bb.get()) and "packed" not in bf16_summary(bb.get())
+
+
+@needs_bf16
+@pytest.mark.slow
+def test_a_bf16_artifact_has_the_metadata_run_reads(tmp_path):
+    """``tune --precision bf16 -o`` writes the same metadata as fp32 (plus the precision and its
+    accuracy against fp32), so ``nightshift run`` takes the file as it takes an fp32 one."""
+    import json
+
+    proc = _cli("tune", "--model", "tiny", "--precision", "bf16", "--trials", "2", "--db", str(tmp_path / "t.db"),
+                "-o", str(tmp_path / "t.so"), "--measurer", "inline", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    meta = json.loads((tmp_path / "t.json").read_text())
+    assert meta["precision"]["name"] == "bf16" and 0 <= meta["precision"]["max_rel_error"] < 0.05
+    assert meta["baselines"]["fp32"]["ratio"] > 0 and meta["latency"]["median_ms"] > 0
+    run = _cli("nightshift", "run", str(tmp_path / "t.so"), "--random-input", "--rounds", "5", cwd=tmp_path)
+    assert run.returncode == 0 and "latency" in run.stdout, (run.stdout, run.stderr)

@@ -324,12 +324,21 @@ def check_tuned(job: PreparedJob, summary: TuneSummary, *, status: Status = no_s
         reduced = verify_reduced(spec, device, db, plan=plan, precision=loaded.precision,
                                  num_inputs=options.accuracy_inputs, fp32_spec=loaded.fp32_spec,
                                  status=status)  # fmt: skip
+        meta = None
         if output is not None:
-            from tuner.native_log import native_output
+            from tuner.artifact import write_artifact
 
-            with native_output():  # TVM's "Scope Saving" lines go to the log, not the terminal
-                reduced.tuned.executable.export_library(str(output))
-        return Checked(reduced=reduced, artifact=output, trials=summary.trials, tasks=len(job.tasks))
+            ref = reduced.reference_stats
+            fp32 = {} if ref is None else {"fp32": {"label": "the fp32 build", **ref.to_json(),
+                                                    "ratio": reduced.tuned_latency_s * 1e3 / ref.median_ms}}
+            # Same metadata as fp32's, so `nightshift run`, `bench --job` and the report read it.
+            meta = write_artifact(output, reduced.tuned, spec, device, latency_s=reduced.tuned_latency_s,
+                                  latency=reduced.tuned_stats, baselines=fp32, source=loaded.source, verification=None,
+                                  job={"id": summary.job_id, "name": summary.name},
+                                  precision={"name": str(reduced.precision), **reduced.accuracy.to_json()},
+                                  tasks=[t for t in job.tasks if t.workload_key in reduced.tuned.decisions]
+                                  or job.tasks)  # fmt: skip
+        return Checked(reduced=reduced, artifact=output, metadata=meta, trials=summary.trials, tasks=len(job.tasks))
     from tuner.artifact import write_artifact
 
     r = verify(spec, device, db, source=loaded.source, plan=plan, status=status)

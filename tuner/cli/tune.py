@@ -222,7 +222,8 @@ def _show_reduced(checked, spec, device) -> int:
               f"(lower is better); accuracy {acc.describe()}", highlight=False)  # fmt: skip
     _warn_if_slower(checked)
     if checked.artifact is not None:
-        out.print(f"wrote {checked.artifact}")
+        out.print(f"wrote {checked.artifact} (metadata {checked.metadata}); run it with: "
+                  f"nightshift run {checked.artifact} --random-input --rounds 100")
     if not r.ok:
         console.print(f"[red]error:[/] the {precision} model's output is not finite")
         return 1
