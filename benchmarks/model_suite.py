@@ -157,6 +157,18 @@ def bench_one(source: str, db: str, rounds: int, seq_len: int | None) -> dict[st
     return result
 
 
+def profile(source: str, db: str, name: str, rounds: int) -> str:
+    """Where the tuned model's time goes (op_profile.py in a process of its own): the JSON's
+    path, or the error's last line."""
+    out = RESULTS / f"op_profile_{name}.json"
+    cmd = [sys.executable, str(Path(__file__).with_name("op_profile.py")), "--db", db, "--model", source,
+           "--rounds", str(rounds), "--out", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return "failed: " + (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+    return str(out.relative_to(RESULTS.parent.parent)) if out.is_relative_to(RESULTS.parent.parent) else str(out)
+
+
 def summarize(name: str, source: str, tuned: dict[str, Any], bench: dict[str, Any] | None) -> dict[str, Any]:
     """One row of the table: the ratios the issue asks for, taken from the bench entries."""
     row: dict[str, Any] = {"model": name, "source": source, "tune": tuned, "bench": bench}
@@ -220,6 +232,8 @@ def main() -> None:
     p.add_argument("--workdir", type=Path, default=None, help="keep each model's database and artifact here")
     p.add_argument("--out", type=Path, default=None, help="JSON (default results/model_suite_<budget>_<arch>.json)")
     p.add_argument("--resume", action="store_true", help="skip the models already in --out")
+    p.add_argument("--profile", action="store_true", help="also profile each tuned model per operator beside the "
+                   "peers (op_profile.py; results/op_profile_<model>.json)")
     p.add_argument("--settle", type=float, default=300.0, help="wait up to this long for a quiet machine before timing")
     p.add_argument("--bench-one", nargs=3, metavar=("SOURCE", "DB", "OUT"), help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -269,6 +283,8 @@ def main() -> None:
             else:
                 tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
                 tuned["bench_error"] = tail
+            if args.profile:
+                tuned["op_profile"] = profile(source, tuned["db"], name, args.rounds)
         else:
             console.print(f"  [red]tune failed[/]: {tuned['error']}", highlight=False)
         rows.append(summarize(name, source, tuned, bench))
