@@ -13,7 +13,7 @@ on k of its records alone against one trained on the same k plus every other tas
 judged on the task's remaining records; and small sets: 48 records of one task train, 16 others
 test. Writes benchmarks/results/cost_model_quality.json.
 
-    nice -n 10 .venv/bin/python benchmarks/cost_model_quality.py --db /tmp/cm.db
+    nice -n 10 .venv/bin/python benchmarks/cost_model_quality.py --db /tmp/cm.db [--db /tmp/other.db]
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import xgboost as xgb
 
 import cost_models
 from cost_models.base import CostModel, Features
-from cost_models.dataset import load_dataset
+from cost_models.dataset import Dataset, load_dataset
 from cost_models.evaluation import evaluate
 from cost_models.features import as_store_features
 from cost_models.metrics import mean_metrics, per_task
@@ -165,7 +165,7 @@ def small_sets(data, models: dict, seeds: int = 4) -> dict[str, dict[str, float]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--db", required=True)
+    parser.add_argument("--db", required=True, action="append", help="a database (repeat for several)")
     parser.add_argument("--holdout", type=float, default=0.2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--transfer-k", type=int, nargs="*", default=[0, 16, 48])
@@ -175,7 +175,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     device = parse_device("cpu")
     start = time.perf_counter()
-    data = load_dataset(TuningDatabase(args.db, create=False), device)
+    data = Dataset.concat([load_dataset(TuningDatabase(db, create=False), device) for db in args.db])
     logger.info("%d records of %d tasks in %.0f s", len(data), len(set(data.groups.tolist())),
                 time.perf_counter() - start)  # fmt: skip
     models = {

@@ -95,3 +95,12 @@ def test_pretrain_on_an_empty_database_uses_the_shipped_model_and_fine_tunes_it(
     assert model.num_samples == shipped.num_samples + len(y)
     assert not np.array_equal(model.predict(feats), shipped.predict(feats))
     db.close()
+
+
+def test_shipped_model_is_package_data():
+    """A wheel carries the model: pyproject lists it as package data of its package."""
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    assert "*.json" in pyproject["tool"]["setuptools"]["package-data"]["cost_models.pretrained"]
