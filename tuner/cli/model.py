@@ -30,8 +30,7 @@ def add_model_commands(
     cmds = model.add_subparsers(dest="model_command", required=True)
     p = cmds.add_parser("eval", help="pairwise accuracy and top-k of each cost model on held-out records",
                         **with_examples("nightshift model eval --db nightshift.db",
-                                        "nightshift model eval --models xgb-rank xgb-mse random --holdout 0.3 "
-                                        "--json eval.json"))  # fmt: skip
+                                        "nightshift model eval --models xgb-rank xgb-mse random --json e.json"))
     add_db_arg(p)
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.add_argument("--device", default="cpu", help="cpu or cuda:N (default: cpu)")
@@ -52,7 +51,7 @@ def add_model_commands(
     p.set_defaults(func=cmd_eval)
 
     t = cmds.add_parser("train", help="train a cost model on the records of any number of databases",
-                        **with_examples("nightshift model train --db a.db --db postgresql://team@host/ns -o model.json",
+                        **with_examples("nightshift model train --db a.db --db postgresql://me@host/ns -o m.json",
                                         "nightshift model train --db a.db --objective mse -o mse.json"))  # fmt: skip
     t.add_argument("--db", action="append", required=True, metavar="URL",
                    help="a database URL or SQLite file (repeat for several)")
