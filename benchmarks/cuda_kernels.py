@@ -3,14 +3,20 @@
 Two steps, on two machines:
 
     # here (TVM's compiler, nvcc; no GPU): build a bundle of kernels for sm_90
-    python benchmarks/cuda_kernels.py export --out build/cuda_bundle [--small] [--points 64]
+    python benchmarks/cuda_kernels.py export --out build/cuda_bundle [--small] [--points 64] [--tc-points 32]
     # on the GPU (TVM runtime + PyTorch, no compiler): check, time, compare, write JSON
     python benchmarks/cuda_kernels.py run --bundle build/cuda_bundle
 
-Each task (three ResNet-50 convs, one BERT-base dense) ships its reference (the GPU-scheduled
+Each task (three ResNet-50 convs, one BERT-base dense; with ``--fp16`` only, BERT-base's three
+float16 dense shapes) ships its reference (the GPU-scheduled
 module the measurer checks candidates against), three hand schedules and ``--points`` random
 points of Nightshift's CUDA sketch space (the GPU machine cannot join this machine's Ray
-cluster, so no cost model steers them: this is the space's reach under random search).
+cluster, so no cost model steers them: this is the space's reach under random search). The
+float16 dense tasks (BERT-base: 128 tokens x 768 -> 768, 768 -> 3072, 3072 -> 768; the matmul
+as Relax legalizes it, float16 sums) also ship ``--tc-points`` random points of the
+``cuda-dense-tensorcore`` template (labels ``tc*``) and are timed against cuBLAS
+(``torch.matmul`` in float16) in the same run: ``best.over_torch`` is ours / cuBLAS, and
+``best_by_space`` gives the best of each space.
 ``run`` loads them exactly as a Ray GPU worker's device actor does (``CandidateRunner``:
 runtime-only import, TVM's CUDA runtime loaded by hand, outputs checked against the reference
 on the GPU, CUDA-event timings through ``time_evaluator``) and times PyTorch (cuDNN / cuBLAS)
@@ -39,6 +45,13 @@ TASKS = [
     ("resnet50_conv3x3_256_14", "conv", (1, 256, 14, 14, 256, 3, 1)),
     ("bert_dense_768_3072", "dense", (128, 768, 3072)),
 ]
+# BERT-base's dense shapes in float16 (M, K, N): QKV/output projection, FFN up, FFN down.
+FP16 = [
+    ("bert_dense_fp16_768_768", "dense16", (128, 768, 768)),
+    ("bert_dense_fp16_768_3072", "dense16", (128, 768, 3072)),
+    ("bert_dense_fp16_3072_768", "dense16", (128, 3072, 768)),
+]
+TC_SPACE = "cuda-dense-tensorcore"
 SMALL = [("conv3x3_16_14", "conv", (1, 16, 14, 14, 16, 3, 1)), ("dense_16_64", "dense", (16, 64, 64))]
 
 
@@ -53,12 +66,20 @@ def _module(kind: str, shape: tuple[int, ...]):
         out = topi.nn.relu(topi.nn.conv2d_nchw(data, weight, s, r // 2, 1))
         return tvm.IRModule({"main": te.create_prim_func([data, weight, out])})
     m, kk, nn = shape
+    if kind == "dense16":
+        # As Relax legalizes matmul(x, W) of a float16 model: x [1, M, K] @ W [K, N], float16 sums.
+        x = te.placeholder((1, m, kk), "float16", name="x")
+        wt = te.placeholder((kk, nn), "float16", name="w")
+        r = te.reduce_axis((0, kk), "k")
+        out = te.compute((1, m, nn), lambda b, i, j: te.sum(x[b, i, r] * wt[r, j], axis=r), name="matmul")
+        return tvm.IRModule({"main": te.create_prim_func([x, wt, out])})
     x = te.placeholder((m, kk), name="x")
     wt = te.placeholder((nn, kk), name="w")
     return tvm.IRModule({"main": te.create_prim_func([x, wt, topi.nn.dense(x, wt)])})
 
 
-def _sketch_points(mod, target, points: int, seed: int = 0, parents: list[str] = ()) -> dict[str, tuple]:
+def _sketch_points(mod, target, points: int, seed: int = 0, parents: list[str] = (), kind: str = "sketch",
+                   prefix: str = "") -> dict[str, tuple]:
     """``points`` distinct points of the task's CUDA sketch space, scheduled: random ones, or
     with ``parents`` (point JSON, best first) mutations of those, one knob each, as the
     evolutionary strategy's next generation would be (the GPU is too far for its cost model)."""
@@ -69,11 +90,12 @@ def _sketch_points(mod, target, points: int, seed: int = 0, parents: list[str] =
     from search_spaces.preload import preload_tensor_intrinsics
 
     preload_tensor_intrinsics()
-    space = search_spaces.create(mod, search_spaces.target_with_limits(target), kind="sketch", seed=seed)
+    space = search_spaces.create(mod, search_spaces.target_with_limits(target), kind=kind, seed=seed)
     rng = np.random.default_rng(seed)
     seen = set(parents)
     picked: dict[str, tuple] = {}
-    prefix = "m" if parents else "s"
+    prefix = prefix or ("m" if parents else "s")
+    points = min(points, space.size())
     for k in range(points * 4):
         if len(picked) == points:
             break
@@ -95,7 +117,8 @@ def _best_points(result_json: Path, top: int) -> dict[str, list[str]]:
     return out
 
 
-def export(out: Path, small: bool, points: int = 0, parents_from: Path | None = None, top: int = 8) -> int:
+def export(out: Path, small: bool, points: int = 0, parents_from: Path | None = None, top: int = 8,
+           tc_points: int = 32, fp16_only: bool = False) -> int:
     """Build every task's reference and candidates for sm_90 into ``out`` with a manifest."""
     import tvm
 
@@ -109,7 +132,7 @@ def export(out: Path, small: bool, points: int = 0, parents_from: Path | None = 
     target = {"kind": "cuda", "arch": "sm_90"}
     out.mkdir(parents=True, exist_ok=True)
     manifest = []
-    for name, kind, shape in SMALL if small else TASKS:
+    for name, kind, shape in SMALL if small else FP16 if fp16_only else TASKS + FP16:
         mod = _module(kind, shape)
         mods = {"reference": reference_module(mod, tvm.target.Target(target))}
         for threads in (64, 128, 256):
@@ -120,6 +143,16 @@ def export(out: Path, small: bool, points: int = 0, parents_from: Path | None = 
         print(f"{name}: {len(sampled)} sketch points in {time.perf_counter() - start:.1f} s")
         mods |= {label: m for label, (_, m) in sampled.items()}
         files = _build_all(out, name, mods, target)
+        if kind == "dense16" and tc_points:
+            # Timed apart: the template's throughput, points scheduled and built (nvcc) per second.
+            start = time.perf_counter()
+            tc = _sketch_points(mod, tvm.target.Target(target), tc_points, kind=TC_SPACE, prefix="tc")
+            tc_files = _build_all(out, name, {label: m for label, (_, m) in tc.items()}, target)
+            took = time.perf_counter() - start
+            print(f"{name}: {len(tc_files)} of {len(tc)} {TC_SPACE} points built in {took:.1f} s "
+                  f"({len(tc_files) / took:.2f} points/s)")
+            sampled |= tc
+            files |= tc_files
         manifest.append({"name": name, "kind": kind, "shape": shape, "files": files,
                          "points": {label: p for label, (p, _) in sampled.items()},
                          "args": [[list(a.shape), a.dtype] for a in _arg_specs(mod)]})
@@ -177,10 +210,12 @@ def run(bundle: Path, json_out: Path) -> int:
             row["tvm"][label] = {"median_s": r.median, "error": r.error_msg}
         fn = _torch_op(task, [torch.from_numpy(a).cuda() for a in runner._inputs[task["name"]][:2]])
         want = runner._reference[task["name"]][-1]
+        tol = 1e-2 if task["kind"] == "dense16" else 1e-3  # float16 sums in another order
         for tf32 in (False, True):  # fp32 as TVM computes it; then PyTorch's default on Hopper
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
             key = "torch_tf32" if tf32 else "torch"
-            row[f"{key}_matches_reference"] = bool(np.allclose(fn().cpu().numpy(), want, rtol=1e-3, atol=1e-3))
+            row[f"{key}_matches_reference"] = bool(np.allclose(fn().cpu().numpy(), want, rtol=tol,
+                                                                      atol=tol * float(np.abs(want).max())))
             row[f"{key}_s"] = _torch_time(fn)
         timed = {k: v["median_s"] for k, v in row["tvm"].items() if v["median_s"] and k != "reference"}
         best = min(timed, key=timed.get, default=None)
@@ -188,6 +223,14 @@ def run(bundle: Path, json_out: Path) -> int:
                                 "over_torch": timed[best] / row["torch_s"],
                                 "over_torch_tf32": timed[best] / row["torch_tf32_s"]}  # fmt: skip
         row["errors"] = sum(1 for v in row["tvm"].values() if v["error"])
+        spaces = {"tensorcore": "tc", "sketch": ("s", "m"), "hand": "t"}
+        row["best_by_space"] = {}
+        for space, prefixes in spaces.items():
+            own = {k: v for k, v in timed.items() if k.startswith(prefixes)}
+            if own:
+                label = min(own, key=own.get)
+                row["best_by_space"][space] = {"label": label, "median_s": own[label],
+                                               "over_torch": own[label] / row["torch_s"]}
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k not in ("tvm", "points")}))
     result = {"gpu": gpu_identity(0), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
@@ -204,6 +247,8 @@ def _torch_op(task: dict, inputs: list):
     if task["kind"] == "conv":
         stride, pad = task["shape"][6], task["shape"][5] // 2
         return lambda: torch.relu(torch.nn.functional.conv2d(inputs[0], inputs[1], stride=stride, padding=pad))
+    if task["kind"] == "dense16":
+        return lambda: torch.matmul(inputs[0], inputs[1])  # cuBLAS, float16
     return lambda: inputs[0] @ inputs[1].T
 
 
@@ -266,6 +311,9 @@ def main() -> int:
     ex.add_argument("--parents-from", type=Path, default=None,
                     help="an earlier run's JSON: the points are mutations of its --top best per task")
     ex.add_argument("--top", type=int, default=8)
+    ex.add_argument("--tc-points", type=int, default=32,
+                    help=f"random {TC_SPACE} points per float16 dense task (32)")
+    ex.add_argument("--fp16", action="store_true", help="only BERT-base's float16 dense tasks")
     rn = sub.add_parser("run")
     rn.add_argument("--bundle", type=Path, default=ROOT / "build" / "cuda_bundle")
     rn.add_argument("--json", type=Path, default=RESULTS / "cuda_kernels.json")
@@ -274,7 +322,7 @@ def main() -> int:
     if args.cmd == "crash-child":
         return _crash_child(args.artifact)
     if args.cmd == "export":
-        return export(args.out, args.small, args.points, args.parents_from, args.top)
+        return export(args.out, args.small, args.points, args.parents_from, args.top, args.tc_points, args.fp16)
     return run(args.bundle, args.json)
 
 
