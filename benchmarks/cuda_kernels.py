@@ -112,7 +112,9 @@ def _best_points(result_json: Path, top: int) -> dict[str, list[str]]:
     meta = json.loads(result_json.read_text())
     out = {}
     for task in meta["tasks"]:
-        timed = sorted((v["median_s"], k) for k, v in task["tvm"].items() if v["median_s"] and k in task["points"])
+        # Sketch points only: a tensor-core point (tc*) is a point of another space.
+        timed = sorted((v["median_s"], k) for k, v in task["tvm"].items()
+                       if v["median_s"] and k in task["points"] and not k.startswith("tc"))
         out[task["task"]] = [task["points"][k] for _, k in timed[:top]]
     return out
 
