@@ -2,7 +2,7 @@
 against the CPU build and timed against PyTorch eager and ``torch.compile``: one prepared script.
 
     python benchmarks/cuda_tune.py --check                       # the GPU side's environment, in seconds
-    python benchmarks/cuda_tune.py --time-budget 3m --total 480  # the whole run (device call 2 of the plan)
+    python benchmarks/cuda_tune.py --time-budget 2m --total 420  # the whole run (device call 3 of the plan)
     python benchmarks/cuda_tune.py --steps bench                 # rerun the last step on the same work dir
     python benchmarks/cuda_tune.py --device cpu --model tiny --time-budget 1m   # the rehearsal here
 
@@ -623,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda:0", help="cuda:0, or cpu for the rehearsal")
     parser.add_argument("--model", default="resnet50")
-    parser.add_argument("--time-budget", default="3m", help="tune's --time-budget (180s, 3m)")
+    parser.add_argument("--time-budget", default="2m", help="tune's --time-budget (120s, 2m)")
     parser.add_argument("--out", type=Path, default=None, help="result JSON (default: results/cuda_tune_<gpu>.json)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/cuda_tune"), help="databases, artifact, logs")
     parser.add_argument("--db", type=Path, default=None, help="tuning database (default: <work>/tune.db)")

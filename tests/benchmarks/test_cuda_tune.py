@@ -50,8 +50,8 @@ def test_device_commands_fit_the_limit():
     text = (ROOT / "benchmarks" / "README.md").read_text()
     start = text.index("<!-- device-calls:start -->")
     block = text[start:text.index("<!-- device-calls:end -->")]
-    commands = [line for line in block.splitlines() if line.startswith(("cd ", "set ", "mkdir ", "python", "export"))]
-    assert commands, "no device command in the transfer plan"
+    commands = [line for line in block.splitlines() if line.strip() and not line.startswith(("```", "<!--"))]
+    assert len(commands) >= 3, commands
     for cmd in commands:
         assert len(cmd) <= 2000, (len(cmd), cmd[:80])
 
