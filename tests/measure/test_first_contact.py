@@ -75,6 +75,18 @@ def test_ray_workers_get_the_flag(tmp_path):
     assert lines == {"driver": "None", "task": "1", "actor": "1 1"}, lines
 
 
+def test_the_command_line_sets_the_flag_for_its_own_process(tmp_path):
+    """The driver (``tune``, ``nightshift``) imports tvm_ffi too: the command line sets the flag
+    before any command runs, and a value the user set stays."""
+    probe = ("import os, sys; from tuner.cli import main; main(['jobs', '--db', sys.argv[1]]); "
+             "print('flag', os.environ.get('TVM_FFI_DISABLE_TORCH_C_DLPACK'))")
+    db = str(tmp_path / "none.db")
+    for preset, want in ((None, "1"), ("0", "0")):
+        env = _clean_env(tmp_path) | ({} if preset is None else {"TVM_FFI_DISABLE_TORCH_C_DLPACK": preset})
+        out = subprocess.run([sys.executable, "-c", probe, db], env=env, capture_output=True, text=True, timeout=120)
+        assert f"flag {want}" in out.stdout, (out.stdout, out.stderr)
+
+
 _GPUS = r"""
 import ray
 import tuner.measure.ray_measure as rm

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -104,6 +105,9 @@ def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) ->
         level=logging.DEBUG if getattr(args, "verbose", False) else logging.WARNING,
         format="%(message)s", handlers=[RichHandler(console=console, show_path=False)],
     )  # fmt: skip
+    # The commands import tvm_ffi lazily, after this: the driver skips the torch add-on's JIT
+    # build as the workers do (WORKER_ENV), unless the user's environment says otherwise.
+    os.environ.setdefault("TVM_FFI_DISABLE_TORCH_C_DLPACK", "1")
     start = time.perf_counter()
     try:
         return func(args)
