@@ -96,6 +96,12 @@ def _sketch_points(mod, target, points: int, seed: int = 0, parents: list[str] =
     picked: dict[str, tuple] = {}
     prefix = prefix or ("m" if parents else "s")
     points = min(points, space.size())
+    if kind != "sketch":
+        # A template's start points first (labels ``<prefix>_start<n>``), then random ones.
+        for n, point in enumerate(space.starts()):
+            seen.add(point.to_json())
+            picked[f"{prefix}_start{n}"] = (point.to_json(), space.apply(point).mod)
+        points += len(picked)
     for k in range(points * 4):
         if len(picked) == points:
             break

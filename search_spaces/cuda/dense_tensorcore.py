@@ -159,6 +159,20 @@ def _constraint(values: dict[str, Any], limits: Limits) -> str | None:
     return None
 
 
+def _starts(choices: dict[str, tuple], limits: Limits) -> list[dict[str, Any]]:
+    """Tiles in the manner of CUTLASS's float16 kernels (64 x 64 to 128 x 64 blocks of 4
+    warps, 32-wide k chunks, 16-byte vectors, cp.async in 2-3 stages where the GPU has it),
+    measured before any search; unmeasured on a GPU as yet. Those the task's shape or the
+    shared memory refuse are dropped by the space."""
+    copy = max(choices["async_copy"])
+    out = []
+    for wm, wn, fm, fn, ck, stages in ((2, 2, 2, 2, 2, 2), (2, 2, 2, 2, 2, 3), (2, 2, 4, 2, 2, 2), (2, 2, 2, 1, 2, 2),
+                                       (1, 2, 2, 2, 4, 2), (2, 1, 2, 2, 4, 2)):  # fmt: skip
+        out.append({"warp_m": wm, "warp_n": wn, "frag_m": fm, "frag_n": fn, "chunk_k": ck, "vector": 8,
+                    "stages": stages, "async_copy": copy})
+    return out
+
+
 def _schedule(sch: Schedule, values: dict[str, Any], limits: Limits) -> None:
     from tvm.s_tir.dlight.gpu.matmul import (
         IterKind,
@@ -314,5 +328,6 @@ CUDA_DENSE_TENSORCORE = register_template(Template(
     knobs=_knobs,
     schedule=_schedule,
     constraint=_constraint,
+    starts=_starts,
     description="float16/bfloat16 matmul + epilogue on tensor cores (WMMA), vector fetch, pipelined (CUDA)",
 ))  # fmt: skip

@@ -63,6 +63,9 @@ def test_constraint_keeps_shared_memory_and_tiles_within_limits():
         assert shared_bytes(values) <= 49152
         assert 128 % (values["warp_m"] * values["frag_m"] * 16) == 0
         assert not (values["async_copy"] and values["stages"] == 1)
+    starts = sp.starts()
+    assert starts and all(sp.static_violation(p) is None for p in starts)
+    assert {sp.values(p)["async_copy"] for p in starts} == {1}  # sm_90 has cp.async
 
 
 @pytest.mark.parametrize("check", [conformance.test_knobs_and_size, conformance.test_sample_is_valid_and_seeded,
