@@ -194,6 +194,7 @@ def tune(
     timing: str | None = None,
     seed: int = 0,
     strategy: str = "evolutionary",
+    cost_model: str = "pretrained",
     fresh: bool = False,
     skip_after: int = 512,
     rerank_top: int = 4,
@@ -239,7 +240,8 @@ def tune(
         db=_db_text(db), job=job,
         time_budget_s=None if time_budget is None else parse_duration(time_budget, what="time_budget"),
         trials=trials, trials_per_batch=trials_per_batch, build_timeout_s=build_timeout, timing=timing, seed=seed,
-        strategy=strategy, fresh=fresh, skip_after=skip_after, rerank_top=rerank_top, ray_address=ray_address,
+        strategy=strategy, cost_model=cost_model, fresh=fresh, skip_after=skip_after, rerank_top=rerank_top,
+        ray_address=ray_address,
         measurer=measurer, output=None if output is None else Path(output), verify=verify,
         accuracy_inputs=accuracy_inputs,
     )  # fmt: skip

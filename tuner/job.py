@@ -45,6 +45,8 @@ from tuner.reuse import rule as reuse_rule
 from tuner.search import Candidate, NoTaskAvailable, Result, SearchStrategy, SpaceBandit, TaskScheduler
 from tuner.search.remote import Applier, SpaceSpec
 
+#: ``tune --cost-model`` choices (:attr:`TuneConfig.cost_model`).
+COST_MODELS: tuple[str, ...] = ("pretrained", "online", "none")
 logger = logging.getLogger(__name__)
 
 # Batches in flight: one measured while the next is proposed.
@@ -82,6 +84,10 @@ class TuneConfig:
     batch_size: int = 16
     seed: int = 0
     strategy: str = search.DEFAULT_STRATEGY
+    #: What ranks the proposals: ``pretrained`` (the device family's records, else a stored or
+    #: the shipped model, learning online), ``online`` (untrained at the start, learning
+    #: online) or ``none`` (no model: candidates ranked at random), the ablation's arms.
+    cost_model: str = "pretrained"
     measure: MeasureConfig = field(default_factory=MeasureConfig)
     time_budget_s: float | None = None
     #: What ``tune --job NAME`` resumes by; None: the model and the device's name.
@@ -148,6 +154,8 @@ class TuneConfig:
             raise UserInputError(f"--measurer must be one of {', '.join(MEASURERS)}, got {self.measurer!r}")
         if self.strategy not in search.strategies():
             raise UserInputError(f"--strategy must be one of {', '.join(search.strategies())}, got {self.strategy!r}")
+        if self.cost_model not in COST_MODELS:
+            raise UserInputError(f"--cost-model must be one of {', '.join(COST_MODELS)}, got {self.cost_model!r}")
 
 
 class NothingMeasurable(MeasureError):
@@ -355,7 +363,10 @@ class TuningJob:
             # Every earlier measurement of this device family (any job, any teammate, any task)
             # trains the model before the first proposal; without any, a stored model is loaded.
             # A resumed job's own records are among them: its model is rebuilt the same way.
-            self.model = cost_models.pretrain(db, self.device, seed=config.seed, max_records=PRETRAIN_RECORDS)
+            if config.cost_model == "pretrained":
+                self.model = cost_models.pretrain(db, self.device, seed=config.seed, max_records=PRETRAIN_RECORDS)
+            else:
+                self.model = cost_models.create("random" if config.cost_model == "none" else "xgb", seed=config.seed)
             if self.model.num_samples:
                 logger.info("cost model pre-trained on %d records of this device family", self.model.num_samples)
             rules = self._restore()
@@ -398,7 +409,7 @@ class TuningJob:
             self._finish_job(state, reason)
         logger.info("device idle %.0f%% of %.0f s; %.1f s of builds", 100 * stats.device_idle_fraction,
                     stats.wall_s, stats.build_s)  # fmt: skip
-        if self.model.num_samples:
+        if self.model.num_samples and config.cost_model != "none":
             self._retrying("database", db.save_cost_model, self.device_id, "xgb", self.model.save(),
                            self.model.num_samples)  # fmt: skip
         best_sec = {self.tasks[j].workload_key: s for j, s in enumerate(self.scheduler.best_sec) if s}

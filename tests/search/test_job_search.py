@@ -211,3 +211,27 @@ def test_optuna_job_interrupted_and_resumed_keeps_one_study(cpu_device, db_url, 
             assert trials[number].user_attrs["nightshift_point"] == cid
             assert trials[number].state == optuna.trial.TrialState.FAIL or (kind, cid) in measured
     db.close()
+
+
+@pytest.mark.slow
+def test_the_cost_model_arms_of_the_ablation(cpu_device, tmp_path, builtin_templates_only):
+    """``--cost-model``: ``pretrained`` trains on the database's records before the first
+    proposal, ``online`` starts untrained on the same database, ``none`` ranks at random and
+    stores no model."""
+    import cost_models
+
+    db = TuningDatabase(f"sqlite:///{tmp_path / 't.db'}")
+    tasks = [search_tasks.task("matmul")]
+    runs = {}
+    for arm in ("pretrained", "online", "none"):
+        job = TuningJob(tasks, cpu_device, db, TuneConfig(trials=4, batch_size=4, seed=0, measurer="inline",
+                                                          cost_model=arm, name=arm), model_name="t")  # fmt: skip
+        before = cost_models.pretrain(db, job.device, max_records=None).num_samples
+        job.run()
+        runs[arm] = (before, job.model)
+    assert runs["online"][0] > 0  # the database had records; the online arm did not start from them
+    assert runs["online"][1].name == "xgb" and runs["online"][1].num_samples == 4
+    assert runs["pretrained"][1].name == "xgb"
+    assert runs["none"][1].name == "random"
+    with pytest.raises(Exception, match="cost-model must be one of"):
+        TuningJob(tasks, cpu_device, db, TuneConfig(trials=4, cost_model="bogus", measurer="inline"), model_name="t")

@@ -68,6 +68,10 @@ def _add_tune_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="random seed (default 0)")
     p.add_argument("--strategy", default=None,
                    help="search strategy: evolutionary (default), random, grid, optuna-tpe, optuna-cmaes")
+    p.add_argument("--cost-model", choices=["pretrained", "online", "none"], default=None,
+                   help="what ranks the candidates: pretrained (default: the device family's records, else a "
+                        "stored or the shipped model, learning as the job measures), online (untrained at the "
+                        "start), none (no model: ranked at random)")
     p.add_argument("--fresh", action="store_true", default=None,
                    help="ignore other jobs' records: skip no task, seed no search from them")
     p.add_argument("--skip-after", type=int, default=None,
