@@ -115,8 +115,10 @@ def _last_event(log: Path, kind: str) -> dict[str, Any] | None:
     return found
 
 
-def bench_one(source: str, db: str, rounds: int, seq_len: int | None) -> dict[str, Any]:
-    """The comparison and the input's sensitivity, in this process (the ``--bench-one`` mode)."""
+def bench_one(source: str, db: str, rounds: int, seq_len: int | None, *, peers: tuple[str, ...] = PEERS,
+              fallback: bool = True, with_sensitivity: bool = True) -> dict[str, Any]:  # fmt: skip
+    """The comparison and the input's sensitivity, in this process (the ``--bench-one`` mode);
+    ``fallback=False`` leaves out the zero-trial build, ``with_sensitivity=False`` the second input."""
     import dataclasses
 
     from tuner.app.plan import measured_plan
@@ -130,11 +132,13 @@ def bench_one(source: str, db: str, rounds: int, seq_len: int | None) -> dict[st
     spec = load_model(source, **kwargs)
     device = parse_device("cpu")
     database = TuningDatabase(db)
-    config = BenchConfig(rounds=rounds, peers=PEERS)
+    config = BenchConfig(rounds=rounds, peers=peers, fallback=fallback)
     chosen = measured_plan(spec, device, database)
     if chosen is not None:
         config = dataclasses.replace(config, plan=chosen.plan, layout_choice=chosen)
     result = bench(spec, device, database, source=source, config=config).to_json()
+    if not with_sensitivity:
+        return result
 
     # How much the reference's output moves for another input: the scale the errors are read on.
     sensitivity: dict[str, Any] = {"value": None, "runtime": None, "reason": None}
@@ -155,6 +159,19 @@ def bench_one(source: str, db: str, rounds: int, seq_len: int | None) -> dict[st
             break
     result["input_sensitivity"] = sensitivity
     return result
+
+
+def bench_in_child(script: Path, source: str, db: str, part: Path, rounds: int,
+                   seq_len: int | None) -> tuple[dict[str, Any] | None, str | None]:  # fmt: skip
+    """``script --bench-one`` in a process of its own (no tuning job's threads or memory beside
+    the timing): its result, or None and the last line of its error."""
+    cmd = [sys.executable, str(script), "--bench-one", source, db, str(part), "--rounds", str(rounds)]
+    if seq_len is not None:
+        cmd += ["--seq-len", str(seq_len)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode == 0:
+        return json.loads(part.read_text()), None
+    return None, (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
 
 
 def profile(source: str, db: str, name: str, rounds: int) -> str:
@@ -274,15 +291,10 @@ def main() -> None:
         if tuned["exit_code"] == 0:
             if args.settle:
                 settle(args.settle, console)
-            part = workdir / "bench.json"
-            cmd = [sys.executable, __file__, "--bench-one", source, tuned["db"], str(part),
-                   "--rounds", str(args.rounds), "--seq-len", str(args.seq_len)]  # fmt: skip
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode == 0:
-                bench = json.loads(part.read_text())
-            else:
-                tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-                tuned["bench_error"] = tail
+            bench, error = bench_in_child(Path(__file__), source, tuned["db"], workdir / "bench.json",
+                                          args.rounds, args.seq_len)  # fmt: skip
+            if error is not None:
+                tuned["bench_error"] = error
             if args.profile:
                 tuned["op_profile"] = profile(source, tuned["db"], name, args.rounds)
         else:
