@@ -267,3 +267,8 @@ def test_tasks_total_counts_each_conv_once_across_its_layout_variants():
     assert line.startswith("total 2.50 GFLOP per inference")
     assert "3 tasks are layout variants of 1 convs" in line
     assert _total_line([dense]) == "total 0.50 GFLOP per inference"
+    # A pooling of another layout plan's own (a mean reading NCHW beside the blocked one) runs
+    # only where that plan is taken: counted in the first plan's sum, not beside it.
+    means = [Task("mean", None, 1, 0.1e9, "k5", plans=(0,)), Task("mean[NCHW]", None, 1, 0.1e9, "k6", plans=(1,))]
+    line = _total_line([*conv, dense, *means])
+    assert line.startswith("total 2.60 GFLOP per inference") and "1 run only in another layout" in line
