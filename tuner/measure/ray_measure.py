@@ -109,9 +109,9 @@ def starts_local(address: str | None = None) -> bool:
 
 def _no_device_node(resource: str, device: Device) -> str:
     """Why no node can time ``device``, and what to do, for the cluster this process joined."""
-    if _local_head():
-        # A notebook's plain ``ray.init()``: the local cluster lacks our resource, and a worker
-        # command with HEAD_IP:PORT is not what that user needs.
+    if _local_head() and resource in local_device_resources():
+        # A notebook's plain ``ray.init()`` on a machine that has the device: the local cluster
+        # lacks our resource, and a worker command with HEAD_IP:PORT is not what that user needs.
         return (f"the Ray cluster this process started (ray.init()) does not offer device resource {resource!r}; "
                 "start it with tuner.measure.ray_measure.connect() instead of ray.init() (or "
                 "ray.init(resources=local_device_resources()) from the same module), or call ray.shutdown() "
