@@ -64,6 +64,8 @@ ARMS: dict[str, list[str]] = {
 MODELS = ("resnet50", "mnasnet1_0", "squeezenet1_1")
 BUDGETS = (64, 128, 256, 512, 2048)
 # The faster of these is the peer: PyTorch eager was never the fastest in the model suite.
+# openvino-f32 sets INFERENCE_PRECISION_HINT to f32: OpenVINO runs bf16 by default on CPUs with
+# AVX512_BF16 or AMX, which would compare an fp32 build with a bf16 one.
 PEERS = ("onnxruntime", "openvino-f32")
 
 Key = tuple[str, str, int]  # model, arm, seed
