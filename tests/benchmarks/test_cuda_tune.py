@@ -4,7 +4,6 @@ model, a tuning step cut by ``--total`` that still leaves its trials in the JSON
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,17 +11,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from bench_scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "cuda_tune.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("cuda_tune", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("cuda_tune")
 
 
 def _run(*args: str | Path, timeout: float) -> subprocess.CompletedProcess[str]:

@@ -5,7 +5,6 @@ target and imported from there; a corrupt and a missing part each stop the insta
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import os
 import shutil
@@ -14,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from bench_scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_kit.py"
@@ -21,11 +21,7 @@ STEM = "nightshift-kit-cp312.tar.xz"
 
 
 def _kit_module():
-    spec = importlib.util.spec_from_file_location("gpu_kit", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gpu_kit")
 
 
 def _run(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

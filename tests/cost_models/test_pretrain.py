@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tvm
+from cm_workloads import matmul
 from tvm import te
 from tvm.s_tir import meta_schedule as ms
 
@@ -20,11 +21,7 @@ from tuner.graph.keys import workload_key
 
 
 def _matmul(n: int = 32) -> tvm.IRModule:
-    a = te.placeholder((n, n), name="A")
-    b = te.placeholder((n, n), name="B")
-    k = te.reduce_axis((0, n), name="k")
-    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
-    return tvm.IRModule({"main": te.create_prim_func([a, b, c]).with_attr("global_symbol", "matmul")})
+    return matmul(n)
 
 
 def _reduce(n: int = 32, m: int = 256) -> tvm.IRModule:

@@ -7,7 +7,7 @@ from importlib import resources
 
 import numpy as np
 import tvm
-from tvm import te
+from cm_workloads import matmul
 
 import cost_models
 import search_spaces
@@ -18,11 +18,7 @@ from tuner.device import Device
 
 
 def _matmul(n: int = 64) -> tvm.IRModule:
-    a = te.placeholder((n, n), name="A")
-    b = te.placeholder((n, n), name="B")
-    k = te.reduce_axis((0, n), name="k")
-    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
-    return tvm.IRModule({"main": te.create_prim_func([a, b, c]).with_attr("global_symbol", "matmul")})
+    return matmul(n)
 
 
 def _schedules(target: tvm.target.Target, count: int = 6) -> tuple[tvm.IRModule, list]:
