@@ -230,7 +230,10 @@ def test_the_cost_model_arms_of_the_ablation(cpu_device, tmp_path, builtin_templ
         job.run()
         runs[arm] = (before, job.model)
     assert runs["online"][0] > 0  # the database had records; the online arm did not start from them
-    assert runs["online"][1].name == "xgb" and runs["online"][1].num_samples == 4
+    # Only this job's own labels: a failed candidate or an early-stopped probe (a lower bound,
+    # not a label) leaves fewer than 4, the database's records would make it more.
+    online = runs["online"][1]
+    assert online.name == "xgb" and 0 < online.num_samples <= 4 and online.num_samples == online.num_labelled
     assert runs["pretrained"][1].name == "xgb"
     assert runs["none"][1].name == "random"
     with pytest.raises(Exception, match="cost-model must be one of"):
