@@ -1,12 +1,15 @@
 """The summary table of the maintained whole-model benchmarks, from their latest JSON.
 
 Reads ``benchmarks/results/*.json`` of the benchmarks that time a whole model against its
-peers (``e2e_vs_peers``, ``precision_vs_peers``, ``cuda_e2e``), keeps the latest row per
+peers (``e2e_vs_peers``, ``precision_vs_peers``, ``cuda_e2e``, ``model_suite``), keeps the latest row per
 (benchmark, model, precision, device kind) by the ``date`` inside the file (the file's
 modification time where it has none), and rewrites the block between
 ``<!-- summary:start -->`` and ``<!-- summary:end -->`` in ``benchmarks/README.md`` (one row
 per benchmark, model, precision and device kind) and ``docs/performance.md`` (the latest of
-those per model, precision and device kind, with the command that produced it).
+those per model, precision and device kind, with the command that produced it). The model
+suite's files also get a table of their own between ``<!-- suite:start -->`` and
+``<!-- suite:end -->`` in ``benchmarks/README.md``: every model of each file, against each peer,
+with its output check and tuning time, and the file's geometric mean.
 
 The ratio is TVM's median over the faster peer's at the same precision (for int8 every peer
 ran the same QDQ file, whatever precision its row names): below 1.00x TVM is faster. A
@@ -32,7 +35,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 README = ROOT / "benchmarks" / "README.md"
 PERFORMANCE = ROOT / "docs" / "performance.md"
 START, END = "<!-- summary:start -->", "<!-- summary:end -->"
-BENCHMARKS = ("e2e_vs_peers", "precision_vs_peers", "cuda_e2e")
+SUITE_START, SUITE_END = "<!-- suite:start -->", "<!-- suite:end -->"
+BENCHMARKS = ("e2e_vs_peers", "precision_vs_peers", "cuda_e2e", "model_suite")
 
 MODELS = {"resnet50": "ResNet-50", "bert-base": "BERT-base", "mobilenet_v2": "MobileNet-V2"}
 # "openvino-f32" is OpenVINO run with INFERENCE_PRECISION_HINT f32 (its default is bf16 on CPUs with
@@ -82,6 +86,19 @@ def benchmark_of(path: Path, doc: Any) -> str | None:
     if named in BENCHMARKS:
         return str(named)
     return next((b for b in BENCHMARKS if path.name.startswith(b)), None)
+
+
+def budget_of(doc: dict[str, Any], stem: str) -> str:
+    """The tuning budget of a file: its ``budget`` field (``["--trials", "512"]``,
+    ``["--time-budget", "20m"]``), else what its name gives (:func:`trials_of`)."""
+    budget = doc.get("budget")
+    if isinstance(budget, list) and len(budget) == 2:
+        flag, value = str(budget[0]), str(budget[1])
+        if flag == "--trials" and value.isdigit():
+            return f"{int(value):,}"
+        if flag == "--time-budget":
+            return trials_of(value) if trials_of(value) != "-" else value
+    return trials_of(stem)
 
 
 def trials_of(stem: str) -> str:
@@ -179,15 +196,17 @@ def load(results: Path) -> list[Row]:
         mtime = datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.UTC).isoformat(timespec="seconds")
         date = str(doc.get("date") or "")
         common = {"benchmark": benchmark, "date": date[:10], "order": date or mtime, "file": path.name,
-                  "command": str(doc.get("command") or ""), "trials": trials_of(path.stem)}  # fmt: skip
+                  "command": str(doc.get("command") or ""), "trials": budget_of(doc, path.stem)}  # fmt: skip
         if benchmark == "cuda_e2e":
             rows.extend(cuda_rows(doc, common))
             continue
-        runs = doc.get("models") if benchmark == "e2e_vs_peers" else doc.get("rows")
+        runs = doc.get("models") if benchmark in ("e2e_vs_peers", "model_suite") else doc.get("rows")
         for run in runs if isinstance(runs, list) else ():
             if not isinstance(run, dict):
                 continue
             bench = run if benchmark == "e2e_vs_peers" else run.get("bench") or {}
+            if benchmark == "model_suite" and not run.get("output_ok", True):
+                continue  # a wrong output is no speed
             precision = precision_name(run.get("precision"))
             timed = bench_row(bench, precision)
             if timed is None:
@@ -274,12 +293,85 @@ def performance_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def replace_block(text: str, table: str) -> str | None:
+def suite_files(results: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """The model suite's result files under ``results``, the largest budget and newest first."""
+    docs = []
+    for path in sorted(results.glob("model_suite_*.json")):
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # load() already said so
+        if isinstance(doc, dict) and isinstance(doc.get("models"), list):
+            docs.append((path, doc))
+    return sorted(docs, key=lambda d: (str(d[1].get("date") or ""), d[0].name), reverse=True)
+
+
+def geomean(values: list[float]) -> float | None:
+    """The geometric mean, None of nothing."""
+    import math
+
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+def suite_table(path: Path, doc: dict[str, Any]) -> str:
+    """One model suite file as a table: per model, TVM's median and its ratio to each peer (timed
+    in the same interleaved rounds), the output check, and the tuning job's time and trials."""
+    device = ((doc.get("models") or [{}])[0].get("bench") or {}).get("device") or {}
+    arch = str(device.get("arch") or "?")
+    budget = budget_of(doc, path.stem)
+    budget = f"{budget} trials" if budget.replace(",", "").isdigit() else f"budget {budget}"
+    title = (f"**`{path.name}`**: {budget}, `{arch}`, "
+             f"{str(doc.get('date') or '')[:10]}; `{doc.get('command') or '(command not recorded)'}`")  # fmt: skip
+    head = ("model", "TVM ms", "/ ONNX Runtime", "/ OpenVINO f32", "/ PyTorch", "/ faster peer", "max error",
+            "input moves it", "tuning", "trials")  # fmt: skip
+    lines = [title, "", cells(head), "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    ratios: list[float] = []
+    for run in doc.get("models") or ():
+        tune = run.get("tune") or {}
+        if tune.get("exit_code") not in (0, None):
+            lines.append(cells((str(run.get("model")), "tune failed", *("-",) * 6, f"{tune.get('error') or ''}"[:60],
+                                "-")))  # fmt: skip
+            continue
+        fastest = run.get("ratio_vs_fastest_peer")
+        if isinstance(fastest, (int, float)) and run.get("output_ok") is not False:
+            ratios.append(float(fastest))
+
+        def r(key: str, run: dict[str, Any] = run) -> str:
+            value = run.get(key)
+            return f"{value:.2f}x" if isinstance(value, (int, float)) else "-"
+
+        def sci(value: Any) -> str:
+            return f"{value:.1e}" if isinstance(value, (int, float)) else "-"
+
+        best = r("ratio_vs_fastest_peer")
+        if isinstance(fastest, (int, float)) and round(fastest, 2) < 1:
+            best = f"**{best}**"
+        error = sci(run.get("max_error_vs_reference")) + ("" if run.get("output_ok") is not False else " wrong")
+        wall = tune.get("wall_s")
+        lines.append(cells((str(run.get("model")), ms(run["tvm_ms"]) if run.get("tvm_ms") else "-",
+                            r("ratio_vs_onnxruntime"), r("ratio_vs_openvino-f32"), r("ratio_vs_torch"), best, error,
+                            sci(run.get("input_sensitivity")), f"{wall / 60:.1f} min" if wall else "-",
+                            str(tune.get("trials") or "-"))))  # fmt: skip
+    mean = geomean(ratios)
+    summary = doc.get("summary") or {}
+    lines += ["", f"{len(ratios)} models timed; geometric mean {mean:.2f}x the faster peer, worst "
+              f"{max(ratios):.2f}x; {summary.get('tune_failures', 0)} tuning failures, "
+              f"{summary.get('wrong_outputs', 0)} wrong outputs." if mean else "No model timed yet."]  # fmt: skip
+    return "\n".join(lines)
+
+
+def suite_tables(results: Path) -> str:
+    """Every model suite file's table, newest first."""
+    tables = [suite_table(path, doc) for path, doc in suite_files(results)]
+    return "\n\n".join(tables) if tables else "No model suite result yet."
+
+
+def replace_block(text: str, table: str, start_mark: str = START, end_mark: str = END) -> str | None:
     """``text`` with the block between the markers replaced by ``table``; None without the markers."""
-    start, end = text.find(START), text.find(END)
+    start, end = text.find(start_mark), text.find(end_mark)
     if start < 0 or end < start:
         return None
-    return text[: start + len(START)] + "\n" + table + "\n" + text[end:]
+    return text[: start + len(start_mark)] + "\n" + table + "\n" + text[end:]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -291,11 +383,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     rows = load(args.results)
     stale = missing = False
-    for path, table in ((README, readme_table(rows)), (PERFORMANCE, performance_table(rows))):
+    blocks = ((README, readme_table(rows), START, END), (README, suite_tables(args.results), SUITE_START, SUITE_END),
+              (PERFORMANCE, performance_table(rows), START, END))  # fmt: skip
+    for path, table, start_mark, end_mark in blocks:
         text = path.read_text() if path.exists() else ""
-        new = replace_block(text, table)
+        new = replace_block(text, table, start_mark, end_mark)
         if new is None:
-            print(f"{path.relative_to(ROOT)}: no {START} ... {END} block", file=sys.stderr)
+            print(f"{path.relative_to(ROOT)}: no {start_mark} ... {end_mark} block", file=sys.stderr)
             missing = True
         elif new != text:
             stale = True
