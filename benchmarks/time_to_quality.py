@@ -4,7 +4,8 @@ for each arm of the search, from an empty database, over several seeds.
 Arms (``tune`` options): ``random`` (random search, no cost model), ``evo-none`` (evolutionary,
 candidates ranked at random), ``evo-online`` (evolutionary, a model learned from the job's own
 measurements), ``evo-pretrained`` (evolutionary, the default: the device family's records, else the
-model shipped in cost_models/pretrained/, learning online).
+model shipped in cost_models/pretrained/, learning online), ``evo-pretrained-rr`` (``evo-pretrained``
+with ``--scheduler round-robin``: the task with the fewest trials next, not Ansor's gradient rule).
 
 Per model, arm and seed: one job on a new SQLite database, grown through the budgets. After each
 budget, its build is timed against the faster of ONNX Runtime and OpenVINO (f32) in the same
@@ -59,6 +60,7 @@ ARMS: dict[str, list[str]] = {
     "evo-none": ["--strategy", "evolutionary", "--cost-model", "none"],
     "evo-online": ["--strategy", "evolutionary", "--cost-model", "online"],
     "evo-pretrained": ["--strategy", "evolutionary", "--cost-model", "pretrained"],
+    "evo-pretrained-rr": ["--strategy", "evolutionary", "--cost-model", "pretrained", "--scheduler", "round-robin"],
 }
 #: ResNet-50 and two models of the suite that Nightshift was not tuned on during development.
 MODELS = ("resnet50", "mnasnet1_0", "squeezenet1_1")

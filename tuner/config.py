@@ -167,6 +167,7 @@ OPTIONS: dict[str, Callable[[Any], Any]] = {
     "seed": _int,
     "strategy": _strategy,
     "cost_model": _choice("pretrained", "online", "none"),
+    "scheduler": _choice("gradient", "round-robin"),
     "fresh": _bool,
     "skip_after": _nonneg_int,
     "rerank_top": _nonneg_int,
@@ -183,7 +184,7 @@ OPTIONS: dict[str, Callable[[Any], Any]] = {
 DEFAULTS: dict[str, Any] = {
     "device": "cpu", "batch_size": 1, "dtype": "float32", "trials_per_batch": 16, "build_timeout": 60.0,
     "seed": 0, "strategy": "evolutionary", "cost_model": "pretrained", "skip_after": 512, "rerank_top": 4,
-    "fresh": False, "no_verify": False,
+    "scheduler": "gradient", "fresh": False, "no_verify": False,
     "quiet": False, "verbose": False, "precision": "fp32", "accuracy_inputs": 8,
     "calibration": 32, "measurer": "ray",
 }  # fmt: skip

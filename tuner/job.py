@@ -42,7 +42,7 @@ from tuner.progress import EventSink, event
 from tuner.rerank import rerank_task
 from tuner.reuse import SEED_POINTS, TaskHistory, job_points, other_mode, seed_line, task_histories
 from tuner.reuse import rule as reuse_rule
-from tuner.search import Candidate, NoTaskAvailable, Result, SearchStrategy, SpaceBandit, TaskScheduler
+from tuner.search import SCHEDULERS, Candidate, NoTaskAvailable, Result, SearchStrategy, SpaceBandit, TaskScheduler
 from tuner.search.remote import Applier, SpaceSpec
 
 #: ``tune --cost-model`` choices (:attr:`TuneConfig.cost_model`).
@@ -88,6 +88,10 @@ class TuneConfig:
     #: the shipped model, learning online), ``online`` (untrained at the start, learning
     #: online) or ``none`` (no model: candidates ranked at random), the ablation's arms.
     cost_model: str = "pretrained"
+    #: Which task gets the next batch (one of ``SCHEDULERS``): ``gradient``, Ansor's rule
+    #: (:class:`~tuner.search.TaskScheduler`); ``round-robin``, the task with the fewest trials,
+    #: the ablation's baseline.
+    scheduler: str = "gradient"
     measure: MeasureConfig = field(default_factory=MeasureConfig)
     time_budget_s: float | None = None
     #: What ``tune --job NAME`` resumes by; None: the model and the device's name.
@@ -156,6 +160,8 @@ class TuneConfig:
             raise UserInputError(f"--strategy must be one of {', '.join(search.strategies())}, got {self.strategy!r}")
         if self.cost_model not in COST_MODELS:
             raise UserInputError(f"--cost-model must be one of {', '.join(COST_MODELS)}, got {self.cost_model!r}")
+        if self.scheduler not in SCHEDULERS:
+            raise UserInputError(f"--scheduler must be one of {', '.join(SCHEDULERS)}, got {self.scheduler!r}")
 
 
 class NothingMeasurable(MeasureError):
@@ -271,7 +277,7 @@ class TuningJob:
         self.on_event = on_event
         # Replaced in run() by the model pre-trained on the database's records of this device family.
         self.model: cost_models.CostModel = cost_models.create("xgb", seed=config.seed)
-        self.scheduler = TaskScheduler(tasks)
+        self.scheduler = TaskScheduler(tasks, mode=config.scheduler)
         self.searches: dict[int, _TaskSearch] = {}
         self.inflight: deque[_Batch] = deque()
         # Seconds between batch completions (moving average): how long the batches in flight

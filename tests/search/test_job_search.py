@@ -213,6 +213,15 @@ def test_optuna_job_interrupted_and_resumed_keeps_one_study(cpu_device, db_url, 
     db.close()
 
 
+def test_the_scheduler_option_reaches_the_job(cpu_device, tmp_path):
+    """``--scheduler``: the job's task scheduler runs in the configured mode (nothing is tuned)."""
+    db = TuningDatabase(f"sqlite:///{tmp_path / 't.db'}")
+    tasks = [search_tasks.task("matmul")]
+    for mode in ("gradient", "round-robin"):
+        config = TuneConfig(trials=4, scheduler=mode, measurer="inline")
+        assert TuningJob(tasks, cpu_device, db, config, model_name="t").scheduler.mode == mode
+
+
 @pytest.mark.slow
 def test_the_cost_model_arms_of_the_ablation(cpu_device, tmp_path, builtin_templates_only):
     """``--cost-model``: ``pretrained`` trains on the database's records before the first

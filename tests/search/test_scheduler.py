@@ -227,6 +227,38 @@ def test_rejects_bad_parameters(mod):
         TaskScheduler(tasks_of(mod, ("a", 1, 1.0)), beta=0.5)
 
 
+def test_round_robin_gives_the_next_batch_to_the_least_trialled_task(mod):
+    """``round-robin`` (the ablation's baseline): after the same first round, the live task with
+    the fewest trials, ties by index, whatever the weights; the gradient rule, on the same
+    tasks, gives most of the budget to the heavy one."""
+    tasks = tasks_of(mod, ("fused_conv2d_add", 8, 1e9), ("fused_conv2d1_add1", 1, 1e9),
+                     ("fused_dense_add", 1, 1e9), ("fused_max_pool2d", 1, 1e3))  # fmt: skip
+    curves = [power_law(0.01, 0.6), power_law(0.01, 0.6), power_law(0.01, 0.6), power_law(1e-6, 0.1)]
+    rr = TaskScheduler(tasks, mode="round-robin", patience=10**6)
+    order = run(rr, curves, budget=52 + 4 * 16 * 3)
+    # The first round as in gradient mode (the pooling task's small first batch included), then
+    # the pooling task, which has the fewest trials, and every task in turn by index.
+    assert order == [0, 1, 2, 3] + [3, 0, 1, 2] * 3, order
+    assert rr.trials == [64, 64, 64, 52], rr.trials
+    rr.retire(2, "space exhausted")
+    assert rr.next_task() == 3 and rr.next_task(exclude={3}) == 0  # live tasks only, ties by index
+    gradient = TaskScheduler(tasks, epsilon=0.0, patience=10**6)
+    run(gradient, curves, budget=52 + 4 * 16 * 3)
+    assert gradient.trials[0] > 2 * max(gradient.trials[1:]), gradient.trials
+
+
+def test_an_unknown_scheduler_names_the_choices(mod):
+    from tuner.errors import UserInputError
+    from tuner.job import TuneConfig
+
+    with pytest.raises(ValueError, match="mode must be one of gradient, round-robin, got 'fifo'"):
+        TaskScheduler(tasks_of(mod, ("a", 1, 1.0)), mode="fifo")
+    with pytest.raises(UserInputError, match="--scheduler must be one of gradient, round-robin, got 'fifo'"):
+        TuneConfig(trials=4, scheduler="fifo")
+    assert TuneConfig(trials=4).scheduler == "gradient"
+    assert TaskScheduler(tasks_of(mod, ("a", 1, 1.0))).mode == "gradient"
+
+
 def layout_variants(mod: tvm.IRModule, convs: int, *, io_bytes: int = 0) -> list[Task]:
     """``convs`` convs, each a blocked task (rank 0) and an NCHW one (rank 1): alternatives."""
     tasks = []

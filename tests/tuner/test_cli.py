@@ -230,6 +230,24 @@ def test_one_spelling_per_option():
     assert parser.parse_args(["db", "prune", "--older-than", "30d"]).older_than == "30d"
 
 
+def test_scheduler_option_reaches_the_tune_options():
+    """--scheduler (the round-robin ablation of the task scheduler) goes from the command line
+    into the job's options, gradient when not given; another name is refused."""
+    from tuner.app.tune import TuneOptions
+    from tuner.cli import build_tune_parser
+    from tuner.config import apply_config
+
+    def options(*argv: str) -> TuneOptions:
+        args = build_tune_parser().parse_args(["--model", "tiny", *argv])
+        apply_config(args)
+        return TuneOptions.from_namespace(args, db="t.db")
+
+    assert options("--scheduler", "round-robin").scheduler == "round-robin"
+    assert options().scheduler == "gradient"
+    with pytest.raises(SystemExit):
+        build_tune_parser().parse_args(["--model", "tiny", "--scheduler", "fifo"])
+
+
 def test_read_only_commands_import_neither_tvm_nor_torch(tmp_path):
     """nightshift jobs and db stats answer in well under a second: they import no TVM and no
     torch (seconds each). The check counts modules, not seconds, so a busy machine cannot fail it."""

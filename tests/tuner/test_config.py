@@ -41,6 +41,7 @@ def test_bad_durations(text):
     ("trials = 0", "trials", "positive integer"),
     ('time_budget = "soon"', "time_budget", "duration"),
     ('strategy = "annealing"', "strategy", "evolutionary"),
+    ('scheduler = "fifo"', "scheduler", "round-robin"),
     ('layout = "NCWH"', "layout", "NCHWc"),
     ('fresh = "yes"', "fresh", "true or false"),
     ("seed = 1.5", "seed", "integer"),

@@ -52,6 +52,7 @@ class TuneOptions:
         seed: the random seed.
         strategy: the search strategy's name.
         cost_model: ``pretrained``, ``online`` or ``none`` (:attr:`tuner.job.TuneConfig.cost_model`).
+        scheduler: ``gradient`` or ``round-robin`` (:attr:`tuner.job.TuneConfig.scheduler`).
         fresh: ignore other jobs' records.
         skip_after: skip a task with this many good records on the device (0: never).
         rerank_top: time each heavy task's K fastest records again, interleaved (0: off).
@@ -74,6 +75,7 @@ class TuneOptions:
     seed: int = 0
     strategy: str = "evolutionary"
     cost_model: str = "pretrained"
+    scheduler: str = "gradient"
     fresh: bool = False
     skip_after: int = 512
     rerank_top: int = 4
@@ -109,7 +111,7 @@ class TuneOptions:
             time_budget_s=None if args.time_budget is None else parse_duration(args.time_budget),
             trials=args.trials, trials_per_batch=args.trials_per_batch, build_timeout_s=args.build_timeout,
             timing=args.timing, seed=args.seed, strategy=args.strategy, cost_model=args.cost_model, fresh=args.fresh,
-            skip_after=args.skip_after,
+            skip_after=args.skip_after, scheduler=args.scheduler,
             rerank_top=args.rerank_top, ray_address=args.ray_address, measurer=args.measurer, output=args.output,
             verify=not args.no_verify, accuracy_inputs=args.accuracy_inputs,
         )  # fmt: skip
@@ -171,7 +173,7 @@ def prepare(options: TuneOptions, loaded: LoadedModel, db_url: URL, *, status: S
     timing = options.timing or ("cold" if device.kind == "cpu" else "warm")
     config = TuneConfig(
         trials=options.trials_cap, time_budget_s=options.time_budget_s, batch_size=options.trials_per_batch,
-        seed=options.seed, strategy=options.strategy, cost_model=options.cost_model,
+        seed=options.seed, strategy=options.strategy, cost_model=options.cost_model, scheduler=options.scheduler,
         measure=MeasureConfig(build_timeout_s=options.build_timeout_s, timing=TimingConfig.of_mode(timing)),
         name=options.job or f"{loaded.spec.name}-{device.name}", fresh=options.fresh,
         skip_after=options.skip_after, rerank_top=options.rerank_top, measurer=options.measurer,

@@ -72,6 +72,9 @@ def _add_tune_args(p: argparse.ArgumentParser) -> None:
                    help="what ranks the candidates: pretrained (default: the device family's records, else a "
                         "stored or the shipped model, learning as the job measures), online (untrained at the "
                         "start), none (no model: ranked at random)")
+    p.add_argument("--scheduler", choices=["gradient", "round-robin"], default=None,
+                   help="which task gets the next batch: gradient (default: the one expected to lower the "
+                        "model's latency most per trial), round-robin (the one with the fewest trials)")  # fmt: skip
     p.add_argument("--fresh", action="store_true", default=None,
                    help="ignore other jobs' records: skip no task, seed no search from them")
     p.add_argument("--skip-after", type=int, default=None,

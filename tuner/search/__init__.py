@@ -11,10 +11,11 @@ import importlib
 from search_spaces import SearchSpace
 from tuner.search.bandit import SpaceBandit
 from tuner.search.base import Candidate, Proposal, Result, SearchStrategy
-from tuner.search.scheduler import NoTaskAvailable, TaskScheduler
+from tuner.search.scheduler import SCHEDULERS, NoTaskAvailable, TaskScheduler
 
 __all__ = [
     "DEFAULT_STRATEGY",
+    "SCHEDULERS",
     "Candidate",
     "NoTaskAvailable",
     "Proposal",

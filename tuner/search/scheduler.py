@@ -6,6 +6,8 @@ Nightshift's batches of unequal size, with four additions: a small first batch f
 that carry a negligible share of the model's FLOPs, a per-task convergence stop, a cap on
 tasks that have never produced a working schedule, and alternatives: the layout variants of
 a conv (:attr:`tuner.graph.tasks.Task.choice`), of which the model runs only the best.
+Round-robin (``mode="round-robin"``) replaces the gradient choice, for the ablation that asks
+what the gradient rule is worth.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ logger = logging.getLogger(__name__)
 # A TVM task name is the chain of fused ops, each with a counter that makes it unique
 # (``fused_conv2d15_subtract7_..._relu7``); the first op without its counter is the op kind.
 _COUNTER = re.compile(r"\d+$")
+
+#: ``tune --scheduler`` choices (:attr:`tuner.job.TuneConfig.scheduler`), the default first.
+SCHEDULERS: tuple[str, ...] = ("gradient", "round-robin")
 
 
 class NoTaskAvailable(LookupError):
@@ -96,6 +101,9 @@ class TaskScheduler:
             leader's is judged by what its layout reaches on similar tasks (``beta`` 1), not
             by half of it: its few trials say little of what its layout can do.
         seed: seed of the epsilon-greedy choice.
+        mode: ``gradient``, the rule above; ``round-robin``, after the first round the live
+            task with the fewest trials (ties by index), no epsilon: the ablation's baseline.
+            The first round, convergence, failures and retiring are the same in both.
 
     Alternatives. Tasks sharing a :attr:`~tuner.graph.tasks.Task.choice` compute the same convs in
     different layouts, and the model runs one of them: their contribution to the objective
@@ -133,6 +141,7 @@ class TaskScheduler:
         probe_first_batch: int = 8,
         catch_up_share: float = 0.5,
         seed: int = 0,
+        mode: str = "gradient",
     ) -> None:
         if not 0.0 <= alpha <= 1.0 or not 0.0 <= epsilon <= 1.0 or not 0.0 <= catch_up_share <= 1.0:
             raise ValueError(f"alpha, epsilon and catch_up_share must lie in [0, 1], got {alpha}, {epsilon} "
@@ -140,6 +149,9 @@ class TaskScheduler:
         if beta < 1.0 or min(backward_window, patience, max_failed_trials, tiny_first_batch, probe_first_batch) < 1:
             raise ValueError("beta must be >= 1; backward_window, patience, max_failed_trials, "
                              "tiny_first_batch and probe_first_batch must be >= 1")  # fmt: skip
+        if mode not in SCHEDULERS:
+            raise ValueError(f"mode must be one of {', '.join(SCHEDULERS)}, got {mode!r}")
+        self.mode = mode
         self.tasks = list(tasks)
         self.alpha, self.beta, self.epsilon = alpha, beta, epsilon
         self.backward_window = backward_window
@@ -182,7 +194,8 @@ class TaskScheduler:
 
         Tasks never updated come first, in the order given (the job passes them heaviest
         first), probes of alternatives after the rest; then the steepest gradient, or with
-        probability ``epsilon`` a random task.
+        probability ``epsilon`` a random task (``round-robin`` mode: the task with the fewest
+        trials, ties by index).
 
         Args:
             exclude: indices not to choose now (e.g. tasks whose first batch is in flight).
@@ -198,6 +211,8 @@ class TaskScheduler:
         fresh = [i for i in live if not self._history[i]]
         if fresh:
             return min(fresh, key=lambda i: (self._alternatives[i] is not None and self.tasks[i].choice_rank > 0, i))
+        if self.mode == "round-robin":
+            return min(live, key=lambda i: (self.trials[i], i))
         if self._rng.random() < self.epsilon:
             return self._rng.choice(live)
         grads = {i: self.gradient(i) for i in live}
