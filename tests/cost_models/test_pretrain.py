@@ -153,6 +153,13 @@ def test_model_eval_command(filled, capsys):
     rows = json.loads(out_json.read_text())
     assert {(r["model"], r["split"], r["tasks"]) for r in rows if r["family"] == "all"} == {
         ("xgb-rank", "held-out models", 2), ("xgb-mse", "held-out models", 2)}
+    # --db repeated pools the databases' records (here one database twice: twice the records).
+    capsys.readouterr()
+    assert main(["model", "eval", "--db", str(path), "--splits", "held-out records", "--models", "random"]) == 0
+    once = int(capsys.readouterr().out.split(" records of ")[0].split()[-1])
+    assert main(["model", "eval", "--db", str(path), "--db", str(path), "--splits", "held-out records",
+                 "--models", "random"]) == 0  # fmt: skip
+    assert int(capsys.readouterr().out.split(" records of ")[0].split()[-1]) == 2 * once > 0
 
 
 def test_model_train_command(filled, tmp_path, cpu_device, capsys):

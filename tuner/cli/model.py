@@ -30,8 +30,11 @@ def add_model_commands(
     cmds = model.add_subparsers(dest="model_command", required=True)
     p = cmds.add_parser("eval", help="pairwise accuracy and top-k of each cost model on held-out records",
                         **with_examples("nightshift model eval --db nightshift.db",
-                                        "nightshift model eval --models xgb-rank xgb-mse random --json e.json"))
-    add_db_arg(p)
+                                        "nightshift model eval --models xgb-rank xgb-mse random --json e.json",
+                                        "nightshift model eval --db a.db --db b.db --splits 'held-out models'"))
+    p.add_argument("--db", action="append", default=None, metavar="URL",
+                   help="a database URL or SQLite file; repeat to pool several (one model's job each, say): "
+                   "the same task in two pools its records (default: $NIGHTSHIFT_DB or ./nightshift.db)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.add_argument("--device", default="cpu", help="cpu or cuda:N (default: cpu)")
     p.add_argument("--target-arch", default=None, help="CUDA sm_XX or LLVM mcpu instead of the detected one")
@@ -67,7 +70,7 @@ def add_model_commands(
 def cmd_eval(args: argparse.Namespace) -> int:
     """Rebuild features from the records, evaluate each model, print a table per split."""
     import cost_models
-    from cost_models.dataset import load_dataset
+    from cost_models.dataset import Dataset, load_dataset
     from cost_models.evaluation import evaluate
     from tuner.cli.db import _device, _known_device_id, _open
 
@@ -76,10 +79,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     unknown = set(args.models) - set(cost_models.kinds())
     if unknown:
         raise UserInputError(f"unknown cost models {sorted(unknown)}; known: {cost_models.kinds()}")
-    db = _open(args)
     device = _device(args)
-    _known_device_id(db, device)
-    data = load_dataset(db, device, same_arch=not args.this_device, max_records=args.max_records)
+    parts = []
+    for text in args.db or [None]:
+        db = _open(argparse.Namespace(db=text))
+        _known_device_id(db, device)
+        parts.append(load_dataset(db, device, same_arch=not args.this_device, max_records=args.max_records))
+    data = Dataset.concat(parts)
     tasks = len(set(data.groups.tolist()))
     if tasks == 0:
         raise UserInputError(f"no usable records for {device.name} ({device.arch}) in this database")
