@@ -6,6 +6,9 @@ candidates ranked at random), ``evo-online`` (evolutionary, a model learned from
 measurements), ``evo-pretrained`` (evolutionary, the default: the device family's records, else the
 model shipped in cost_models/pretrained/, learning online), ``evo-pretrained-rr`` (``evo-pretrained``
 with ``--scheduler round-robin``: the task with the fewest trials next, not Ansor's gradient rule).
+``evo-warm`` (#63 item 4) is ``evo-pretrained`` on a database first seeded with this CPU family's
+records in ``--warm-db`` (other models' databases): what a shared database gives a model never tuned
+before, against ``evo-pretrained`` on an empty one; without ``--warm-db`` it is skipped.
 
 Per model, arm and seed: one job on a new SQLite database, grown through the budgets. After each
 budget, its build is timed against the faster of ONNX Runtime and OpenVINO (f32) in the same
@@ -47,7 +50,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).parent))
-from model_suite import SUITE, bench_in_child, bench_one, resolve, tune
+from model_suite import SUITE, _last_event, bench_in_child, bench_one, resolve, tune
 from result_file import machine, write_result
 from settle import settle
 
@@ -61,6 +64,7 @@ ARMS: dict[str, list[str]] = {
     "evo-online": ["--strategy", "evolutionary", "--cost-model", "online"],
     "evo-pretrained": ["--strategy", "evolutionary", "--cost-model", "pretrained"],
     "evo-pretrained-rr": ["--strategy", "evolutionary", "--cost-model", "pretrained", "--scheduler", "round-robin"],
+    "evo-warm": ["--strategy", "evolutionary", "--cost-model", "pretrained"],
 }
 #: ResNet-50 and two models of the suite that Nightshift was not tuned on during development.
 MODELS = ("resnet50", "mnasnet1_0", "squeezenet1_1")
@@ -69,27 +73,75 @@ BUDGETS = (64, 128, 256, 512, 2048)
 # openvino-f32 sets INFERENCE_PRECISION_HINT to f32: OpenVINO runs bf16 by default on CPUs with
 # AVX512_BF16 or AMX, which would compare an fp32 build with a bf16 one.
 PEERS = ("onnxruntime", "openvino-f32")
+#: The arm whose database starts with the records of ``--warm-db``.
+WARM = "evo-warm"
 
 Key = tuple[str, str, int]  # model, arm, seed
 
 
 def progress(db: Path) -> tuple[int, float]:
-    """Trials measured so far (the records of every run, a killed one's too) and the runs'
-    tuning seconds."""
+    """Trials measured so far (the records of every run, a killed one's too; not those a warm
+    start seeded, which belong to no job) and the runs' tuning seconds."""
     if not db.is_file():
         return 0, 0.0
     from sqlalchemy import func, select
 
     from tuner.db import TuningDatabase
-    from tuner.db.schema import JobRow
+    from tuner.db.schema import JobRow, RecordRow
 
     database = TuningDatabase(str(db), create=False)
     try:
         with database.session(write=False) as s:
+            trials = s.scalar(select(func.count(RecordRow.id)).where(RecordRow.job_id.is_not(None))) or 0
             seconds = s.scalar(select(func.sum(JobRow.elapsed_sec))) or 0.0
-        return database.count_records(), float(seconds)
+        return int(trials), float(seconds)
     finally:
         database.close()
+
+
+def seed_warm(db: Path, warm: list[Path]) -> int:
+    """Copy this CPU family's records in the ``warm`` databases into the new database ``db``
+    (``evo-warm``'s start), without their jobs; how many records were new."""
+    from tuner.db import TuningDatabase
+    from tuner.db.transfer import copy_records
+    from tuner.device import parse_device
+
+    device = parse_device("cpu")
+    dst = TuningDatabase(str(db))
+    try:
+        new = 0
+        for path in warm:
+            src = TuningDatabase(str(path), create=False)
+            try:
+                new += copy_records(src, dst, device=device).records
+            finally:
+                src.close()
+        return new
+    finally:
+        dst.close()
+
+
+def warm_start(db: Path, events: Path) -> dict[str, int]:
+    """What ``evo-warm``'s job started from: the seeded records (those of no job), and how many of
+    the model's tasks (every layout plan's, in the last run's ``job_start`` event) they hold
+    records of."""
+    from sqlalchemy import func, select
+
+    from tuner.db import TuningDatabase
+    from tuner.db.schema import RecordRow, WorkloadRow
+
+    database = TuningDatabase(str(db), create=False)
+    seeded = RecordRow.job_id.is_(None)
+    try:
+        with database.session(write=False) as s:
+            records = s.scalar(select(func.count(RecordRow.id)).where(seeded)) or 0
+            keys = set(s.scalars(select(WorkloadRow.key).join(RecordRow, RecordRow.workload_id == WorkloadRow.id)
+                                 .where(seeded).distinct()))  # fmt: skip
+    finally:
+        database.close()
+    start = _last_event(events, "job_start")
+    tasks = {t["workload_key"] for t in start["tasks"]} if start else set()
+    return {"warm_records": int(records), "tasks": len(tasks), "tasks_in_warm": len(tasks & keys)}
 
 
 def timed(bench: dict[str, Any]) -> dict[str, Any]:
@@ -113,6 +165,10 @@ def curve(key: Key, source: str, budgets: list[int], workdir: Path, args: argpar
     if not mine:  # every curve starts from an empty database
         for stale in ("tuning.db", "events.jsonl"):
             (workdir / stale).unlink(missing_ok=True)
+    if arm == WARM and not db.is_file():
+        seeded = seed_warm(db, args.warm_db)
+        console.print(f"  {model} {arm} seed {seed}: seeded {seeded} records from {len(args.warm_db)} databases",
+                      highlight=False)  # fmt: skip
     done = {p["budget"] for p in mine}
     wall_s = max((p["wall_min"] * 60 for p in mine), default=0.0)
     for budget in budgets:
@@ -129,6 +185,8 @@ def curve(key: Key, source: str, budgets: list[int], workdir: Path, args: argpar
         point: dict[str, Any] = {"model": model, "arm": arm, "seed": seed, "budget": budget, "trials": trials,
                                  "tuning_min": round(tuning_s / 60, 2), "wall_min": round(wall_s / 60, 2),
                                  "tune": run}  # fmt: skip
+        if arm == WARM:
+            point |= warm_start(db, workdir / "events.jsonl")
         if run is not None and run["exit_code"] != 0:
             console.print(f"  [red]tune failed[/]: {run['error']}", highlight=False)
             points.append(point)
@@ -234,6 +292,9 @@ def main() -> None:
                    help="each job's database (kept for --resume; default %(default)s)")  # fmt: skip
     p.add_argument("--out", type=Path, default=None, help="JSON (default results/time_to_quality_<arch>.json)")
     p.add_argument("--resume", action="store_true", help="keep the points already in --out and go on")
+    p.add_argument("--warm-db", nargs="+", type=Path, default=[], metavar="PATH",
+                   help="SQLite tuning databases of other models' jobs on this CPU (model_suite.py's "
+                        f"DIR/<model>/tuning.db), whose records seed the {WARM} arm's database")  # fmt: skip
     p.add_argument("--settle", type=float, default=60.0,
                    help="wait up to this long for a quiet machine before each timing (default 60)")  # fmt: skip
     p.add_argument("--bench-one", nargs=3, metavar=("SOURCE", "DB", "OUT"), help=argparse.SUPPRESS)
@@ -248,6 +309,14 @@ def main() -> None:
     budgets = sorted(set(args.budgets))
     if budgets[0] <= 0:
         p.error("budgets are positive trial counts")
+    missing = [str(path) for path in args.warm_db if not path.is_file()]
+    if missing:
+        p.error(f"--warm-db {' '.join(missing)}: no such file")
+    if WARM in args.arms and not args.warm_db:
+        console.print(f"{WARM}: no --warm-db databases to start from; arm skipped")
+        args.arms = [a for a in args.arms if a != WARM]
+        if not args.arms:
+            return
     from tuner.device import parse_device
 
     device = parse_device("cpu")
@@ -261,7 +330,8 @@ def main() -> None:
         write_result(out, "time_to_quality", {
             "models": {m: SUITE.get(m, m) for m in args.models}, "arms": {a: ARMS[a] for a in args.arms},
             "seeds": args.seeds, "budgets": budgets, "peers": list(PEERS), "rounds": args.rounds,
-            "measurer": args.measurer, "machine": machine(device, load_before),
+            "measurer": args.measurer, "warm_db": [str(path) for path in args.warm_db],
+            "machine": machine(device, load_before),
             "summary": summarize(points), "points": points,
         })  # fmt: skip
 
