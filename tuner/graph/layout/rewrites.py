@@ -10,6 +10,7 @@ from tvm import relax
 from tvm.relax import pipeline as relax_pipeline
 
 from tuner.graph.fold import fold_constants
+from tuner.graph.layout.channel_pad import pad_channels
 from tuner.graph.layout.legalize import (
     PAD_APART,
     _legalize_conv2d,
@@ -280,11 +281,9 @@ def _last_line(err: BaseException) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def _prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> tvm.IRModule:
-    """:func:`prepare` without its fallback."""
-    cpu = str(target.kind.name) == "llvm"
-    if plan.is_identity and not cpu:
-        return mod
+def _wishes(mod: tvm.IRModule, plan: LayoutPlan) -> tuple[dict[relax.Call, list[str]], dict[int, int]]:
+    """``ConvertLayout``'s layouts for each conv of ``mod`` the plan converts, and the Winograd
+    tile of each conv (by index) that runs by Winograd."""
     wanted: dict[relax.Call, list[str]] = {}
     tiles: dict[int, int] = {}
     for index, call in enumerate(conv_calls(mod)):
@@ -294,13 +293,27 @@ def _prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> 
             tile = winograd_tile(plan.layout_of(index))
             if tile is not None and block_of(layouts[0]) is not None and winograd_fits(call):
                 tiles[index] = tile
+    return wanted, tiles
+
+
+def _prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> tvm.IRModule:
+    """:func:`prepare` without its fallback."""
+    cpu = str(target.kind.name) == "llvm"
+    if plan.is_identity and not cpu:
+        return mod
+    wanted, tiles = _wishes(mod, plan)
     converted = sum(layouts[0] != NCHW for layouts in wanted.values())
     if not converted and not cpu:
         return mod
     if converted:
-        # A plan holds one block size (a conv whose channels it does not divide takes a divisor).
+        # A plan holds one block size (a conv whose channels it does not divide takes a
+        # divisor, or is padded to whole blocks where the divisor is under half a block).
         block = next((b for b in map(block_of, (plan.default, *plan.layouts)) if b is not None), None)
-        mod = concat_apart(constants_to_rank(dropout_as_identity(clip_as_min_max(simplify_sums(mod)))), block)
+        mod = constants_to_rank(dropout_as_identity(clip_as_min_max(simplify_sums(mod))))
+        mod, padded = pad_channels(mod, [plan.layout_of(i) for i in range(len(conv_calls(mod)))])
+        if padded:
+            wanted, tiles = _wishes(mod, plan)
+        mod = concat_apart(mod, block)
 
     # ConvertLayout asks for the layouts of the original call (before it rewrites its args).
     def layout_cb(call: relax.Call) -> dict[str, list[str]]:
