@@ -186,9 +186,23 @@ def profile(source: str, db: str, name: str, rounds: int) -> str:
     return str(out.relative_to(RESULTS.parent.parent)) if out.is_relative_to(RESULTS.parent.parent) else str(out)
 
 
+def code_version() -> dict[str, Any]:
+    """The commit the model was tuned and timed with, and whether the tree had changes: a
+    suite run spans hours, and the rows of one file may come from several commits."""
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    return {"commit": git("rev-parse", "--short", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "-uno"))}
+
+
 def summarize(name: str, source: str, tuned: dict[str, Any], bench: dict[str, Any] | None) -> dict[str, Any]:
     """One row of the table: the ratios the issue asks for, taken from the bench entries."""
-    row: dict[str, Any] = {"model": name, "source": source, "tune": tuned, "bench": bench}
+    row: dict[str, Any] = {"model": name, "source": source, "code": code_version(), "tune": tuned, "bench": bench}
     if bench is None:
         return row
     from tuner.bench import TVM_DB, TVM_FALLBACK
