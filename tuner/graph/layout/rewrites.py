@@ -10,6 +10,7 @@ from tvm import relax
 from tvm.relax import pipeline as relax_pipeline
 
 from tuner.graph.fold import fold_constants
+from tuner.graph.layout.channel_moves import gather_channel_moves
 from tuner.graph.layout.channel_pad import pad_channels
 from tuner.graph.layout.legalize import (
     PAD_APART,
@@ -115,7 +116,10 @@ def concat_apart(mod: tvm.IRModule, block: int | None = None) -> tvm.IRModule:
             parts = list(arg.fields)
         else:
             parts = [relax.TupleGetItem(arg, i) for i in range(len(relax.analysis.get_static_type(arg).fields))]
-        return bb.call_te(lambda *xs: topi.concatenate(xs, axis), *parts, primfunc_name_hint="concatenate")
+        # Named for its axis where it joins channels: tuner.graph.layout.channel_moves reads it.
+        channels = axis in (1, -3) and all(len(_static_shape(p) or ()) == 4 for p in parts)
+        return bb.call_te(lambda *xs: topi.concatenate(xs, axis), *parts,
+                          primfunc_name_hint="concatenate_channels" if channels else "concatenate")  # fmt: skip
 
     return _rewrite_calls(mod, {"relax.concat": apart})
 
@@ -332,6 +336,8 @@ def _prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> 
         # The weights' layout transforms are folded in numpy before legalizing (tuner.graph.fold);
         # FoldConstant would build each of them with LLVM.
         folded = fold_constants(convert(mod) if converted else mod)
+    if converted:
+        folded, _ = gather_channel_moves(folded)
     # ConvertLayout and the folding keep the convs in binding order: the plan's indices.
     winograd_calls = [(call, tiles[i]) for i, call in enumerate(conv_calls(folded)) if i in tiles]
     custom = {_CONV2D: functools.partial(_legalize_conv2d, winograd_calls=winograd_calls, pad_apart=PAD_APART,
