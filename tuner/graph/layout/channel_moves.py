@@ -232,10 +232,14 @@ def _gather(bb: relax.BlockBuilder, var: relax.Var, sources: list[relax.Expr], t
             key = idx[chan_axes[0]]
             for a, extent in zip(chan_axes[1:], chan_extents[1:], strict=True):
                 key = key * extent + idx[a]
-            src, c0, c1 = tab[key, 0], tab[key, 1], tab[key, 2]
+            src = tab[key, 0]
             value = tvm.tirx.const(0, dtype)
             for k in range(len(srcs) - 1, -1, -1):
-                at = [idx[0], c0, idx[2], idx[3]] + ([c1] if ranks[k] == 5 else [])
+                # Clamped: a tuning measurement runs the function on random tables.
+                c0 = tvm.tirx.max(tvm.tirx.min(tab[key, 1], srcs[k].shape[1] - 1), 0)
+                at = [idx[0], c0, idx[2], idx[3]]
+                if ranks[k] == 5:
+                    at.append(tvm.tirx.max(tvm.tirx.min(tab[key, 2], srcs[k].shape[4] - 1), 0))
                 value = tvm.tirx.if_then_else(src == k + 1, srcs[k][tuple(at)], value)
             return value
 
