@@ -220,6 +220,8 @@ def summarize(name: str, source: str, tuned: dict[str, Any], bench: dict[str, An
     row["ratio_vs_fastest_peer"] = tvm.get("ratio_to_fastest_peer") if tvm else None
     row["max_error_vs_reference"] = tvm.get("max_error") if tvm else None
     row["output_ok"] = tvm.get("agrees") if tvm else None
+    # A peer whose output differs from the reference's is left out of the fastest peer.
+    row["peer_mismatches"] = bench.get("peer_mismatches", [])
     row["input_sensitivity"] = bench.get("input_sensitivity", {}).get("value")
     return row
 

@@ -223,8 +223,21 @@ class BenchResult:
 
     @property
     def ok(self) -> bool:
-        """Whether every entry that ran agrees with the reference within its tolerance."""
-        return all(e.agrees is not False for e in self.entries)
+        """Whether every TVM build that ran agrees with the reference within its tolerance (a
+        peer that disagrees is the peer's fault: :attr:`peer_mismatches`)."""
+        return all(e.agrees is not False for e in self.entries if e.kind == "tvm")
+
+    @property
+    def peer_mismatches(self) -> list[Entry]:
+        """The peers whose output differs from the reference's beyond tolerance (left out of
+        the ratios: a runtime that computes something else is no speed reference)."""
+        return [e for e in self.entries if e.kind == "peer" and e.agrees is False]
+
+    def mismatch_warnings(self) -> list[str]:
+        """One line per peer in :attr:`peer_mismatches`, naming the reference."""
+        ref = self.entry(self.reference).label if self.reference else "the reference"
+        return [f"{e.label}'s output differs from {ref}'s (max error {e.max_error:.1e}): "
+                "left out of the ratios" for e in self.peer_mismatches]
 
     def to_json(self) -> dict[str, Any]:
         """The result as plain JSON types."""
@@ -242,6 +255,7 @@ class BenchResult:
             "reference": self.reference,
             "fastest_peer": self.fastest_peer,
             "ok": self.ok,
+            "peer_mismatches": [e.key for e in self.peer_mismatches],
             "precision": self.config.precision,
             "layout_plan": None if self.config.plan is None else str(self.config.plan),
             "layout_choice": None if self.config.layout_choice is None else self.config.layout_choice.to_json(),
@@ -481,7 +495,8 @@ def bench(
                 exact = entry.precision == precision and config.precision != "int8"
                 tol = config.tolerance if exact else config.low_precision_tolerance
                 entry.agrees = entry.max_error <= tol
-    fast = [e for e in entries if e.kind == "peer" and e.samples_s and e.precision == "f32"]
+    fast = [e for e in entries
+            if e.kind == "peer" and e.samples_s and e.precision == "f32" and e.agrees is not False]
     fastest = min(fast, key=lambda e: e.median_s or 0.0).key if fast else None
     return BenchResult(spec.name, device, threads, config, entries, order, reference, fastest, accuracy)
 
@@ -601,7 +616,7 @@ class ClosingComparison:
             ran (``summary`` says why).
         peer_label: the fastest f32 peer's label ("" when none ran).
         summary: one line for the user: the tuned build as a multiple of each reference.
-        agree: whether every output agrees with the reference peer's.
+        agree: whether every TVM build's output agrees with the reference peer's.
         stats: each row's rounds summarised, by key (``tvm``, ``tvm-fallback``, the peer's name).
         rounds: the interleaved rounds.
         peer_key: the fastest peer's key, or None.
@@ -616,6 +631,7 @@ class ClosingComparison:
     stats: dict[str, LatencyStats] = field(default_factory=dict)
     rounds: int = 0
     peer_key: str | None = None
+    peer_mismatches: tuple[str, ...] = ()
 
     @property
     def tuned_stats(self) -> LatencyStats | None:
@@ -656,11 +672,12 @@ def closing_comparison(
         missing = any(e.status == "skipped" and e.install for e in peers)
         parts.append(f"no peer ran ({why})" + (f"; {BENCH_EXTRA} to compare with the peers" if missing else ""))
         return ClosingComparison(fallback, tuned, None, "", "tuned build: " + "; ".join(parts), result.ok,
-                                 stats, config.rounds)  # fmt: skip
+                                 stats, config.rounds, peer_mismatches=tuple(result.mismatch_warnings()))  # fmt: skip
     best = result.entry(result.fastest_peer)
     peer = best.median_s or float("nan")  # the fastest peer is chosen among entries with samples
     parts.append(ratio_text(tuned, peer, best.label))
-    errors = [e.max_error or 0.0 for e in result.entries if e.agrees is not None]
+    errors = [e.max_error or 0.0 for e in result.entries if e.agrees is not None and e.kind == "tvm"]
     summary = (f"tuned build: {'; '.join(parts)} (lower is better; medians of {config.rounds} interleaved rounds); "
                f"max error vs {result.reference} {max(errors, default=0.0):.1e}")  # fmt: skip
-    return ClosingComparison(fallback, tuned, peer, best.label, summary, result.ok, stats, config.rounds, best.key)
+    return ClosingComparison(fallback, tuned, peer, best.label, summary, result.ok, stats, config.rounds, best.key,
+                             tuple(result.mismatch_warnings()))  # fmt: skip

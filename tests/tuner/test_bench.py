@@ -335,6 +335,47 @@ def test_a_different_network_is_caught(spec, device, empty_db, tmp_path):
     assert not res.ok
 
 
+class OtherNetworkPeer(OnnxRuntimePeer):
+    """ONNX Runtime on another network than the one asked for: what a peer that computes the
+    model wrongly looks like (OpenVINO on the onnx wheel's light_squeezenet did)."""
+
+    name = "other-network"
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+        self.label = "ORT on another network"
+
+    def prepare(self, model: PeerModel, threads: int) -> None:
+        super().prepare(dataclasses.replace(model, onnx_path=self.path), threads)
+        self.label = "ORT on another network"
+
+
+def test_a_peer_that_disagrees_is_the_peers_fault(spec, device, empty_db, tmp_path):
+    """TVM agrees with the reference peer and a second peer does not: the result stays ok,
+    the mismatch is named, and the wrong peer is no speed reference."""
+    pytest.importorskip("torch")
+    from tuner.bench import closing_comparison
+    from tuner.frontends.model import ModelSpec
+    from tuner.peers.torch_zoo import torch_zoo_model
+
+    other = ModelSpec(spec.name, spec.mod, {k: v * np.float32(1.1) for k, v in spec.params.items()})
+    path = tmp_path / "other.onnx"
+    export_onnx(torch_zoo_model(other), spec.random_inputs(), ["x"], path)
+    config = BenchConfig(rounds=2, peers=("onnxruntime", OtherNetworkPeer(path)))
+    res = bench(spec, device, empty_db, source="tiny", config=config)
+    assert res.reference == "onnxruntime" and res.entry(TVM_DB).agrees is True
+    assert res.entry("other-network").agrees is False
+    assert res.ok and [e.key for e in res.peer_mismatches] == ["other-network"]
+    assert res.fastest_peer == "onnxruntime"
+    assert res.to_json()["peer_mismatches"] == ["other-network"]
+    (line,) = res.mismatch_warnings()
+    assert line.startswith("ORT on another network's output differs from ONNX Runtime")
+    closing = closing_comparison(spec, device, empty_db, compile_model(spec, device, empty_db), source="tiny",
+                                 config=config)  # fmt: skip
+    assert closing.agree and closing.peer_key == "onnxruntime" and closing.peer_mismatches == (line,)
+
+
 def test_cli_rejects_bad_rounds(tmp_path):
     from tuner.cli import main
 

@@ -38,7 +38,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         except OSError as err:
             raise UserInputError(f"cannot write --json {args.json}: {err.strerror}") from err
         out.print(f"wrote {args.json}")
+    for line in result.mismatch_warnings():
+        console.print(f"[yellow]warning:[/] {line}", highlight=False)
     if not result.ok:
-        console.print("[red]error:[/] outputs differ beyond tolerance (max error column)")
+        console.print("[red]error:[/] TVM's output differs beyond tolerance (max error column)")
         return 1
     return 0

@@ -268,6 +268,8 @@ def _show_verified(checked, spec, device) -> int:
         out.print(r.tuned_stats.headline("tuned build"), highlight=False)
     if peers is not None:
         out.print(peers.summary, markup=False, highlight=False)
+        for line in peers.peer_mismatches:
+            console.print(f"[yellow]warning:[/] {line}", highlight=False)
     else:  # no fallback build or peer timed here (a GPU): TVM's default build is the baseline
         out.print(f"tuned build: {ratio_text(r.tuned_latency_s, r.base_latency_s, 'TVM default build')} "
                   "(lower is better)", highlight=False)  # fmt: skip
@@ -282,6 +284,7 @@ def _show_verified(checked, spec, device) -> int:
         console.print(f"[red]error:[/] the tuned model's output differs from the {r.check.reference}'s")
         return 1
     if peers is not None and not peers.agree:
-        console.print("[red]error:[/] the tuned model's output differs from the peer's (run nightshift bench)")
+        console.print("[red]error:[/] the tuned model's output differs from the reference peer's "
+                      "(nightshift bench shows each runtime's error)")
         return 1
     return 0
