@@ -9,6 +9,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from tuner.graph.dead_taps import prune_dead_taps
 from tuner.graph.fold import fold_constants
 
 
@@ -58,8 +59,9 @@ class ModelSpec:
 
     def bound(self) -> tvm.IRModule:
         """The module as it is tuned and deployed: every take in ``clip`` mode (:func:`clip_takes`),
-        ``params`` bound as constants, batch norm folded into the preceding conv, and the
-        remaining training-mode ops decomposed for inference.
+        ``params`` bound as constants, batch norm folded into the preceding conv, the
+        remaining training-mode ops decomposed for inference, and dilated convs cut to the
+        kernel taps that read data (:mod:`tuner.graph.dead_taps`).
 
         A batch norm whose conv weight and statistics are constants (the zoo's after binding,
         ONNX's and PyTorch's as imported) becomes a scaled weight and a bias add, so the conv
@@ -82,7 +84,7 @@ class ModelSpec:
             relax.transform.CanonicalizeBindings(),
         ])(mod)  # fmt: skip
         # The scaled weights and biases, computed once here, not in every build.
-        return relax.transform.FoldConstant()(fold_constants(mod))
+        return prune_dead_taps(relax.transform.FoldConstant()(fold_constants(mod)))
 
     def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
         """Deterministic random data inputs (floats in [-1, 1), ints in [0, 100), or below the
