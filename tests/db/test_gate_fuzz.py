@@ -133,6 +133,33 @@ def test_the_gate_never_raises_and_what_it_passes_replays_cleanly(real, data):
     assert "pragma_import" not in sch.mod.script()
 
 
+def _first(trace: list, kind: str) -> int:
+    return next(i for i, inst in enumerate(trace) if inst[0] == kind)
+
+
+@pytest.mark.parametrize("mutation", [
+    "split attribute None", "block name a number", "probability a list", "split loop None", "vectorize no loop",
+])  # fmt: skip
+def test_what_segfaulted_tvms_replay_is_refused(real, mutation):
+    """Mutations the fuzzer found passing the gate and then killing the process in TVM's replay
+    (TVM 0.27 takes an instruction's attribute types and first input on trust)."""
+    _, base = real
+    record = json.loads(json.dumps(base[-1]))
+    trace = record[0][0]
+    if mutation == "split attribute None":
+        trace[_first(trace, "Split")][2][1] = None
+    elif mutation == "block name a number":
+        trace[_first(trace, "GetSBlock")][2] = [1, 1]
+    elif mutation == "probability a list":
+        trace[_first(trace, "SampleCategorical")][2][1][2] = [None, 0.5, None]
+    elif mutation == "split loop None":
+        trace[_first(trace, "Split")][1][0] = None
+    else:
+        trace[_first(trace, "Vectorize")][1] = []
+    assert record_rejection(json.dumps(base[-1])) is None
+    assert record_rejection(json.dumps(record)) is not None
+
+
 @pytest.fixture(scope="module")
 def fuzz_db(tmp_path_factory, cpu_device, real) -> tuple[str, str, int]:
     mod, _ = real

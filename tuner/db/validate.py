@@ -79,6 +79,23 @@ _MAX_TILES = 16
 _MAX_CANDIDATES = 64
 _OUTPUT = re.compile(r"[blv]\d{1,9}|_")
 _SAMPLE_ATTRS = frozenset({"SampleCategorical", "SamplePerfectTile", "SamplePartitionedTile"})
+# The attributes of the instructions whose attributes are plain values, one tuple of accepted
+# types each (TVM 0.27's instruction traits). TVM takes an attribute's type on trust: replaying
+# Split with None for its bool ``disable_predication``, or GetSBlock with numbers for its
+# names, dies of a segmentation fault (found by tests/db/test_gate_fuzz.py). A bool is written
+# true/false or 1/0.
+_BOOL = (bool, int)
+_ATTR_TYPES: dict[str, tuple[tuple[type, ...], ...]] = {
+    "GetSBlock": ((str,), (str,)), "GetBlock": ((str,), (str,)),
+    "Split": (_BOOL, _BOOL), "Fuse": (_BOOL,), "LoopPartition": (_BOOL,), "Blockize": (_BOOL,),
+    "ComputeAt": (_BOOL, (int,)), "ReverseComputeAt": (_BOOL, (int,)),
+    "CacheRead": ((int,), (str,)), "CacheWrite": ((int,), (str,)),
+    "Bind": ((str,),), "Tensorize": ((str,), _BOOL), "Unannotate": ((str,),),
+    "StorageAlign": ((int,),) * 4, "RFactor": ((int,),),
+    **dict.fromkeys(("GetLoops", "GetChildBlocks", "GetProducers", "GetConsumers", "GetOutputBlocks", "Reorder",
+                     "Parallel", "Vectorize", "Unroll", "ComputeInline", "ReverseComputeInline",
+                     "DecomposeReduction", "EnterPostproc", "AddUnitLoop"), ()),
+}  # fmt: skip
 # The largest value a categorical draws in any space: MetaSchedule's CUDA unroll steps end at
 # 1024 (its LLVM ones at 512; Nightshift's CPU spaces keep 64, search_spaces.constraints),
 # and AutoBind's thread extents at 1024.
@@ -123,6 +140,15 @@ def trace_rejection(trace: Any) -> str | None:
         reason = _values_rejection(kind, [inputs, attrs])
         if reason is not None:
             return f"instruction {n} {kind}: {reason}"
+        reason = _attr_types_rejection(kind, attrs)
+        if reason is not None:
+            return f"instruction {n} {kind}: {reason}"
+        # Every instruction but these works on a block or loop first, and TVM reads it without
+        # a check: Split with None for its loop, or Vectorize with no input, dies as above.
+        if kind not in _NO_INPUTS and not (inputs and _is_rvs(inputs[0])):
+            return f"instruction {n} {kind}: its first input is not a random variable"
+        if len(inputs) != _INPUTS.get(kind, len(inputs)):
+            return f"instruction {n} {kind}: {len(inputs)} inputs where it takes {_INPUTS[kind]}"
         if kind == "Annotate":
             reason = _annotation_rejection(inputs, attrs)
             if reason is not None:
@@ -165,6 +191,40 @@ def _values_rejection(kind: str, values: list, depth: int = 0) -> str | None:
     return None
 
 
+# Instructions that take no block or loop, and the inputs of those that take a fixed number.
+_NO_INPUTS = frozenset({"GetSBlock", "GetBlock", "SampleCategorical", "EnterPostproc"})
+_INPUTS: dict[str, int] = {
+    "GetSBlock": 0, "GetBlock": 0, "SampleCategorical": 0, "EnterPostproc": 0,
+    **dict.fromkeys(("Parallel", "Vectorize", "Unroll", "Bind", "ComputeInline", "ReverseComputeInline",
+                     "GetLoops", "GetChildBlocks", "GetProducers", "GetConsumers", "Unannotate", "RFactor",
+                     "SamplePerfectTile", "SampleComputeLocation"), 1),
+    **dict.fromkeys(("ComputeAt", "ReverseComputeAt", "DecomposeReduction", "Annotate"), 2),
+}  # fmt: skip
+
+
+def _is_rvs(x: Any) -> bool:
+    """A random variable's name, or a non-empty list of them (Blockize takes blocks)."""
+    if isinstance(x, list):
+        return bool(x) and all(isinstance(v, str) and _RV.fullmatch(v) for v in x)
+    return isinstance(x, str) and _RV.fullmatch(x) is not None
+
+
+def _attr_types_rejection(kind: str, attrs: list) -> str | None:
+    """Why an instruction's attributes do not have the types :data:`_ATTR_TYPES` names (None
+    for an instruction it does not list)."""
+    types = _ATTR_TYPES.get(kind)
+    if types is None:
+        return None
+    if len(attrs) != len(types):
+        return f"{len(attrs)} attributes where it takes {len(types)}"
+    for i, (value, accepted) in enumerate(zip(attrs, types, strict=True)):
+        ok = isinstance(value, accepted) and (value in (0, 1) if accepted is _BOOL else
+                                              accepted == (str,) or not isinstance(value, bool))  # fmt: skip
+        if not ok:
+            return f"attribute {i} {str(value)[:32]!r} is not a {'bool' if accepted is _BOOL else accepted[0].__name__}"
+    return None
+
+
 def _sample_attrs_rejection(kind: str, attrs: list) -> str | None:
     if kind == "SampleCategorical":
         candidates = attrs[0] if len(attrs) == 2 and isinstance(attrs[0], list) else None
@@ -172,6 +232,10 @@ def _sample_attrs_rejection(kind: str, attrs: list) -> str | None:
             return "candidates are not a short list of integers"
         if max(abs(c) for c in candidates) > MAX_SAMPLED_VALUE:
             return f"a candidate above {MAX_SAMPLED_VALUE}, the largest any space samples (an unroll step)"
+        probs = attrs[1]
+        numbers = isinstance(probs, list) and all(isinstance(p, int | float) and not isinstance(p, bool) for p in probs)
+        if not (numbers and len(probs) == len(candidates) and all(0 <= p <= 1 for p in probs)):
+            return "probabilities are not one number in [0, 1] per candidate"
         return None
     # SamplePerfectTile [n, max_innermost_factor], SamplePartitionedTile [n, partition_pos, innerpart_factor]
     # (-1: no limit on the innermost factor)
