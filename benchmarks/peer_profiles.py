@@ -144,7 +144,9 @@ def match(size: tuple[int, int, int, int], ops: dict[str, HeavyOp]) -> list[Heav
     near = [o for o in ops.values() if o.outputs == size[0] and 1 / 1.5 <= size[1] / o.macs <= 1.5]
     if not near:
         return []
-    best = min(near, key=lambda o: (abs(math.log(size[1] / o.macs)), abs(math.log(size[2] / o.inputs))))
+    # An input whose shape inference left a dimension unknown (0) counts no inputs: no tie-break by them.
+    best = min(near, key=lambda o: (abs(math.log(size[1] / o.macs)),
+                                    abs(math.log(size[2] / o.inputs)) if o.inputs else math.inf))  # fmt: skip
     return [o for o in near if (o.macs, o.inputs) == (best.macs, best.inputs)]
 
 

@@ -322,6 +322,71 @@ def test_softmax_on_cpu_uses_fast_exp_and_matches_exact_softmax(axis) -> None:
     np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-7)
 
 
+def _gelu_tanh(v):
+    return 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v**3)))
+
+
+def _gelu_tanh_written_out(x: relax.Expr) -> relax.Expr:
+    """GPT-2's GELU as the model writes it: ``x * 0.5 * (1 + tanh(c * (x + 0.044715 * x**3)))``."""
+    op = relax.op
+
+    def c(v: float) -> relax.Expr:
+        return relax.const(v, "float32")
+
+    cubed = op.power(x, c(3.0))
+    inner = op.multiply(c(float(np.sqrt(2 / np.pi))), op.add(x, op.multiply(c(0.044715), cubed)))
+    return op.multiply(op.multiply(x, c(0.5)), op.add(c(1.0), op.tanh(inner)))
+
+
+@pytest.mark.parametrize(
+    ("build", "exact", "libm"),
+    [
+        (relax.op.tanh, np.tanh, "T.tanh"),
+        (relax.op.sigmoid, lambda v: 1 / (1 + np.exp(-v)), "T.sigmoid"),
+        (relax.op.nn.silu, lambda v: v / (1 + np.exp(-v)), "T.sigmoid"),
+        (relax.op.nn.gelu_tanh, _gelu_tanh, "T.tanh"),
+        (_gelu_tanh_written_out, _gelu_tanh, "T.pow"),
+        (lambda x: relax.op.power(x, relax.const(2.0, "float32")), np.square, "T.pow"),
+    ],
+    ids=["tanh", "sigmoid", "silu", "gelu_tanh", "gelu_tanh_written_out", "square"],
+)  # fmt: skip
+def test_transcendental_epilogues_on_cpu_vectorize_and_match_exact_math(build, exact, libm) -> None:
+    """tanh, sigmoid, SiLU, GELU's tanh form and small integer powers leave no scalar libm call
+    (``T.tanh``, ``T.exp``, ``T.pow``) on the CPU and stay within 2e-6 of the exact values over
+    the range activations take, saturated ends included."""
+    from tuner.graph.layout.rewrites import prepare
+
+    target = tvm.target.Target({"kind": "llvm"})
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 257), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(build(x))
+        bb.emit_func_output(out)
+    mod = prepare(bb.get(), target, LayoutPlan.parse("NCHW", target))
+    script = mod.script()
+    assert libm not in script and "T.exp(" not in script
+    data = np.linspace(-30, 30, 4 * 257).reshape(4, 257).astype("float32")
+    data[0, :] = np.random.default_rng(0).normal(0, 2, 257)
+    ex = tvm.compile(mod, target=target)
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(data)).numpy()
+    want = exact(data.astype(np.float64))
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6 * float(np.abs(want).max()))
+
+
+def test_power_by_anything_but_a_small_integer_stays_tvms() -> None:
+    from tuner.graph.layout.rewrites import prepare
+
+    target = tvm.target.Target({"kind": "llvm"})
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((8,), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.power(x, relax.const(2.5, "float32")))
+        bb.emit_func_output(out)
+    assert "T.pow" in prepare(bb.get(), target, LayoutPlan.parse("NCHW", target)).script()
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_layout_transforms_fuse_with_the_casts_and_pads_beside_them(dtype) -> None:
     """The input chain of a blocked bf16 model (cast, channel pad, NCHW -> NCHW4c, spatial

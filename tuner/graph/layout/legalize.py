@@ -1,5 +1,6 @@
-"""Relax legalization of convs, matmuls, layout transforms, GELU, erf and softmax into the
-computes of :mod:`tuner.graph.layout.ops`.
+"""Relax legalization of convs, matmuls, layout transforms, softmax and the transcendental
+epilogues (GELU in both forms, erf, tanh, sigmoid, SiLU, small integer powers) into the
+computes of :mod:`tuner.graph.layout.ops` and TOPI's vectorizable approximations.
 """
 
 from __future__ import annotations
@@ -218,6 +219,80 @@ def _legalize_erf(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     return bb.call_te(topi.fast_erf, call.args[0], primfunc_name_hint="erf")
 
 
+def _float32(call: relax.Call) -> bool:
+    return str(call.args[0].ty.dtype) == "float32"
+
+
+def _fast_sigmoid(x: te.Tensor) -> te.Tensor:
+    """``1 / (1 + exp(-x))`` on TOPI's ``fast_exp`` (its input clamped to +-88: 0 and 1 at the ends)."""
+    e = topi.fast_exp(topi.negative(x))
+    one = tvm.tirx.const(1.0, "float32")
+    return te.compute(x.shape, lambda *i: one / (one + e(*i)), name="sigmoid", tag=topi.tag.ELEMWISE)
+
+
+def _legalize_tanh(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """``tanh`` with TOPI's ``fast_tanh`` (a float32 rational approximation). TVM's own
+    ``tanh`` on LLVM is two scalar ``expf`` calls per element: GPT-2's GELU (tanh form, written
+    out by the model) took 42 of its 164 ms (``results/op_profile_gpt2.json``)."""
+    if not _float32(call):
+        return relax.transform.legalize_ops.unary._call_topi_without_attr(topi.tanh, "tir_tanh")(bb, call)
+    return bb.call_te(topi.fast_tanh, call.args[0], primfunc_name_hint="tanh")
+
+
+def _legalize_sigmoid(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """``sigmoid`` on ``fast_exp`` (SiLU/swish and squeeze-excitation gates), as :func:`_legalize_tanh`."""
+    if not _float32(call):
+        return relax.transform.legalize_ops.unary._call_topi_without_attr(topi.sigmoid, "tir_sigmoid")(bb, call)
+    return bb.call_te(_fast_sigmoid, call.args[0], primfunc_name_hint="sigmoid")
+
+
+def _legalize_silu(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """``silu`` (``x * sigmoid(x)``) on :func:`_fast_sigmoid`."""
+    if not _float32(call):
+        return relax.transform.legalize_ops.nn._nn_silu(bb, call)
+    return bb.call_te(lambda x: topi.multiply(x, _fast_sigmoid(x)), call.args[0], primfunc_name_hint="silu")
+
+
+def _legalize_gelu_tanh(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """GELU's tanh form on ``fast_tanh``, with ``x**3`` as two multiplies."""
+    if not _float32(call):
+        return relax.transform.legalize_ops.nn._nn_gelu_tanh(bb, call)
+
+    def te_gelu_tanh(x: te.Tensor) -> te.Tensor:
+        c = [tvm.tirx.const(v, "float32") for v in (0.5, (2 / np.pi) ** 0.5, 0.044715, 1.0)]
+        inner = te.compute(x.shape, lambda *i: c[1] * (x(*i) + c[2] * x(*i) * x(*i) * x(*i)), name="gelu_inner")
+        t = topi.fast_tanh(inner)
+        return te.compute(x.shape, lambda *i: c[0] * x(*i) * (c[3] + t(*i)), name="gelu_tanh", tag=topi.tag.ELEMWISE)
+
+    return bb.call_te(te_gelu_tanh, call.args[0], primfunc_name_hint="gelu_tanh")
+
+
+#: Integer exponents that ``power`` computes by multiplying (GELU's tanh form cubes its input).
+POWER_BY_MULTIPLY = (2, 3, 4)
+
+
+def _legalize_power(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+    """``power(x, n)`` for a constant ``n`` in :data:`POWER_BY_MULTIPLY` as ``n - 1`` multiplies;
+    TVM's own is a scalar ``powf`` call per element."""
+    base, exponent = call.args
+    value = exponent.value.numpy() if isinstance(exponent, tvm.ir.expr.Constant) else None
+    if (not _float32(call) or value is None or value.size != 1 or float(value.flat[0]) not in POWER_BY_MULTIPLY
+            or _static_shape(call) != _static_shape(base)):  # fmt: skip
+        return relax.transform.legalize_ops.binary._binary(topi.power)(bb, call)
+    n = int(value.flat[0])
+
+    def te_power(x: te.Tensor) -> te.Tensor:
+        def product(*i):
+            out = x(*i)
+            for _ in range(n - 1):
+                out = out * x(*i)
+            return out
+
+        return te.compute(x.shape, product, name="power", tag=topi.tag.ELEMWISE)
+
+    return bb.call_te(te_power, base, primfunc_name_hint="power")
+
+
 def _legalize_softmax(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     """softmax with TOPI's ``fast_exp`` (a float32 polynomial; within 1e-5 of the exact softmax,
     tests/tuner/test_layout.py), as :func:`_legalize_gelu` does for ``erf``. BERT-base's tuned
@@ -230,3 +305,15 @@ def _legalize_softmax(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     if axis in (-1, ndim - 1):
         return bb.call_te(fast_softmax_last_axis, call.args[0], primfunc_name_hint="softmax")
     return bb.call_te(topi.nn.fast_softmax, call.args[0], axis, primfunc_name_hint="softmax")
+
+
+#: The CPU legalizations of elementwise math that TVM lowers to scalar libm calls.
+FAST_MATH: dict[str, Callable[[relax.BlockBuilder, relax.Call], relax.Expr]] = {
+    "relax.nn.gelu": _legalize_gelu,
+    "relax.nn.gelu_tanh": _legalize_gelu_tanh,
+    "relax.erf": _legalize_erf,
+    "relax.tanh": _legalize_tanh,
+    "relax.sigmoid": _legalize_sigmoid,
+    "relax.nn.silu": _legalize_silu,
+    "relax.power": _legalize_power,
+}

@@ -13,10 +13,9 @@ from tuner.graph.fold import fold_constants
 from tuner.graph.layout.channel_moves import gather_channel_moves
 from tuner.graph.layout.channel_pad import pad_channels
 from tuner.graph.layout.legalize import (
+    FAST_MATH,
     PAD_APART,
     _legalize_conv2d,
-    _legalize_erf,
-    _legalize_gelu,
     _legalize_layout_transform,
     _legalize_matmul,
     _legalize_softmax,
@@ -24,8 +23,6 @@ from tuner.graph.layout.legalize import (
 )
 from tuner.graph.layout.plan import (
     _CONV2D,
-    _ERF,
-    _GELU,
     _LAYOUT_TRANSFORM,
     _MATMUL,
     _SOFTMAX,
@@ -344,8 +341,7 @@ def _prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> 
                                          wide=wide_blocks(target), sole_reader=sole_readers(folded["main"])),
               _LAYOUT_TRANSFORM: _legalize_layout_transform}  # fmt: skip
     if cpu:
-        custom[_GELU] = _legalize_gelu
-        custom[_ERF] = _legalize_erf
+        custom.update(FAST_MATH)
         custom[_SOFTMAX] = _legalize_softmax
         custom[_MATMUL] = _legalize_matmul(vector_lanes(target))
     legalize = tvm.transform.Sequential([
