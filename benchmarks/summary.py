@@ -338,7 +338,9 @@ def suite_table(path: Path, doc: dict[str, Any]) -> str:
 
         def r(key: str, run: dict[str, Any] = run) -> str:
             value = run.get(key)
-            return f"{value:.2f}x" if isinstance(value, (int, float)) else "-"
+            # A peer whose output differs from the reference's is no speed reference (model_suite.py).
+            wrong = key.removeprefix("ratio_vs_") in (run.get("peer_mismatches") or ())
+            return (f"{value:.2f}x" + (" (peer wrong)" if wrong else "")) if isinstance(value, (int, float)) else "-"
 
         def sci(value: Any) -> str:
             return f"{value:.1e}" if isinstance(value, (int, float)) else "-"

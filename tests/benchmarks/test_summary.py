@@ -32,7 +32,7 @@ def summary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     results.mkdir()
     doc = {"benchmark": "model_suite", "date": "2026-12-02T10:00:00+00:00", "command": "model_suite.py --trials 512",
            "budget": ["--trials", "512"],
-           "models": [_run("a", 2.0, {"onnxruntime": 4.0, "openvino-f32": 2.5}),
+           "models": [_run("a", 2.0, {"onnxruntime": 4.0, "openvino-f32": 2.5}) | {"peer_mismatches": ["onnxruntime"]},
                       _run("b", 3.0, {"onnxruntime": 2.0, "openvino-f32": 2.5}),
                       _run("c", 1.0, {"onnxruntime": 4.0, "openvino-f32": 4.0}, ok=False),
                       {"model": "d", "tune": {"exit_code": 2, "error": "cannot import"}}],
@@ -65,6 +65,7 @@ def test_the_suite_table_has_every_model_and_the_geomean_of_the_right_ones(summa
     assert [ln.split(" | ")[0][2:] for ln in lines[1:]] == ["a", "b", "c", "d"]
     assert "tune failed" in lines[4] and "wrong" in lines[3]
     assert "**0.80x**" in lines[1]  # a: 2.0 ms against OpenVINO's 2.5
+    assert "0.50x (peer wrong)" in lines[1] and "peer wrong" not in lines[2]  # a's ONNX Runtime output differed
     assert f"geometric mean {math.sqrt(0.8 * 1.5):.2f}x" in block and "worst 1.50x" in block
     assert module.main(["--results", str(results), "--check"]) == 0
     (results / "model_suite_512trials_znver5.json").write_text(
