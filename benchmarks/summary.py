@@ -165,7 +165,8 @@ def bench_row(bench: dict[str, Any], precision: str) -> tuple[float, str, float]
     entries = [e for e in bench.get("entries") or () if e.get("status") == "ok" and e.get("median_ms")]
     tvm = next((e for e in entries if e.get("key") == "tvm"), None)
     # int8: every peer ran the QDQ file (their rows name the precision they were asked for, f32).
-    peers = [e for e in entries if e.get("kind") == "peer"
+    # A peer whose output differs from the reference's (agrees false) is no speed reference.
+    peers = [e for e in entries if e.get("kind") == "peer" and e.get("agrees") is not False
              and (precision == "int8" or precision_name(e.get("precision")) == precision)]  # fmt: skip
     if tvm is None or not peers:
         return None

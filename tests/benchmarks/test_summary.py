@@ -54,6 +54,11 @@ def test_suite_rows_join_the_summary_except_a_wrong_output(summary) -> None:
     assert set(rows) == {"a", "b"}  # c's output was wrong, d did not tune
     assert rows["a"].peer == "OpenVINO f32" and rows["a"].trials == "512"
     assert rows["b"].ratio == pytest.approx(1.5)
+    # A peer whose output was wrong is no reference: b against OpenVINO alone.
+    doc = json.loads((results / "model_suite_512trials_znver5.json").read_text())
+    next(e for e in doc["models"][1]["bench"]["entries"] if e["key"] == "onnxruntime")["agrees"] = False
+    (results / "model_suite_512trials_znver5.json").write_text(json.dumps(doc))
+    assert {r.model: r for r in module.load(results)}["b"].ratio == pytest.approx(1.2)
 
 
 def test_the_suite_table_has_every_model_and_the_geomean_of_the_right_ones(summary) -> None:
