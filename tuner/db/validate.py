@@ -145,7 +145,7 @@ def trace_rejection(trace: Any) -> str | None:
             return f"instruction {n} {kind}: {reason}"
         # Every instruction but these works on a block or loop first, and TVM reads it without
         # a check: Split with None for its loop, or Vectorize with no input, dies as above.
-        if kind not in _NO_INPUTS and not (inputs and _is_rvs(inputs[0])):
+        if kind not in _NO_INPUTS and not (inputs and _is_rvs(inputs[0], blocks=kind == "Blockize")):
             return f"instruction {n} {kind}: its first input is not a random variable"
         if len(inputs) != _INPUTS.get(kind, len(inputs)):
             return f"instruction {n} {kind}: {len(inputs)} inputs where it takes {_INPUTS[kind]}"
@@ -202,9 +202,9 @@ _INPUTS: dict[str, int] = {
 }  # fmt: skip
 
 
-def _is_rvs(x: Any) -> bool:
-    """A random variable's name, or a non-empty list of them (Blockize takes blocks)."""
-    if isinstance(x, list):
+def _is_rvs(x: Any, blocks: bool = False) -> bool:
+    """A random variable's name, or with ``blocks`` a non-empty list of them (Blockize's blocks)."""
+    if blocks and isinstance(x, list):
         return bool(x) and all(isinstance(v, str) and _RV.fullmatch(v) for v in x)
     return isinstance(x, str) and _RV.fullmatch(x) is not None
 
