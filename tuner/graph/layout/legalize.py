@@ -233,7 +233,8 @@ def _fast_sigmoid(x: te.Tensor) -> te.Tensor:
 def _legalize_tanh(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     """``tanh`` with TOPI's ``fast_tanh`` (a float32 rational approximation). TVM's own
     ``tanh`` on LLVM is two scalar ``expf`` calls per element: GPT-2's GELU (tanh form, written
-    out by the model) took 42 of its 164 ms (``results/op_profile_gpt2.json``)."""
+    out by the model) took 42 of its 164 ms
+    (``benchmarks/archive/results/op_profile_gpt2_before_fast_math_znver4.json``)."""
     if not _float32(call):
         return relax.transform.legalize_ops.unary._call_topi_without_attr(topi.tanh, "tir_tanh")(bb, call)
     return bb.call_te(topi.fast_tanh, call.args[0], primfunc_name_hint="tanh")
