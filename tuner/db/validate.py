@@ -191,8 +191,7 @@ def _values_rejection(kind: str, values: list, depth: int = 0) -> str | None:
     return None
 
 
-# Instructions that take no block or loop, and the inputs of those that take a fixed number.
-_NO_INPUTS = frozenset({"GetSBlock", "GetBlock", "SampleCategorical", "EnterPostproc"})
+# The inputs of the instructions that take a fixed number (0: no block or loop).
 _INPUTS: dict[str, int] = {
     "GetSBlock": 0, "GetBlock": 0, "SampleCategorical": 0, "EnterPostproc": 0,
     **dict.fromkeys(("Parallel", "Vectorize", "Unroll", "Bind", "ComputeInline", "ReverseComputeInline",
@@ -200,6 +199,7 @@ _INPUTS: dict[str, int] = {
                      "SamplePerfectTile", "SampleComputeLocation"), 1),
     **dict.fromkeys(("ComputeAt", "ReverseComputeAt", "DecomposeReduction", "Annotate"), 2),
 }  # fmt: skip
+_NO_INPUTS = frozenset(kind for kind, count in _INPUTS.items() if count == 0)
 
 
 def _is_rvs(x: Any, blocks: bool = False) -> bool:
