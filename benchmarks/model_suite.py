@@ -174,10 +174,10 @@ def bench_in_child(script: Path, source: str, db: str, part: Path, rounds: int,
     return None, (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
 
 
-def profile(source: str, db: str, name: str, rounds: int) -> str:
+def profile(source: str, db: str, name: str, rounds: int, arch: str) -> str:
     """Where the tuned model's time goes (op_profile.py in a process of its own): the JSON's
-    path, or the error's last line."""
-    out = RESULTS / f"op_profile_{name}.json"
+    path (named for the model and the CPU kind), or the error's last line."""
+    out = RESULTS / f"op_profile_{name}_{arch}.json"
     cmd = [sys.executable, str(Path(__file__).with_name("op_profile.py")), "--db", db, "--model", source,
            "--rounds", str(rounds), "--out", str(out)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -266,7 +266,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=None, help="JSON (default results/model_suite_<budget>_<arch>.json)")
     p.add_argument("--resume", action="store_true", help="skip the models already in --out")
     p.add_argument("--profile", action="store_true", help="also profile each tuned model per operator beside the "
-                   "peers (op_profile.py; results/op_profile_<model>.json)")
+                   "peers (op_profile.py; results/op_profile_<model>_<arch>.json)")
     p.add_argument("--settle", type=float, default=300.0, help="wait up to this long for a quiet machine before timing")
     p.add_argument("--bench-one", nargs=3, metavar=("SOURCE", "DB", "OUT"), help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -312,7 +312,7 @@ def main() -> None:
             if error is not None:
                 tuned["bench_error"] = error
             if args.profile:
-                tuned["op_profile"] = profile(source, tuned["db"], name, args.rounds)
+                tuned["op_profile"] = profile(source, tuned["db"], name, args.rounds, device.arch)
         else:
             console.print(f"  [red]tune failed[/]: {tuned['error']}", highlight=False)
         rows.append(summarize(name, source, tuned, bench))
