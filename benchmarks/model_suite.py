@@ -48,7 +48,8 @@ RESULTS = Path(__file__).parent / "results"
 PEERS = ("onnxruntime", "openvino-f32", "torch")
 
 #: The suite: a short name and what ``--model`` is given. ``onnx-data:NAME`` is a graph of
-#: the onnx wheel's backend test data (resolved where the wheel is installed).
+#: the onnx wheel's backend test data (resolved where the wheel is installed), run with
+#: seeded random weights in place of its one-value ones (:func:`seeded_weights`).
 SUITE: dict[str, str] = {
     "mobilenet_v3_large": "torchvision:mobilenet_v3_large",
     "shufflenet_v2_x1_0": "torchvision:shufflenet_v2_x1_0",
@@ -67,8 +68,9 @@ SUITE: dict[str, str] = {
 }
 
 
-def resolve(source: str) -> str:
-    """``--model`` text for a suite entry (an ``onnx-data:`` name becomes the file's path)."""
+def resolve(source: str, workdir: Path) -> str:
+    """``--model`` text for a suite entry: an ``onnx-data:`` name becomes a copy of the test
+    graph in ``workdir`` with seeded random weights (:func:`seeded_weights`)."""
     if not source.startswith("onnx-data:"):
         return source
     import onnx
@@ -77,7 +79,60 @@ def resolve(source: str) -> str:
     path = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / f"{name}.onnx"
     if not path.is_file():
         raise SystemExit(f"{path} is missing: the installed onnx wheel has no {name} test graph")
-    return str(path)
+    return str(seeded_weights(path, workdir / f"{name}.onnx"))
+
+
+def seeded_weights(path: Path, out: Path, seed: int = 0) -> Path:
+    """``path`` written to ``out`` with every weight that a ``ConstantOfShape`` node fills with
+    one value (the onnx wheel's "light" graphs hold no other) replaced by seeded random values.
+
+    A weight of one value makes every channel alike, and those graphs' outputs do not move
+    with the input at all: an output check on them proves nothing. Matrices and kernels get
+    He-normal values (unit-scale activations through ReLUs), batch norm scales values in
+    [0.2, 0.5) (a residual network's sums would otherwise double per block and saturate its
+    softmax), variances in [0.5, 1.5), everything else (biases, means) a small normal. The graph, its
+    operators and shapes are unchanged.
+    """
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    consts = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    users: dict[str, list[tuple[str, int]]] = {}
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            users.setdefault(name, []).append((node.op_type, i))
+    rng = np.random.default_rng(seed)
+    keep = []
+    for node in graph.node:
+        if node.op_type != "ConstantOfShape" or node.input[0] not in consts:
+            keep.append(node)
+            continue
+        shape = tuple(int(d) for d in consts[node.input[0]])
+        if len(shape) >= 2:
+            value = rng.normal(0.0, np.sqrt(2.0 / max(1, int(np.prod(shape[1:])))), shape)
+        elif ("BatchNormalization", 1) in users.get(node.output[0], []):
+            value = rng.uniform(0.2, 0.5, shape)  # below 1, as trained: residual sums stay in range
+        elif ("BatchNormalization", 4) in users.get(node.output[0], []):
+            value = rng.uniform(0.5, 1.5, shape)
+        else:
+            value = rng.normal(0.0, 0.1, shape)
+        fill = next((numpy_helper.to_array(a.t) for a in node.attribute if a.name == "value"), np.zeros(1, np.float32))
+        graph.initializer.append(numpy_helper.from_array(value.astype(fill.dtype), node.output[0]))
+    del graph.node[:]
+    graph.node.extend(keep)
+    used = {name for node in graph.node for name in node.input}
+    unused = [i for i in graph.initializer if i.name not in used and i.name not in {o.name for o in graph.output}]
+    for init in unused:  # the replaced nodes' shape inputs (listed as graph inputs too, in old files)
+        graph.initializer.remove(init)
+    gone = {i.name for i in unused}
+    for value in [v for v in graph.input if v.name in gone]:
+        graph.input.remove(value)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(out))
+    return out
 
 
 def tune(source: str, budget: list[str], workdir: Path, seq_len: int | None) -> dict[str, Any]:
@@ -296,9 +351,9 @@ def main() -> None:
     for name in args.models:
         if name in done:
             continue
-        source = resolve(SUITE[name])
         workdir = root / name
         workdir.mkdir(parents=True, exist_ok=True)
+        source = resolve(SUITE[name], workdir)
         for stale in ("tuning.db", "model.so", "events.jsonl"):  # each model tunes from an empty database
             (workdir / stale).unlink(missing_ok=True)
         console.print(f"[bold]{name}[/]: tune {source} {' '.join(budget_args)}", highlight=False)

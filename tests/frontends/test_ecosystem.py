@@ -12,7 +12,7 @@ from tvm import relax
 
 from tuner.errors import UnknownModelError, UserInputError
 from tuner.frontends import load_model
-from tuner.frontends.ecosystem import _hf_model_type, is_ecosystem_model, load_ecosystem, model_names
+from tuner.frontends.ecosystem import _calibrated, _hf_model_type, is_ecosystem_model, load_ecosystem, model_names
 
 torch = pytest.importorskip("torch", reason="the torch extra is not installed")
 
@@ -62,10 +62,44 @@ def test_hf_model_from_its_config_matches_pytorch():
     assert _tvm_matches_torch(spec, atol=1e-4).shape == (2, 8, 64)
 
 
+def _sensitivity(module, shape):
+    """How far the output moves for another random input, relative to its size."""
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        a, b = (module(torch.rand(shape, generator=gen) * 2 - 1) for _ in range(2))
+    return float((a - b).abs().max() / a.abs().max())
+
+
 def test_timm_takes_its_default_input_size():
     _needs("timm", "vision")
     spec = load_model("timm:test_efficientnet")  # timm's own tiny test network, 160x160
     assert [i.shape for i in spec.inputs] == [(1, 3, 160, 160)]
+    assert not spec.torch_module.training
+    # Its batch norms measured: the output depends on the input, so an output check means something.
+    assert _sensitivity(spec.torch_module, (1, 3, 160, 160)) > 1e-2
+
+
+def test_calibrated_batch_norms_keep_a_deep_random_network_input_dependent():
+    def build():
+        torch.manual_seed(0)
+        layers = []
+        for _ in range(12):  # GoogLeNet's init: weights of std 0.01, statistics mean 0, variance 1
+            conv = torch.nn.Conv2d(8, 8, 3, padding=1)
+            torch.nn.init.trunc_normal_(conv.weight, std=0.01)
+            layers += [conv, torch.nn.BatchNorm2d(8), torch.nn.ReLU()]
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 1), *layers, torch.nn.AdaptiveAvgPool2d(1),
+                                   torch.nn.Flatten(), torch.nn.Linear(8, 4)).eval()  # fmt: skip
+
+    shape = (1, 3, 16, 16)
+    assert _sensitivity(build(), shape) < 1e-6  # as built: the output is the last bias
+    calibrated = _calibrated(build(), shape)
+    assert not calibrated.training
+    assert _sensitivity(calibrated, shape) > 1e-2
+    again = _calibrated(build(), shape)  # seeded: the same statistics every time
+    norms = [(a, b) for a, b in zip(calibrated.modules(), again.modules(), strict=True)
+             if isinstance(a, torch.nn.BatchNorm2d)]  # fmt: skip
+    assert norms and all(torch.equal(a.running_var, b.running_var) for a, b in norms)
+    assert all(a.momentum == 0.1 for a, _ in norms)  # the module's own momentum back in place
 
 
 @pytest.mark.parametrize(("model", "package", "known"), [

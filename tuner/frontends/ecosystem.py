@@ -1,7 +1,8 @@
 """Models from the PyTorch ecosystem by name: ``torchvision:NAME``, ``timm:NAME``, ``hf:NAME``.
 
 Each is built from its library's own code with seeded random weights (tuning needs shapes,
-not trained weights, and no hub is reachable), put in eval mode and imported like any
+not trained weights, and no hub is reachable), its batch norms' statistics measured on a
+seeded random batch (:func:`_calibrated`), put in eval mode and imported like any
 PyTorch program (:func:`tuner.frontends.pytorch.export_module`). Nothing is downloaded:
 ``hf:`` builds an architecture from its config class's defaults, never ``from_pretrained``.
 """
@@ -165,6 +166,34 @@ def _seeded(build: Any) -> Any:
         return build()
 
 
+def _calibrated(module: Any, input_shape: tuple[int, ...]) -> Any:
+    """``module`` with every batch norm's running mean and variance measured on one seeded
+    random batch of two ``input_shape`` samples, as training would leave them.
+
+    A freshly built model's statistics (mean 0, variance 1) do not normalize what its random
+    weights produce: activations shrink layer by layer until the output no longer depends on
+    the input (GoogLeNet's and DeepLab-v3's do not, to float precision), and then an output
+    check against another runtime proves nothing. Measured statistics keep every layer's
+    output at unit scale, as in a trained model.
+    """
+    import torch
+
+    norms = [m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return module
+    momenta = [m.momentum for m in norms]
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(1)
+        for m in norms:
+            m.reset_running_stats()
+            m.momentum = None  # a cumulative average: after one batch, that batch's statistics
+        module.train()
+        module(torch.randn(2, *input_shape[1:]))  # two samples: a norm after global pooling needs them
+    for m, momentum in zip(norms, momenta, strict=True):
+        m.momentum = momentum
+    return module.eval()
+
+
 def _torchvision(name: str, batch_size: int, image_size: int | None) -> ModelSpec:
     _import("torchvision", "torchvision")
     import torch
@@ -183,11 +212,12 @@ def _torchvision(name: str, batch_size: int, image_size: int | None) -> ModelSpe
         # inception_v3 and googlenet warn that their default init will change: not the user's concern.
         warnings.filterwarnings("ignore", category=FutureWarning, module="torchvision")
         module = _seeded(lambda: builder(**no_weights))
+    size = image_size or _torchvision_size(models, name, module)
+    module = _calibrated(module, (batch_size, 3, size, size))
     if name in models.list_models(module=models.segmentation):
         from tuner.frontends.torch_wrappers import OutputEntry
 
         module = OutputEntry(module, "out")  # segmentation returns {"out": ..., "aux": ...}
-    size = image_size or _torchvision_size(models, name, module)
     example = (torch.randn(batch_size, 3, size, size),)
     return _export(module, example, "torchvision", name)
 
@@ -218,6 +248,7 @@ def _timm(name: str, batch_size: int, image_size: int | None) -> ModelSpec:
     channels, height, width = cfg.get("input_size", (3, 224, 224))
     if image_size is not None:
         height = width = image_size
+    module = _calibrated(module, (batch_size, channels, height, width))
     example = (torch.randn(batch_size, channels, height, width),)
     return _export(module, example, "timm", name)
 
