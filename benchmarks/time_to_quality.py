@@ -338,7 +338,7 @@ def main() -> None:
     # Seeds outermost: a run stopped early has every model and arm at the first seeds.
     for seed in range(args.seeds):
         for model in args.models:
-            source = resolve(SUITE.get(model, model))
+            source = resolve(SUITE.get(model, model), args.workdir / model.replace(":", "_"))
             for arm in args.arms:
                 console.print(f"[bold]{model}[/] {arm} seed {seed}", highlight=False)
                 workdir = args.workdir / model.replace(":", "_") / arm / f"seed{seed}"
