@@ -59,23 +59,24 @@ def tap_bands(size: int, out: int, kernel: int, stride: int, dilation: int, pad_
     """One axis's output positions grouped into runs that read the same live taps (the taps of
     one position are contiguous, and the runs are too, since both ends move one way with the
     position). An empty list when some position reads only padding."""
-    bands: list[Band] = []
+    runs: list[tuple[int, range]] = []  # (first output position, taps)
     for o in range(out):
         live = [k for k in range(kernel) if 0 <= o * stride + k * dilation - pad_before < size]
         if not live:
             return []
         taps = range(live[0], live[-1] + 1)
-        if bands and bands[-1].taps == taps:
-            bands[-1] = Band(range(bands[-1].outputs.start, o + 1), taps, 0, 0)
-        else:
-            bands.append(Band(range(o, o + 1), taps, 0, 0))
-    return [_window(b, stride, dilation, pad_before) for b in bands]
+        if not runs or runs[-1][1] != taps:
+            runs.append((o, taps))
+    ends = [first for first, _ in runs[1:]] + [out]
+    return [_band(range(first, end), taps, stride, dilation, pad_before)
+            for (first, taps), end in zip(runs, ends, strict=True)]  # fmt: skip
 
 
-def _window(band: Band, stride: int, dilation: int, pad_before: int) -> Band:
-    start = band.outputs.start * stride + band.taps.start * dilation - pad_before
-    stop = (band.outputs.stop - 1) * stride + (band.taps.stop - 1) * dilation - pad_before + 1
-    return Band(band.outputs, band.taps, start, stop)
+def _band(outputs: range, taps: range, stride: int, dilation: int, pad_before: int) -> Band:
+    """The band of ``outputs`` reading ``taps``, with the input window that takes."""
+    start = outputs.start * stride + taps.start * dilation - pad_before
+    stop = (outputs.stop - 1) * stride + (taps.stop - 1) * dilation - pad_before + 1
+    return Band(outputs, taps, start, stop)
 
 
 def prune_dead_taps(mod: tvm.IRModule) -> tvm.IRModule:
@@ -126,8 +127,8 @@ def _cut(call: relax.Call) -> relax.Expr:
             return _regions(call, weight, bands, data, strides, dilation)
     if all(len(t) == weight.shape[2 + i] for i, t in enumerate(axes)):
         return call  # nothing dead
-    window = [_window(Band(range(out[2 + i]), axes[i], 0, 0), strides[i], dilation[i], pads[i]) for i in range(2)]
-    new = _conv(call, call.args[0], weight, window, data, strides, dilation)
+    window = [_band(range(out[2 + i]), axes[i], strides[i], dilation[i], pads[i]) for i in range(2)]
+    new = _conv(call, weight, window, data, strides, dilation)
     logger.debug("conv %s: kernel %sx%s cut to %sx%s (dead taps read only padding)", data,
                  weight.shape[2], weight.shape[3], len(axes[0]), len(axes[1]))  # fmt: skip
     return new
@@ -140,14 +141,14 @@ def _axis_bands(axis: int, data: list[int], out: list[int], kshape: tuple[int, .
     i = 2 + axis
     if dilation[axis] > 1:
         return tap_bands(data[i], out[i], kshape[i], strides[axis], dilation[axis], pads[axis])
-    return [_window(Band(range(out[i]), live, 0, 0), strides[axis], dilation[axis], pads[axis])]
+    return [_band(range(out[i]), live, strides[axis], dilation[axis], pads[axis])]
 
 
-def _conv(call: relax.Call, data_expr: relax.Expr, weight: np.ndarray, window: list[Band], data: list[int],
-          strides: list[int], dilation: list[int]) -> relax.Expr:  # fmt: skip
+def _conv(call: relax.Call, weight: np.ndarray, window: list[Band], data: list[int], strides: list[int],
+          dilation: list[int]) -> relax.Expr:  # fmt: skip
     """The conv of ``call`` over one window per axis (cropped where it lies inside the input,
     padded where it reaches beyond) with the kernel cut to the window's taps."""
-    attrs = call.attrs
+    attrs, data_expr = call.attrs, call.args[0]
     begin = [max(w.start, 0) for w in window]
     end = [min(w.stop, data[2 + i]) for i, w in enumerate(window)]
     if begin != [0, 0] or end != data[2:]:
@@ -169,6 +170,6 @@ def _regions(call: relax.Call, weight: np.ndarray, bands: list[list[Band]], data
              strides: list[int], dilation: list[int]) -> relax.Expr:  # fmt: skip
     rows = []
     for r in bands[0]:
-        cols = [_conv(call, call.args[0], weight, [r, c], data, strides, dilation) for c in bands[1]]
+        cols = [_conv(call, weight, [r, c], data, strides, dilation) for c in bands[1]]
         rows.append(cols[0] if len(cols) == 1 else relax.op.concat(cols, axis=3))
     return rows[0] if len(rows) == 1 else relax.op.concat(rows, axis=2)
