@@ -112,9 +112,9 @@ class LayoutPlan:
     depthwise conv takes the block with ``OIHW1i{b}o`` weights (:func:`depthwise_conv2d_nchwc`;
     NHWC leaves it NCHW), another grouped conv takes it where its groups and the block line up
     (:func:`grouped_fits`; :func:`group_conv2d_nchwc`) and stays NCHW elsewhere. A plan holds
-    one block size: TVM 0.27's ``ConvertLayout`` cannot convert between two blocked layouts (``NCHW4c`` to ``NCHW8c`` fails with "Invalid layout axis"),
-    while the same block always gives a consumer the block its producer wrote (same channel
-    count, same divisor).
+    one block size: TVM 0.27's ``ConvertLayout`` cannot convert between two blocked layouts
+    (``NCHW4c`` to ``NCHW8c`` fails with "Invalid layout axis"), while the same block always
+    gives a consumer the block its producer wrote (same channel count, same divisor).
     """
 
     default: str = NCHW
