@@ -226,6 +226,19 @@ def group_conv_nchwc(per_group: int = 4, block: int = 8, channels: int = 32, str
     return tvm.IRModule({"main": te.create_prim_func([data, weight, bias, out])})
 
 
+def separable_resize() -> tvm.IRModule:
+    """A segmentation head's bilinear upsampling (5 x 9 x 9 to 5 x 40 x 40) as
+    ``tuner.graph.separable_resize`` legalizes it: a width pass, then the height pass."""
+    from tuner.graph.separable_resize import _tables, separable_resize2d
+
+    data = te.placeholder((1, 5, 9, 9), name="data")
+    tables = [*_tables(9, 40, "half_pixel"), *_tables(9, 40, "half_pixel")]
+    args = [te.placeholder(t.value.numpy().shape, str(t.value.dtype), name=f"table{i}")
+            for i, t in enumerate(tables)]  # fmt: skip
+    out = separable_resize2d(data, *args, width_first=True)
+    return tvm.IRModule({"main": te.create_prim_func([data, *args, out])})
+
+
 def dense_bf16(m: int = 32, k: int = 64, n: int = 48) -> tvm.IRModule:
     """A bf16 dense layer as ``tuner.precision.bf16`` writes it (block ``matmul_bf16``,
     weight packed [n/b, k/2, b, 2], float32 accumulation) + bias + relu."""
@@ -371,6 +384,7 @@ TASKS: dict[str, Callable[[], tvm.IRModule]] = {
     # ResNeXt's grouped convs: fewer channels a group than the block (block-diagonal weights),
     # and a group of two blocks, strided.
     "group_conv_nchwc": group_conv_nchwc,
+    "separable_resize": separable_resize,
     "group_conv_nchwc_wide_s2": lambda: group_conv_nchwc(per_group=16, stride=2),
     # MobileNet's 24 channels under a 16-lane plan take the largest divisor, 12: a block that
     # is not whole vectors (6 stands for it under AVX2's 8 lanes).

@@ -23,6 +23,7 @@ from tuner.measure.verify import check_point, reference, sweep_tasks
                                                  ("x86-conv2d-nchwc", "group_conv_nchwc"),
                                                  ("x86-conv2d-nchwc", "group_conv_nchwc_wide_s2"),
                                                  ("sketch", "group_conv_nchwc"),
+                                                 ("sketch", "separable_resize"),
                                                  ("x86-dense", "dense"), ("x86-dense", "batch_matmul"),
                                                  ("x86-dense", "dense_packed"), ("sketch", "dense_packed"),
                                                  ("x86-softmax", "softmax"), ("x86-layer-norm", "layer_norm"),
