@@ -211,6 +211,34 @@ def depthwise_nchwc(stride: int = 1, block: int = 8, channels: int = 32) -> tvm.
     return tvm.IRModule({"main": te.create_prim_func([data, weight, bias, out])})
 
 
+def group_conv_nchwc(per_group: int = 4, block: int = 8, channels: int = 32, stride: int = 1) -> tvm.IRModule:
+    """A grouped 3x3 conv (pad 1, as many input as output channels; ResNeXt's) in the blocked
+    layout, as ``tuner.graph.layout`` legalizes it (block ``conv2d_NCHWc_grouped``, weights
+    packed per block), + bias + relu."""
+    from tuner.graph.layout.ops import group_conv2d_nchwc
+
+    chunks, m = channels // block, max(per_group // block, 1)
+    data = te.placeholder((1, chunks, 14, 14, block), name="data")
+    weight = te.placeholder((chunks, m, 3, 3, block, block), name="weight")
+    bias = te.placeholder((1, chunks, 1, 1, block), name="bias")
+    conv = group_conv2d_nchwc(data, weight, (stride, stride), (1, 1, 1, 1), (1, 1), "float32")
+    out = topi.nn.relu(topi.add(conv, bias))
+    return tvm.IRModule({"main": te.create_prim_func([data, weight, bias, out])})
+
+
+def separable_resize() -> tvm.IRModule:
+    """A segmentation head's bilinear upsampling (5 x 9 x 9 to 5 x 40 x 40) as
+    ``tuner.graph.separable_resize`` legalizes it: a width pass, then the height pass."""
+    from tuner.graph.separable_resize import _tables, separable_resize2d
+
+    data = te.placeholder((1, 5, 9, 9), name="data")
+    tables = [*_tables(9, 40, "half_pixel"), *_tables(9, 40, "half_pixel")]
+    args = [te.placeholder(t.value.numpy().shape, str(t.value.dtype), name=f"table{i}")
+            for i, t in enumerate(tables)]  # fmt: skip
+    out = separable_resize2d(data, *args, width_first=True)
+    return tvm.IRModule({"main": te.create_prim_func([data, *args, out])})
+
+
 def dense_bf16(m: int = 32, k: int = 64, n: int = 48) -> tvm.IRModule:
     """A bf16 dense layer as ``tuner.precision.bf16`` writes it (block ``matmul_bf16``,
     weight packed [n/b, k/2, b, 2], float32 accumulation) + bias + relu."""
@@ -353,6 +381,11 @@ TASKS: dict[str, Callable[[], tvm.IRModule]] = {
     "dense_bf16": dense_bf16, "attention_bf16": attention_bf16,
     "depthwise_nchwc": depthwise_nchwc, "depthwise_nchwc_s2": lambda: depthwise_nchwc(2),
     "depthwise_nchwc16": lambda: depthwise_nchwc(block=16),
+    # ResNeXt's grouped convs: fewer channels a group than the block (block-diagonal weights),
+    # and a group of two blocks, strided.
+    "group_conv_nchwc": group_conv_nchwc,
+    "separable_resize": separable_resize,
+    "group_conv_nchwc_wide_s2": lambda: group_conv_nchwc(per_group=16, stride=2),
     # MobileNet's 24 channels under a 16-lane plan take the largest divisor, 12: a block that
     # is not whole vectors (6 stands for it under AVX2's 8 lanes).
     "depthwise_nchwc12": lambda: depthwise_nchwc(block=12, channels=24),

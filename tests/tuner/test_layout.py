@@ -96,7 +96,7 @@ def test_onnx_style_sums_become_adds_and_convert(cpu_device):
 def test_depthwise_convs_take_the_blocked_layout(cpu_device, layout, depthwise_layout, stride):
     """MobileNet's pattern: conv, depthwise conv + ReLU6, conv. The depthwise one joins a
     blocked plan (no transform on either side, ReLU6 fused into it) and stays NCHW under
-    NHWC; a grouped conv that is not depthwise stays NCHW under every plan."""
+    NHWC, as does the grouped conv after it (4 channels a group: test_grouped_convs_...)."""
     rng = np.random.default_rng(2)
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((1, 8, 6, 6), "float32"))
@@ -116,10 +116,10 @@ def test_depthwise_convs_take_the_blocked_layout(cpu_device, layout, depthwise_l
     tasks = extract_tasks(mod, cpu_device.target, plan)
     layouts = sorted(t.layout for t in tasks if t.layout)
     # A blocked task is named by its output block: the last conv writes 8 channels.
-    assert layouts == sorted([layout, depthwise_layout, "NCHW", layout.replace("16c", "8c")])
+    assert layouts == sorted([layout, depthwise_layout, depthwise_layout, layout.replace("16c", "8c")])
     transforms = [t for t in tasks if "layout_transform" in t.name]
-    # Blocked: into and out of the grouped conv and the model's own input and output only.
-    assert len(transforms) <= 4
+    # Blocked: the model's own input and output only.
+    assert len(transforms) <= (4 if layout == "NHWC" else 2)
     if depthwise_layout != "NCHW":
         dw = next(t for t in tasks if "depthwise_conv2d_NCHWc" in t.mod.script())
         assert dw.name.endswith("_maximum_minimum"), dw.name
@@ -127,6 +127,60 @@ def test_depthwise_convs_take_the_blocked_layout(cpu_device, layout, depthwise_l
     inputs = [rng.uniform(-1, 1, (1, 8, 6, 6)).astype("float32")]
     got = _run(prepare(mod, cpu_device.target, plan), cpu_device.target, inputs)
     assert _scaled_error(_run(mod, cpu_device.target, inputs), got) < 1e-5
+
+
+@pytest.mark.parametrize(("channels", "groups", "layout", "stride", "blocked"), [
+    (16, 4, "NCHW8c", 1, True),     # 4 channels a group, 8 a block: half the block's taps are zero
+    (16, 4, "NCHW16c", 2, True),    # 4 a group, 16 a block: the most waste allowed
+    (64, 2, "NCHW16c", 2, True),    # two blocks a group
+    (16, 8, "NCHW16c", 1, False),   # 2 a group, 16 a block: 8x the work, stays NCHW
+    (24, 2, "NCHW8c", 1, False),    # 12 a group: neither divides the other
+])  # fmt: skip
+def test_grouped_convs_take_the_blocked_layout(cpu_device, channels, groups, layout, stride, blocked):
+    """ResNeXt's pattern: conv, grouped 3x3 conv + ReLU, conv. Where the groups line up with
+    the block the grouped conv joins the plan (block ``conv2d_NCHWc_grouped``, no transform on
+    either side, x86-conv2d-nchwc schedules it); elsewhere it stays NCHW between transforms.
+    The output matches the NCHW graph's either way."""
+    rng = np.random.default_rng(5)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 8, 9, 9), "float32"))
+    shapes = [(channels, 8, 1, 1), (channels, channels // groups, 3, 3), (8, channels, 1, 1)]
+    weights = [relax.const(rng.standard_normal(s).astype("float32")) for s in shapes]
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, weights[0]))
+            y = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(y, weights[1], strides=stride, padding=1, groups=groups)))
+            out = bb.emit_output(relax.op.nn.conv2d(y, weights[2]))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    plan = LayoutPlan(layout)
+    tasks = extract_tasks(mod, cpu_device.target, plan)
+    grouped = [t for t in tasks if "conv2d_NCHWc_grouped" in t.mod.script()]
+    transforms = [t for t in tasks if "layout_transform" in t.name]
+    if blocked:
+        assert len(grouped) == 1 and grouped[0].layout == layout and grouped[0].name.endswith("_relu")
+        assert "x86-conv2d-nchwc" in search_spaces.applicable_kinds(grouped[0].mod, cpu_device.target)
+        assert len(transforms) == 2
+    else:
+        assert not grouped and len(transforms) == 4
+    inputs = [rng.uniform(-1, 1, (1, 8, 9, 9)).astype("float32")]
+    got = _run(prepare(mod, cpu_device.target, plan), cpu_device.target, inputs)
+    assert _scaled_error(_run(mod, cpu_device.target, inputs), got) < 1e-5
+
+
+def test_grouped_weights_pack_block_diagonal():
+    """Each packed weight sits at its input lane and output lane; across groups it is zero."""
+    from tuner.graph.layout.packing import pack_group_weight
+
+    w = np.random.default_rng(0).standard_normal((16, 4, 3, 3)).astype("float32")
+    packed = pack_group_weight(w, 4, 8)  # two blocks of two groups each
+    assert packed.shape == (2, 1, 3, 3, 8, 8)
+    for oc in range(16):
+        for ic in range(16):
+            value = packed[oc // 8, 0, :, :, ic % 8, oc % 8]
+            same_group = ic // 4 == oc // 4
+            want = w[oc, ic % 4] if same_group else 0 * value
+            assert np.array_equal(value, want) or (not same_group and oc // 8 != ic // 8)
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,18 @@ from tuner.graph.layout.ops import (
     conv2d_nchwc_dot,
     depthwise_conv2d_nchwc,
     fast_softmax_last_axis,
+    group_conv2d_nchwc,
     matmul_packed,
     row_taps,
 )
-from tuner.graph.layout.packing import pack_dense_weight, pack_dot_weight, row_tap_weight, widen_weight
+from tuner.graph.layout.packing import (
+    pack_dense_weight,
+    pack_dot_weight,
+    pack_group_weight,
+    row_tap_weight,
+    unblock_weight,
+    widen_weight,
+)
 from tuner.graph.layout.plan import _constant, _widens, block_of, dense_block, dot_elements, out_dtype, row_taps_fit
 from tuner.graph.pad_fusion import emit_padded, emit_subsampled
 
@@ -39,7 +47,8 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call,
     (:data:`PAD_APART`) and then in the block ``wide`` gives for its dtype where the
     input channels fill it (:func:`wide_blocks`; a stride-1 1x1 conv too where its data is
     in ``sole_reader``, variables the conv alone reads), :func:`depthwise_conv2d_nchwc` for a
-    blocked depthwise one; TVM's own legalization otherwise."""
+    blocked depthwise one, :func:`group_conv2d_nchwc` for another blocked grouped one; TVM's
+    own legalization otherwise."""
     attrs = call.attrs
     if block_of(str(attrs.data_layout)) is None:
         return relax.transform.legalize_ops.nn._nn_conv2d(bb, call)
@@ -59,6 +68,17 @@ def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call,
             packed = relax.const(transform_weight(w, tile), "float32")
         return bb.call_te(conv2d_nchwc_winograd, call.args[0], packed, [int(p) for p in attrs.padding], tile,
                           out, primfunc_name_hint="conv2d_NCHWc_winograd")  # fmt: skip
+    kernel_shape = [int(d) for d in call.args[1].ty.shape.values]
+    if int(attrs.groups) != 1 and kernel_shape[1] * kernel_shape[4] != 1:
+        # A grouped conv that is not depthwise (plan.grouped_fits): weights re-packed per block.
+        if weight is None:
+            raise ValueError("a blocked grouped conv needs constant weights (plan.grouped_fits)")
+        packed = pack_group_weight(unblock_weight(weight.value.numpy()), int(attrs.groups), kernel_shape[5])
+        return bb.call_te(
+            group_conv2d_nchwc, call.args[0], relax.const(packed, str(weight.ty.dtype)),
+            [int(s) for s in attrs.strides], [int(p) for p in attrs.padding], [int(d) for d in attrs.dilation], out,
+            primfunc_name_hint="conv2d_NCHWc_grouped",
+        )
     if int(attrs.groups) != 1:
         return bb.call_te(
             depthwise_conv2d_nchwc, call.args[0], call.args[1], [int(s) for s in attrs.strides],

@@ -1,5 +1,5 @@
-"""TE computes of the operators the layout rewrite emits: blocked depthwise and dot-product
-convs, row taps, packed matmuls, the fast softmax.
+"""TE computes of the operators the layout rewrite emits: blocked depthwise, grouped and
+dot-product convs, row taps, packed matmuls, the fast softmax.
 """
 
 from __future__ import annotations
@@ -47,6 +47,31 @@ def depthwise_conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides: Sequence
             data[b, c, i * sh + rh * dh, j * sw + rw * dw, k].astype(out_dtype)
             * kernel[c, 0, rh, rw, 0, k].astype(out_dtype), axis=[rh, rw]),
         name="depthwise_conv2d_NCHWc",
+    )
+
+
+def group_conv2d_nchwc(data: te.Tensor, kernel: te.Tensor, strides: Sequence[int], padding: Sequence[int],
+                       dilation: Sequence[int], out_dtype: str) -> te.Tensor:
+    """A grouped conv (as many input as output channels) in ``NCHW{b}c`` with weights packed
+    by :func:`tuner.graph.layout.packing.pack_group_weight`: ``[C/b, m, KH, KW, b, b]``.
+
+    Output block ``c`` reads the ``m`` input chunks of its group, from chunk ``(c // m) * m``:
+    ``m`` is the group's chunks where a group spans whole blocks (ResNeXt's later stages),
+    else 1, the block's own chunk, its weights zero across groups. So it is TOPI's
+    ``conv2d_NCHWc`` with the input chunks offset per output block (spatial iters n, chunk,
+    oh, ow, lane; reduce the fused input channel, kh, kw), and ``x86-conv2d-nchwc``
+    schedules it as it does a dense conv. ``padding`` is (top, left, bottom, right)."""
+    oc_chunks, m, kh, kw, block, oc_block = (int(d) for d in kernel.shape)
+    (sh, sw), (dh, dw) = strides, dilation
+    data, oh, ow = _pad_nchwc(data, (kh, kw), strides, padding, dilation, "data_pad")
+    ic = te.reduce_axis((0, m * block), name="ic")
+    rh, rw = te.reduce_axis((0, kh), name="kh"), te.reduce_axis((0, kw), name="kw")
+    return te.compute(
+        (int(data.shape[0]), oc_chunks, oh, ow, oc_block),
+        lambda b, c, i, j, k: te.sum(
+            data[b, (c // m) * m + ic // block, i * sh + rh * dh, j * sw + rw * dw, ic % block].astype(out_dtype)
+            * kernel[c, ic // block, rh, rw, ic % block, k].astype(out_dtype), axis=[ic, rh, rw]),
+        name="conv2d_NCHWc_grouped",
     )
 
 

@@ -41,3 +41,25 @@ def pack_dense_weight(weight: np.ndarray, block: int) -> np.ndarray:
     contiguous panel, which a register tile streams through with unit stride."""
     k, n = weight.shape
     return np.ascontiguousarray(weight.reshape(k, n // block, block).transpose(1, 0, 2))
+
+
+def unblock_weight(weight: np.ndarray) -> np.ndarray:
+    """``OIHW{i}i{o}o`` weights back as ``OIHW``."""
+    oc, ic, kh, kw, ib, ob = weight.shape
+    return np.ascontiguousarray(weight.transpose(0, 5, 1, 4, 2, 3).reshape(oc * ob, ic * ib, kh, kw))
+
+
+def pack_group_weight(weight: np.ndarray, groups: int, block: int) -> np.ndarray:
+    """``OIHW`` weights of a grouped conv with as many input as output channels as
+    ``[C/b, m, KH, KW, b, b]`` for :func:`tuner.graph.layout.ops.group_conv2d_nchwc`: for
+    output block ``c``, the ``m`` input chunks from ``(c // m) * m`` on, input lane by output
+    lane, zero where the two channels lie in different groups."""
+    channels, per_group, kh, kw = weight.shape
+    m = max(per_group // block, 1)
+    out = np.zeros((channels // block, m, kh, kw, block, block), weight.dtype)
+    oc = np.arange(channels)
+    for r in range(per_group):
+        ic = (oc // per_group) * per_group + r  # input channel r of each output channel's group
+        chunk = ic // block - (oc // block // m) * m
+        out[oc // block, chunk, :, :, ic % block, oc % block] = weight[:, r]
+    return out

@@ -110,11 +110,11 @@ class LayoutPlan:
     A blocked layout is a request: a conv whose channels the block does not divide takes the
     largest divisor below it (ResNet's first conv reads 3 channels: ``NCHW3c`` in), a
     depthwise conv takes the block with ``OIHW1i{b}o`` weights (:func:`depthwise_conv2d_nchwc`;
-    NHWC leaves it NCHW), and other grouped convs (TOPI's ``conv2d_NCHWc`` has no groups)
-    stay NCHW. A plan holds one block size: TVM 0.27's ``ConvertLayout`` cannot convert
-    between two blocked layouts (``NCHW4c`` to ``NCHW8c`` fails with "Invalid layout axis"),
-    while the same block always gives a consumer the block its producer wrote (same channel
-    count, same divisor).
+    NHWC leaves it NCHW), another grouped conv takes it where its groups and the block line up
+    (:func:`grouped_fits`; :func:`group_conv2d_nchwc`) and stays NCHW elsewhere. A plan holds
+    one block size: TVM 0.27's ``ConvertLayout`` cannot convert between two blocked layouts
+    (``NCHW4c`` to ``NCHW8c`` fails with "Invalid layout axis"), while the same block always
+    gives a consumer the block its producer wrote (same channel count, same divisor).
     """
 
     default: str = NCHW
@@ -187,21 +187,25 @@ def conv_layouts(call: relax.Call, layout: str) -> list[str] | None:
     if attrs.data_layout != "NCHW" or attrs.kernel_layout != "OIHW":
         return None
     # Even an NCHW conv is stated: without a wish, ConvertLayout runs a conv in its input's
-    # layout. Grouped convs other than depthwise stay NCHW: conv2d_NCHWc has no groups, and
-    # TOPI's grouped NHWC conv is unchecked here; a depthwise conv takes NCHW as its NHWC.
-    depthwise = is_depthwise(call)
-    if layout == NCHW or (int(attrs.groups) != 1 and not depthwise) or (depthwise and layout == NHWC):
+    # layout. Grouped convs stay NCHW under NHWC (TOPI's grouped NHWC conv is unchecked here)
+    # and under a block they do not line up with (grouped_fits).
+    grouped = int(attrs.groups) != 1
+    block = block_of(layout)
+    if layout == NCHW or (grouped and (block is None or not grouped_fits(call, block))):
         return [NCHW, "OIHW", NCHW]
     if layout == NHWC:
         return [NHWC, "OHWI", NHWC]
-    block = block_of(layout)
     assert block is not None, layout
     out_ch, in_ch = (int(d) for d in call.args[1].ty.shape.values[:2])
-    if depthwise:
+    if is_depthwise(call):
         # Each output channel reads its own input channel: one block for both, and the
         # weights' (C, 1, KH, KW) become (C/b, 1, KH, KW, 1, b).
         b = _largest_divisor(out_ch, block)
         return [blocked(b), f"OIHW1i{b}o", blocked(b)]
+    if grouped:
+        # The weights' (C, C/g, KH, KW) in any blocked form: legalize re-packs the constant.
+        b = _largest_divisor(out_ch, block)
+        return [blocked(b), f"OIHW{math.gcd(in_ch, b)}i{b}o", blocked(b)]
     ib, ob = _largest_divisor(in_ch, block), _largest_divisor(out_ch, block)
     return [blocked(ib), f"OIHW{ib}i{ob}o", blocked(ob)]
 
@@ -231,6 +235,28 @@ def is_depthwise(call: relax.Call) -> bool:
     groups = int(call.attrs.groups)
     out_ch, in_per_group = (int(d) for d in call.args[1].ty.shape.values[:2])
     return groups > 1 and in_per_group == 1 and out_ch == groups
+
+
+#: Most multiply-adds a blocked grouped conv may spend per useful one: with fewer channels a
+#: group than the block, each block's reduction runs over the whole block
+#: (:func:`group_conv2d_nchwc`), ``block / channels a group`` times the work.
+MAX_GROUP_WASTE = 4
+
+
+def grouped_fits(call: relax.Call, block: int) -> bool:
+    """Whether a grouped conv runs in ``NCHW{b}c`` (``b`` the largest divisor of its channels
+    up to ``block``): a depthwise conv always (:func:`depthwise_conv2d_nchwc`); another one
+    (ResNeXt's, RegNet's) where it keeps its channel count, its weight is a constant and its
+    channels a group are a multiple of ``b`` or divide it at most :data:`MAX_GROUP_WASTE`
+    times (:func:`group_conv2d_nchwc`). The layout chooser still weighs it against NCHW."""
+    if is_depthwise(call):
+        return True
+    out_ch, per_group = (int(d) for d in call.args[1].ty.shape.values[:2])
+    in_ch = int(call.args[0].ty.shape.values[1])
+    b = _largest_divisor(out_ch, block)
+    if in_ch != out_ch or not isinstance(call.args[1], Constant) or b < 4:
+        return False
+    return per_group % b == 0 or (b % per_group == 0 and b // per_group <= MAX_GROUP_WASTE)
 
 
 def _constant(bb: relax.BlockBuilder, expr: relax.Expr) -> Constant | None:
@@ -313,6 +339,7 @@ def task_layout(mod: tvm.IRModule) -> str:
     sch = Schedule(mod)
     # conv2d_NCHWc_dot: a bf16 or int8 conv on a dot-product instruction (conv2d_nchwc_dot).
     names = (("conv2d_NCHWc", None), ("conv2d_NCHWc_dot", None), ("depthwise_conv2d_NCHWc", None),
+             ("conv2d_NCHWc_grouped", None),
              ("conv2d_nchw", NCHW), ("conv2d_nhwc", NHWC), ("group_conv2d_nchw", NCHW),
              ("group_conv2d_nhwc", NHWC))  # fmt: skip
     try:

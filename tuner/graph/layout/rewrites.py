@@ -37,6 +37,7 @@ from tuner.graph.layout.plan import (
     winograd_tile,
 )
 from tuner.graph.pad_fusion import var_reads
+from tuner.graph.separable_resize import legalize_resize2d
 
 logger = logging.getLogger(__name__)
 
@@ -343,6 +344,7 @@ def _prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> 
     if cpu:
         custom.update(FAST_MATH)
         custom[_SOFTMAX] = _legalize_softmax
+        custom["relax.image.resize2d"] = legalize_resize2d
         custom[_MATMUL] = _legalize_matmul(vector_lanes(target))
     legalize = tvm.transform.Sequential([
         *dispatch,
