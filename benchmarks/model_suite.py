@@ -121,6 +121,9 @@ def seeded_weights(path: Path, out: Path, seed: int = 0) -> Path:
             value = rng.normal(0.0, 0.1, shape)
         fill = next((numpy_helper.to_array(a.t) for a in node.attribute if a.name == "value"), np.zeros(1, np.float32))
         graph.initializer.append(numpy_helper.from_array(value.astype(fill.dtype), node.output[0]))
+        if model.ir_version < 4:  # before IR 4 an initializer must be a graph input too (the light graphs are IR 3)
+            elem = onnx.helper.np_dtype_to_tensor_dtype(fill.dtype)
+            graph.input.append(onnx.helper.make_tensor_value_info(node.output[0], elem, shape))
     del graph.node[:]
     graph.node.extend(keep)
     used = {name for node in graph.node for name in node.input}
