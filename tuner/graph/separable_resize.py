@@ -26,6 +26,8 @@ import numpy as np
 import tvm
 from tvm import relax, te
 
+from tuner.graph.layout.legalize import _static_shape
+
 logger = logging.getLogger(__name__)
 
 _MODES = ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")
@@ -80,13 +82,6 @@ def separable_resize2d(data: te.Tensor, rows: te.Tensor, row_weights: te.Tensor,
     return along_w(along_h(data, "resize_rows"), "resize2d")
 
 
-def _static(expr: relax.Expr) -> list[int] | None:
-    values = getattr(getattr(expr.ty, "shape", None), "values", None)
-    if values is None or not all(isinstance(v, tvm.tirx.IntImm) for v in values):
-        return None
-    return [int(v) for v in values]
-
-
 def _tables(size: int, out: int, mode: str) -> tuple[relax.Constant, relax.Constant]:
     lo, hi, t = source_coordinates(size, out, mode)
     weights = np.stack([np.float32(1.0) - t, t]).astype(np.float32)
@@ -97,7 +92,7 @@ def legalize_resize2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     """A bilinear ``resize2d`` that fits (see the module docstring) as :func:`separable_resize2d`;
     TVM's own legalization otherwise."""
     attrs = call.attrs
-    data, out = _static(call.args[0]), _static(call)
+    data, out = _static_shape(call.args[0]), _static_shape(call)
     mode = str(attrs.coordinate_transformation_mode)
     if (str(attrs.method) != "linear" or str(attrs.layout) != "NCHW" or mode not in _MODES or data is None
             or out is None or len(data) != 4 or str(call.args[0].ty.dtype) != "float32"

@@ -246,9 +246,9 @@ MAX_GROUP_WASTE = 4
 def grouped_fits(call: relax.Call, block: int) -> bool:
     """Whether a grouped conv runs in ``NCHW{b}c`` (``b`` the largest divisor of its channels
     up to ``block``): a depthwise conv always (:func:`depthwise_conv2d_nchwc`); another one
-    (ResNeXt's, RegNet's) where it keeps its channel count, its weight is a constant and its
-    channels a group are a multiple of ``b`` or divide it at most :data:`MAX_GROUP_WASTE`
-    times (:func:`group_conv2d_nchwc`). The layout chooser still weighs it against NCHW."""
+    (ResNeXt's, RegNet's) where it keeps its channel count, its weight is a constant, ``b`` is
+    at least 4 and its channels a group are a multiple of ``b`` or divide it at most
+    :data:`MAX_GROUP_WASTE` times (:func:`group_conv2d_nchwc`). The layout chooser still weighs it against NCHW."""
     if is_depthwise(call):
         return True
     out_ch, per_group = (int(d) for d in call.args[1].ty.shape.values[:2])
