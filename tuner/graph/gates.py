@@ -4,9 +4,10 @@ A squeeze-excitation block scales a feature map by a per-channel gate: ``x * g``
 ``g = hard_sigmoid(conv(relu(conv(mean(x)))))`` has one value a channel. ``FuseOps`` fuses
 elementwise and broadcast consumers into a conv's function, so the gate conv takes the
 ``multiply`` as its epilogue: its output grows from ``C`` values to ``C x H x W``, and the
-conv's schedule, made for its own output, is tiled over that large one. In DeepLab-v3's MobileNet-V3 backbone on an Emerald Rapids the five such
-functions took 2.8 ms, against 0.2 ms for ONNX Runtime's gate convs and 0.9 ms for all of its
-``Mul`` nodes (``benchmarks/results/op_profile_deeplabv3_mobilenet_v3_large_emeraldrapids.json``).
+conv's schedule, made for its own output, is tiled over that large one. In DeepLab-v3's
+MobileNet-V3 backbone on an Emerald Rapids the five such functions took 2.8 ms, against
+0.2 ms for ONNX Runtime's gate convs and 0.9 ms for all of its ``Mul`` nodes
+(``benchmarks/results/op_profile_deeplabv3_mobilenet_v3_large_emeraldrapids.json``).
 
 :func:`gate_vars` finds such gates: values computed from a conv through elementwise ops
 alone, with the conv's own shape. :func:`legalize_gate_multiply` legalizes a ``multiply``
