@@ -84,3 +84,26 @@ def test_points_that_vectorize_a_tensorized_dot_product_are_rejected_before_they
     assert all(vectorized_vectors(mod) is None for mod in sampled)
     proc = _build(sampled[0], TARGETS["llvm-vnni"])  # the same harness builds an accepted point
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def _broadcast_multiply() -> tvm.IRModule:
+    """A squeeze-excitation gate's multiply in the blocked layout: a map by a per-channel gate."""
+    from tvm import te, topi
+
+    x = te.placeholder((1, 4, 9, 9, 16), name="x")
+    g = te.placeholder((1, 4, 1, 1, 16), name="g")
+    return tvm.IRModule({"main": te.create_prim_func([x, g, topi.multiply(x, g)]).with_attr("global_symbol", "main")})
+
+
+@pytest.mark.parametrize(("target_name", "lanes"), [("llvm-avx2", 8), ("llvm-vnni", 16)])
+def test_an_elementwise_function_starts_at_one_register_of_lanes(target_name, lanes):
+    space = sketch.SketchSpace(_broadcast_multiply(), target(target_name))
+    starts = space.starts()
+    assert len(starts) == 1
+    knobs = dict(zip((k.name for k in space.knobs(starts[0].sketch)), starts[0].decisions, strict=True))
+    assert knobs == {"parallel": 2 * 4, "vectorize": lanes}
+    assert space.check(starts[0]) is None
+
+
+def test_a_function_with_tiles_has_no_elementwise_start():
+    assert sketch.SketchSpace(task("conv"), target("llvm")).starts() == []
