@@ -99,6 +99,7 @@ def _broadcast_multiply(block: int = 16) -> tvm.IRModule:
     ("llvm-avx2", 16, 8),   # one register of 8 lanes
     ("llvm-vnni", 16, 16),  # one register of 16 lanes
     ("llvm-vnni", 8, 8),    # an 8-channel block under AVX-512: vectors of the block
+    ("llvm-vnni", 15, 15),  # 120 channels as 8 blocks of 15
     ("llvm-avx2", 4, 4),
 ])  # fmt: skip
 def test_an_elementwise_function_starts_at_one_register_or_its_block(target_name, block, lanes):
