@@ -351,8 +351,8 @@ class SketchSpace(SearchSpace):
 
 
 def _short_block(mod: tvm.IRModule, lanes: int) -> int | None:
-    """The innermost extent of ``main``'s output (its last parameter) where it is from 4 to
-    under ``lanes``: the channel block of a layout narrower than a register (NCHW8c under
+    """The innermost extent of ``main``'s blocked output (its last parameter) where it is
+    from 4 to under ``lanes``: the channel block of a layout narrower than a register (NCHW8c under
     AVX-512, or 120 channels as 8 blocks of 15). On a Zen 4, a broadcast multiply
     ``[1, 15, 65, 65, 8]`` by ``[1, 15, 1, 1, 8]`` ran in 0.06-0.09 ms vectorized by 8 and
     0.51-0.80 ms by any of 16, 32 or 64; ``[1, 8, 65, 65, 15]`` in 0.07-0.10 ms by 15 and
@@ -361,7 +361,9 @@ def _short_block(mod: tvm.IRModule, lanes: int) -> int | None:
     if not isinstance(func, tvm.tirx.PrimFunc) or not func.params:
         return None
     shape = list(getattr(getattr(func.params[-1], "ty", None), "shape", None) or [])
-    if len(shape) < 2 or not isinstance(shape[-1], tvm.tirx.IntImm):
+    # Rank 5 and up: a blocked layout (NCHW[x]c), whose innermost axis is the channel block;
+    # a plain layout's innermost axis is a width, which a vector may cross freely.
+    if len(shape) < 5 or not isinstance(shape[-1], tvm.tirx.IntImm):
         return None
     inner = int(shape[-1])
     return inner if 4 <= inner < lanes else None
