@@ -84,3 +84,35 @@ def test_points_that_vectorize_a_tensorized_dot_product_are_rejected_before_they
     assert all(vectorized_vectors(mod) is None for mod in sampled)
     proc = _build(sampled[0], TARGETS["llvm-vnni"])  # the same harness builds an accepted point
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def _broadcast_multiply(block: int = 16) -> tvm.IRModule:
+    """A squeeze-excitation gate's multiply in a blocked layout: a map by a per-channel gate."""
+    from tvm import te, topi
+
+    x = te.placeholder((1, 4, 9, 9, block), name="x")
+    g = te.placeholder((1, 4, 1, 1, block), name="g")
+    return tvm.IRModule({"main": te.create_prim_func([x, g, topi.multiply(x, g)]).with_attr("global_symbol", "main")})
+
+
+@pytest.mark.parametrize(("target_name", "block", "lanes"), [
+    ("llvm-avx2", 16, 8),   # one register of 8 lanes
+    ("llvm-vnni", 16, 16),  # one register of 16 lanes
+    ("llvm-vnni", 8, 8),    # an 8-channel block under AVX-512: vectors of the block
+    ("llvm-vnni", 15, 15),  # 120 channels as 8 blocks of 15
+    ("llvm-avx2", 4, 4),
+])  # fmt: skip
+def test_an_elementwise_function_starts_at_one_register_or_its_block(target_name, block, lanes):
+    space = sketch.SketchSpace(_broadcast_multiply(block), target(target_name))
+    starts = space.starts()
+    assert len(starts) == 1
+    knobs = dict(zip((k.name for k in space.knobs(starts[0].sketch)), starts[0].decisions, strict=True))
+    assert knobs == {"parallel": 2 * 4, "vectorize": lanes}
+    assert space.check(starts[0]) is None
+    vectorize = next(k for k in space.knobs(0) if k.name == "vectorize")
+    assert lanes in vectorize.choices
+    assert min(vectorize.choices) == lanes  # nothing narrower than the block or a register
+
+
+def test_a_function_with_tiles_has_no_elementwise_start():
+    assert sketch.SketchSpace(task("conv"), target("llvm")).starts() == []

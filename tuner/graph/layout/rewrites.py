@@ -10,6 +10,7 @@ from tvm import relax
 from tvm.relax import pipeline as relax_pipeline
 
 from tuner.graph.fold import fold_constants
+from tuner.graph.gates import gate_vars, legalize_gate_multiply
 from tuner.graph.layout.channel_moves import gather_channel_moves
 from tuner.graph.layout.channel_pad import pad_channels
 from tuner.graph.layout.legalize import (
@@ -345,6 +346,7 @@ def _prepare(mod: tvm.IRModule, target: tvm.target.Target, plan: LayoutPlan) -> 
         custom.update(FAST_MATH)
         custom[_SOFTMAX] = _legalize_softmax
         custom["relax.image.resize2d"] = legalize_resize2d
+        custom["relax.multiply"] = legalize_gate_multiply(gate_vars(folded["main"]))
         custom[_MATMUL] = _legalize_matmul(vector_lanes(target))
     legalize = tvm.transform.Sequential([
         *dispatch,
