@@ -98,8 +98,9 @@ class SketchSpace(SearchSpace):
         fewer, :func:`_short_block`) over four jobs a core. Such a task gets one
         or two trials in a model of a hundred tasks, and the widths above one register can
         cost 15x: a broadcast multiply in the blocked layout, ``[1, 60, 33, 33, 16]`` by
-        ``[1, 60, 1, 1, 16]`` on a Zen 4, ran in 0.10 ms at 16 lanes and 1.4-1.8 ms at 32
-        or 64, whatever the parallel extent (the wider loop crosses the broadcast's block)."""
+        ``[1, 60, 1, 1, 16]`` on a Zen 4, ran in 0.10-0.12 ms at 16 lanes and 1.4-1.8 ms at
+        32 or 64, whatever the parallel extent (the wider loop crosses the broadcast's block;
+        benchmarks/archive/broadcast_vector_width.py)."""
         lanes = self._block or self.limits.vector_bits // 32
         out: list[Point] = []
         for sketch in range(self.num_sketches):
@@ -354,9 +355,10 @@ def _short_block(mod: tvm.IRModule, lanes: int) -> int | None:
     """The innermost extent of ``main``'s blocked output (its last parameter) where it is
     from 4 to under ``lanes``: the channel block of a layout narrower than a register (NCHW8c under
     AVX-512, or 120 channels as 8 blocks of 15). On a Zen 4, a broadcast multiply
-    ``[1, 15, 65, 65, 8]`` by ``[1, 15, 1, 1, 8]`` ran in 0.06-0.09 ms vectorized by 8 and
-    0.51-0.80 ms by any of 16, 32 or 64; ``[1, 8, 65, 65, 15]`` in 0.07-0.10 ms by 15 and
-    1.3-2.1 ms by 16-64 (14 ms in one tuning trial)."""
+    ``[1, 15, 65, 65, 8]`` by ``[1, 15, 1, 1, 8]`` ran in 0.06-0.07 ms vectorized by 8 and
+    0.51-0.72 ms by any of 16, 32 or 64; ``[1, 8, 65, 65, 15]`` in 0.07-0.08 ms by 15 and
+    1.1-1.2 ms by 16-64 (benchmarks/archive/broadcast_vector_width.py; 14 ms in one tuning
+    trial of DeepLab-v3)."""
     func = mod["main"]
     if not isinstance(func, tvm.tirx.PrimFunc) or not func.params:
         return None
