@@ -346,7 +346,7 @@ class SketchSpace(SearchSpace):
             return self.limits.parallel_choices(default)
         choices = self.limits.vectorize_choices(default)
         # A vector of whole registers spans several blocks of an output blocked by fewer
-        # lanes (NCHW8c under AVX-512, 15-channel blocks), so that a broadcast operand
+        # lanes (NCHW8c under AVX-512, or a tensor of 12 channels in one block), so that a broadcast operand
         # becomes a gather.
         return tuple(sorted({*choices, self._block})) if self._block else choices
 
@@ -354,7 +354,7 @@ class SketchSpace(SearchSpace):
 def _short_block(mod: tvm.IRModule, lanes: int) -> int | None:
     """The innermost extent of ``main``'s blocked output (its last parameter) where it is
     from 4 to under ``lanes``: the channel block of a layout narrower than a register (NCHW8c under
-    AVX-512, or 120 channels as 8 blocks of 15). On a Zen 4, a broadcast multiply
+    AVX-512, or 12 channels in one block). On a Zen 4, a broadcast multiply
     ``[1, 15, 65, 65, 8]`` by ``[1, 15, 1, 1, 8]`` ran in 0.06-0.07 ms vectorized by 8 and
     0.51-0.72 ms by any of 16, 32 or 64; ``[1, 8, 65, 65, 15]`` in 0.07-0.08 ms by 15 and
     1.1-1.2 ms by 16-64 (benchmarks/archive/broadcast_vector_width.py; 14 ms in one tuning

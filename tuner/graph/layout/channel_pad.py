@@ -1,15 +1,17 @@
 """Padding a conv's output channels to whole vector blocks, and carrying the padding forward.
 
 A blocked layout (``NCHW16c``) vectorizes a conv over its output channel block. A conv whose
-channel count the block does not divide takes the largest divisor (:func:`conv_layouts`):
-58 channels (ShuffleNet-V2's first stage) give ``NCHW2c``, two lanes of sixteen, and 116
-give ``NCHW4c``. oneDNN pads such channels to whole blocks instead (its ``nChw16c`` rounds 58
-up to 64); :func:`pad_channels` does the same in the graph before ``ConvertLayout``:
+channel count the block does not divide takes the largest power of two that divides it
+(:func:`~tuner.graph.layout.plan.channel_block`): 58 channels (ShuffleNet-V2's first stage)
+give ``NCHW2c``, two lanes of sixteen, 116 give ``NCHW4c`` and 120 (MNASNet's, MobileNet-V3's)
+``NCHW8c``. oneDNN pads such channels to whole blocks instead (its ``nChw16c`` rounds 58 up to
+64); :func:`pad_channels` does the same in the graph before ``ConvertLayout``:
 
 - a conv planned blocked whose output channels are poorly divided (:func:`padded_channels`)
   gets zero output filters up to the next multiple of the block;
 - the padding is carried forward through what treats channels one by one (bias adds and
-  other binary operators with a per-channel constant, whose constant gets neutral values;
+  other binary operators with a per-channel constant, whose constant gets neutral values, or
+  with a scalar one, such as hard-swish's ``+ 3``, ``max``, ``min`` and ``/ 6``;
   ReLU and the other activations; pooling; depthwise convs, whose padded filters are zero;
   operators of two tensors padded alike), and absorbed by a conv that reads it (zero input
   filters for the padded channels);
@@ -51,13 +53,10 @@ _POOLS = frozenset({"relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.nn.adap
 
 def padded_channels(channels: int, block: int) -> int | None:
     """The channel count a conv's ``channels`` outputs are padded to for ``block``-channel
-    blocks, or None where they stay: already whole blocks, fewer than a block, a divisor of at
-    least half a block (``NCHW8c`` serves 24 channels on 16-lane vectors), or more than
-    :data:`MAX_OVERHEAD` extra work."""
+    blocks, or None where they stay: already whole blocks, at most one block, or more than
+    :data:`MAX_OVERHEAD` extra work (24 and 40 channels stay in ``NCHW8c`` on 16-lane vectors:
+    a third and a fifth more work would cost more than the half-used registers)."""
     if block <= 1 or channels <= block or channels % block == 0:
-        return None
-    divisor = max(d for d in range(1, block + 1) if channels % d == 0)
-    if 2 * divisor >= block:
         return None
     padded = -(-channels // block) * block
     return padded if padded - channels <= MAX_OVERHEAD * channels else None
@@ -185,6 +184,10 @@ class _PadChannels(relax.PyExprMutator):
                 continue  # a padded divisor could be 0
             value = _const(other)
             padded, channels = self.padded[var]
+            if value is not None and value.size == 1 and value.ndim <= 4:
+                # A scalar applies to every channel alike (hard-swish's + 3, max, min and / 6).
+                const = self._arg(other)
+                return relax.Call(call.op, [padded, const] if first else [const, padded], call.attrs), channels
             if value is None or value.ndim != 4 or value.shape[0] != 1 or value.shape[2:] != (1, 1) \
                     or value.shape[1] not in (1, channels):  # fmt: skip
                 return None

@@ -126,7 +126,8 @@ def concat_apart(mod: tvm.IRModule, block: int | None = None) -> tvm.IRModule:
 def _whole_blocks(parts: relax.Tuple, axis: int, block: int) -> bool:
     """Whether a concat of ``parts`` along ``axis`` joins 4-D tensors along their channels in
     whole ``block``-channel chunks: then every part is written in ``NCHW{block}c`` (a conv
-    takes the largest divisor of its channels up to the block) or converts to it."""
+    whose channels the block divides takes the block,
+    :func:`~tuner.graph.layout.plan.channel_block`) or converts to it."""
     shapes = [_static_shape(p) for p in parts.fields]
     if any(s is None or len(s) != 4 for s in shapes) or axis not in (1, -3):
         return False
