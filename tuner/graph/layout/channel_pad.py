@@ -3,7 +3,7 @@
 A blocked layout (``NCHW16c``) vectorizes a conv over its output channel block. A conv whose
 channel count the block does not divide takes the largest power of two that divides it
 (:func:`~tuner.graph.layout.plan.channel_block`): 58 channels (ShuffleNet-V2's first stage)
-give ``NCHW2c``, two lanes of sixteen, 116 give ``NCHW4c`` and 120 (MNASNet's, MobileNet-V3's)
+give ``NCHW2c``, two lanes of sixteen, 116 give ``NCHW4c`` and 120 give
 ``NCHW8c``. oneDNN pads such channels to whole blocks instead (its ``nChw16c`` rounds 58 up to
 64); :func:`pad_channels` does the same in the graph before ``ConvertLayout``:
 

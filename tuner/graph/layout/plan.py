@@ -183,11 +183,10 @@ def channel_block(channels: int, block: int) -> int:
     divides them, up to the block.
 
     A block of any other size leaves a vector register partly used and its loads unaligned:
-    on an Intel Xeon (AVX-512, 16 lanes), MNASNet's depthwise 5x5 over 120 channels in
-    ``NCHW15c`` took 2.75x ONNX Runtime's time and its 1x1 convs in ``NCHW10c`` and
-    ``NCHW12c`` 1.5-1.8x; in ``NCHW8c`` the depthwise conv took about a third of that.
-    Channel counts with a small power of two are padded to whole blocks instead
-    (:mod:`tuner.graph.layout.channel_pad`)."""
+    on an Intel Xeon (AVX-512, 16 lanes), a depthwise 5x5 over 120 channels in ``NCHW15c``
+    took 2.8x the faster peer's time (0.187 vs 0.067 ms) and 1x1 convs over 120 or 72 channels
+    1.4-2.2x (benchmarks/results/op_profile_mnasnet1_0_rocketlake.json). Where padding to whole
+    blocks costs little, the channels are padded instead (:mod:`tuner.graph.layout.channel_pad`)."""
     if channels <= block:
         return channels
     if channels % block == 0:
