@@ -237,14 +237,22 @@ def cuda_rows(doc: dict[str, Any], common: dict[str, str]) -> list[Row]:
                 tvm_ms=float(tvm_s) * 1e3, peer=peer, peer_ms=timed[peer] * 1e3)]  # fmt: skip
 
 
+def budget_key(row: Row) -> str:
+    """The budget that keeps a row of its own: the model suite's two budgets (512 trials and 20 minutes)
+    answer two questions, so neither replaces the other; elsewhere the latest budget stands."""
+    return row.trials if row.benchmark == "model_suite" else ""
+
+
 def latest(rows: list[Row], by_benchmark: bool) -> list[Row]:
-    """The latest row per (benchmark,) model, precision and device kind, in the order the tables list them."""
+    """The latest row per (benchmark,) model, precision, device kind and suite budget, in the order the
+    tables list them."""
     best: dict[tuple[Any, ...], Row] = {}
     for row in rows:
-        key = ((row.benchmark,) if by_benchmark else ()) + (row.model, row.precision, row.device_key)
+        key = ((row.benchmark,) if by_benchmark else ()) + (row.model, row.precision, row.device_key, budget_key(row))
         if key not in best or (row.order, row.file) > (best[key].order, best[key].file):
             best[key] = row
-    return sorted(best.values(), key=lambda r: (r.benchmark if by_benchmark else "", r.model, r.precision, r.device))
+    return sorted(best.values(),
+                  key=lambda r: (r.benchmark if by_benchmark else "", r.model, r.precision, r.device, budget_key(r)))
 
 
 def model_name(model: str) -> str:

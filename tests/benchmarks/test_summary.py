@@ -77,3 +77,15 @@ def test_the_suite_table_has_every_model_and_the_geomean_of_the_right_ones(summa
         (results / "model_suite_512trials_znver5.json").read_text().replace('"tvm_ms": 2.0', '"tvm_ms": 2.2')
     )
     assert module.main(["--results", str(results), "--check"]) == 1
+
+
+def test_the_two_suite_budgets_keep_a_row_each_and_a_newer_run_replaces_its_own(summary) -> None:
+    module, results, _ = summary
+    doc = {"benchmark": "model_suite", "date": "2026-12-03T10:00:00+00:00", "budget": ["--time-budget", "20m"],
+           "models": [_run("a", 1.5, {"onnxruntime": 4.0, "openvino-f32": 2.5})]}  # fmt: skip
+    (results / "model_suite_20m_znver5.json").write_text(json.dumps(doc))
+    newer = {**doc, "date": "2026-12-04T10:00:00+00:00", "budget": ["--trials", "512"],
+             "models": [_run("a", 2.4, {"onnxruntime": 4.0, "openvino-f32": 2.5})]}  # fmt: skip
+    (results / "model_suite_512trials_znver5_rerun.json").write_text(json.dumps(newer))
+    rows = [r for r in module.latest(module.load(results), by_benchmark=False) if r.model == "a"]
+    assert {r.trials: r.tvm_ms for r in rows} == {"20 min": 1.5, "512": 2.4}

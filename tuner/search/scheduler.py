@@ -97,6 +97,8 @@ class TaskScheduler:
         tiny_first_batch: first-batch size of such tasks.
         probe_first_batch: first-batch size of an alternative that is not the preferred one
             (``choice_rank > 0``): enough to see whether its layout competes.
+        layout_probes: probes of each trailing layout that the first round makes, heaviest
+            conv first; the layout's other alternatives earn theirs by the gradient rule.
         catch_up_share: a trailing alternative with fewer trials than this share of its
             leader's is judged by what its layout reaches on similar tasks (``beta`` 1), not
             by half of it: its few trials say little of what its layout can do.
@@ -113,12 +115,15 @@ class TaskScheduler:
     of the model's measured ``layout_transform`` tasks. The leading alternative's gradient is
     as above; a trailing one's counts only the part of its expected gain over its next batch
     that exceeds its margin behind the leader, so a clearly losing layout gets no trials
-    while a close or barely explored one keeps them. "Barely explored" is judged against the
-    task's own layout: until it has ``catch_up_share`` of its leader's trials, a trailing
-    alternative is expected to reach the best GFLOPS of the similar tasks in its layout. A
-    ResNet-50 job at 2,048 trials on an AVX2 Zen 3 gave a 3x3 64->64 conv 157 trials in NCHW
-    and 16 in NCHW8c, whose 81 GFLOPS (other NCHW8c convs reached 160) then promised nothing
-    at half of 160; the model ran the conv at 112 GFLOPS, where 40-minute jobs reached 144.
+    while a close or barely explored one keeps them. A trailing layout's first
+    ``layout_probes`` alternatives are probed in the first round; each other one only where
+    what its layout reaches elsewhere could beat its leader (:meth:`_probe_gradient`).
+    "Barely explored" is judged against the task's own layout: until it has
+    ``catch_up_share`` of its leader's trials, a trailing alternative is expected to reach
+    the best GFLOPS of the similar tasks in its layout. A ResNet-50 job at 2,048 trials on an
+    AVX2 Zen 3 gave a 3x3 64->64 conv 157 trials in NCHW and 16 in NCHW8c, whose 81 GFLOPS
+    (other NCHW8c convs reached 160) then promised nothing at half of 160; the model ran the
+    conv at 112 GFLOPS, where 40-minute jobs reached 144.
 
     Attributes:
         trials: trials accounted to each task (all ``update`` calls, failed ones included).
@@ -139,6 +144,7 @@ class TaskScheduler:
         tiny_share: float = 0.005,
         tiny_first_batch: int = 4,
         probe_first_batch: int = 8,
+        layout_probes: int = 2,
         catch_up_share: float = 0.5,
         seed: int = 0,
         mode: str = "gradient",
@@ -146,9 +152,10 @@ class TaskScheduler:
         if not 0.0 <= alpha <= 1.0 or not 0.0 <= epsilon <= 1.0 or not 0.0 <= catch_up_share <= 1.0:
             raise ValueError(f"alpha, epsilon and catch_up_share must lie in [0, 1], got {alpha}, {epsilon} "
                              f"and {catch_up_share}")  # fmt: skip
-        if beta < 1.0 or min(backward_window, patience, max_failed_trials, tiny_first_batch, probe_first_batch) < 1:
+        if beta < 1.0 or min(backward_window, patience, max_failed_trials, tiny_first_batch, probe_first_batch,
+                             layout_probes) < 1:
             raise ValueError("beta must be >= 1; backward_window, patience, max_failed_trials, "
-                             "tiny_first_batch and probe_first_batch must be >= 1")  # fmt: skip
+                             "tiny_first_batch, probe_first_batch and layout_probes must be >= 1")  # fmt: skip
         if mode not in SCHEDULERS:
             raise ValueError(f"mode must be one of {', '.join(SCHEDULERS)}, got {mode!r}")
         self.mode = mode
@@ -160,6 +167,7 @@ class TaskScheduler:
         self.max_failed_trials = max_failed_trials
         self.tiny_first_batch = tiny_first_batch
         self.probe_first_batch = probe_first_batch
+        self.layout_probes = layout_probes
         self.catch_up_share = catch_up_share
         self.trials = [0] * len(self.tasks)
         self.best_sec: list[float | None] = [None] * len(self.tasks)
@@ -193,7 +201,9 @@ class TaskScheduler:
         """Index of the task to give the next batch to.
 
         Tasks never updated come first, in the order given (the job passes them heaviest
-        first), probes of alternatives after the rest; then the steepest gradient, or with
+        first), then the first ``layout_probes`` probes of each trailing layout; the other
+        probes earn theirs by their gradient (:meth:`_probe_gradient`). Then the steepest
+        gradient, or with
         probability ``epsilon`` a random task (``round-robin`` mode: the task with the fewest
         trials, ties by index).
 
@@ -208,9 +218,11 @@ class TaskScheduler:
         if not live:
             raise NoTaskAvailable(f"all {len(self.tasks)} tasks are done or excluded")
         # Probes of alternatives come last: on a small budget the preferred layout gets measured.
-        fresh = [i for i in live if not self._history[i]]
+        probed = self._probed_layouts(exclude)
+        fresh = [i for i in live if not self._history[i]
+                 and (not self._is_probe(i) or probed.get(self.tasks[i].layout, 0) < self.layout_probes)]  # fmt: skip
         if fresh:
-            return min(fresh, key=lambda i: (self._alternatives[i] is not None and self.tasks[i].choice_rank > 0, i))
+            return min(fresh, key=lambda i: (self._is_probe(i), i))
         if self.mode == "round-robin":
             return min(live, key=lambda i: (self.trials[i], i))
         if self._rng.random() < self.epsilon:
@@ -236,8 +248,10 @@ class TaskScheduler:
         size = self._first_batch_size(index, batch)
         if trials_left is None or self._history[index]:
             return size
+        # Probes are not owed a batch (next_task), so the first round does not shrink for them.
         demand = sum(self._first_batch_size(j, batch) for j in range(len(self.tasks))
-                     if j == index or not (self._history[j] or j in self._done or j in in_flight))  # fmt: skip
+                     if j == index or not (self._history[j] or j in self._done or j in in_flight
+                                           or self._is_probe(j)))  # fmt: skip
         if trials_left >= demand:
             return size
         return min(size, max(2, size * trials_left // demand))
@@ -247,9 +261,21 @@ class TaskScheduler:
             return batch
         if self._tiny[index]:
             return min(batch, self.tiny_first_batch)
-        if self._alternatives[index] is not None and self.tasks[index].choice_rank > 0:
+        if self._is_probe(index):
             return min(batch, self.probe_first_batch)
         return batch
+
+    def _is_probe(self, index: int) -> bool:
+        """Whether task ``index`` is an alternative in a layout the model does not prefer a priori."""
+        return self._alternatives[index] is not None and self.tasks[index].choice_rank > 0
+
+    def _probed_layouts(self, in_flight: Collection[int]) -> dict[str, int]:
+        """Per trailing layout, how many of its alternatives are measured or in flight."""
+        counts: dict[str, int] = {}
+        for j in range(len(self.tasks)):
+            if self._is_probe(j) and (self._history[j] or j in in_flight):
+                counts[self.tasks[j].layout] = counts.get(self.tasks[j].layout, 0) + 1
+        return counts
 
     def update(self, index: int, trials: int, best_sec: float | None, *, failed: int | None = None) -> None:
         """Account a measured batch of task ``index``.
@@ -366,6 +392,8 @@ class TaskScheduler:
         A trailing alternative's gradient counts only the expected gain of its next batch
         beyond its margin behind the leading one (see the class docstring).
         """
+        if self._is_probe(index) and not self._history[index]:
+            return self._probe_gradient(index)
         rate = self._own_gradient(index)
         members = self._alternatives[index]
         mine = self.contribution(index)
@@ -384,6 +412,24 @@ class TaskScheduler:
         rate = self._own_gradient(index, optimistic=False, beta=1.0 if catching_up else self.beta)
         horizon = max(self._last_batch[index], 1)
         return -max(0.0, -rate * horizon - margin) / horizon
+
+    def _probe_gradient(self, index: int) -> float:
+        """The gradient of an alternative not yet probed: what its probe could save, were its
+        layout to reach the best GFLOPS of its layout's measured tasks of the same op kind, over
+        the probe's trials; 0 where that does not beat the leading alternative, or nothing is
+        known. The first round probes ``layout_probes`` alternatives of each layout. Probing every
+        conv in every layout cost a 512-trial ResNeXt-50 job on a Zen 3 (2026-12-07) 172 of its
+        trials, and in 23 of its 24 convs NCHW then ran 1.4-5.3x the blocked time (at most 47
+        GFLOPS, the blocked convs 40-119); the 24th, 0.97x, was a blocked conv still at 42
+        GFLOPS after its first batch."""
+        members = self._alternatives[index] or []
+        rivals = [c for j in members if j != index and (c := self.contribution(j)) is not None]
+        similar, flops = self._similar_gflops(index), self.tasks[index].flops
+        if not rivals or similar is None or flops <= 0:
+            return 0.0
+        reachable = self.tasks[index].weight * (flops / (similar * 1e9) + self._transform_sec(index))
+        gain = min(rivals) - reachable
+        return -gain / self._first_batch_size(index, self.probe_first_batch) if gain > 0 else 0.0
 
     def _own_gradient(self, index: int, *, optimistic: bool = True, beta: float | None = None) -> float:
         """Ansor's gradient of task ``index``, as if it had no alternatives (without

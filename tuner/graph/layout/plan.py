@@ -395,9 +395,11 @@ def auto_layouts(target: tvm.target.Target, precision: str = "fp32") -> tuple[st
     and 1.8x: which wins depends on how the weights compare with the work (a 7x7 map's
     many channels against a 56x56 map's few), so both are measured.
 
-    NHWC is not a candidate by default: each candidate layout costs every conv a probe batch,
-    and NHWC's spaces were not measured competitive here (pass it explicitly to
-    :func:`tuner.graph.tasks.extract_layout_tasks` and :func:`choose_from_database` to weigh it).
+    NHWC is not a candidate by default: each candidate layout costs probe batches (its two
+    heaviest convs, and each other conv its measured speed could win:
+    :class:`tuner.search.scheduler.TaskScheduler`), and NHWC's spaces were not measured
+    competitive here (pass it explicitly to :func:`tuner.graph.tasks.extract_layout_tasks` and
+    :func:`choose_from_database` to weigh it).
 
     ``precision``: int8 keeps the blocked layout alone, its convs on the dot product. bf16
     weighs the blocked layout against Winograd F(2, 3) with its GEMMs on ``vdpbf16ps``
