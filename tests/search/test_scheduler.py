@@ -412,3 +412,23 @@ def test_a_probe_promises_nothing_before_its_layout_is_measured(mod):
     assert sched.gradient(5) == 0.0  # NCHW reached 25 GFLOPS; the blocked conv runs at 100
     with pytest.raises(ValueError, match="layout_probes"):
         TaskScheduler(tasks, layout_probes=0)
+
+
+def test_a_trailing_plans_own_tasks_wait_until_a_conv_leads_in_it(mod):
+    """The NCHW plan's pool (no conv's alternative, in that plan only) gets no first batch while
+    every conv runs blocked, and no share of a small cap; once the NCHW variant leads a conv,
+    the pool is measured next."""
+    tasks = layout_variants(mod, 3)
+    tasks += [Task("max_pool2d", mod, 1, 8e5, "pool", plans=(0,)),
+              Task("max_pool2d[NCHW]", mod, 1, 8e5, "pool-nchw", choice_rank=1, plans=(1,))]  # fmt: skip
+    sched = TaskScheduler(tasks, epsilon=0.0, patience=10**6, tiny_first_batch=4)
+    assert [sched.first_batch_size(i, 16, 3 * 16 + 4) for i in (0, 2, 4, 6)] == [16, 16, 16, 4]
+    for i in (0, 2, 4, 6):
+        assert sched.next_task() == i
+        sched.update(i, sched.first_batch_size(i, 16), 0.01)
+    assert sched.next_task() == 1  # the layout probes, then no first batch for the NCHW pool
+    sched.update(1, 8, 0.04)
+    sched.update(3, 8, 0.04)
+    assert sched.next_task() != 7 and sched.trials[7] == 0
+    sched.update(5, 8, 0.005)  # conv 2 now runs faster in NCHW
+    assert sched.next_task() == 7
