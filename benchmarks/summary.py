@@ -9,7 +9,9 @@ per benchmark, model, precision and device kind) and ``docs/performance.md`` (th
 those per model, precision and device kind, with the command that produced it). The model
 suite's files also get a table of their own between ``<!-- suite:start -->`` and
 ``<!-- suite:end -->`` in ``benchmarks/README.md``: every model of each file, against each peer,
-with its output check and tuning time, and the file's geometric mean.
+with its output check and tuning time, and the file's geometric mean. ``time_to_quality``'s
+files get theirs between ``<!-- ttq:start -->`` and ``<!-- ttq:end -->``: per model and arm, the
+ratio to the faster peer and the tuning minutes at each budget.
 
 The ratio is TVM's median over the faster peer's at the same precision (for int8 every peer
 ran the same QDQ file, whatever precision its row names): below 1.00x TVM is faster. A
@@ -36,6 +38,7 @@ README = ROOT / "benchmarks" / "README.md"
 PERFORMANCE = ROOT / "docs" / "performance.md"
 START, END = "<!-- summary:start -->", "<!-- summary:end -->"
 SUITE_START, SUITE_END = "<!-- suite:start -->", "<!-- suite:end -->"
+TTQ_START, TTQ_END = "<!-- ttq:start -->", "<!-- ttq:end -->"
 BENCHMARKS = ("e2e_vs_peers", "precision_vs_peers", "cuda_e2e", "model_suite")
 
 MODELS = {"resnet50": "ResNet-50", "bert-base": "BERT-base", "mobilenet_v2": "MobileNet-V2"}
@@ -377,6 +380,50 @@ def suite_tables(results: Path) -> str:
     return "\n\n".join(tables) if tables else "No model suite result yet."
 
 
+def ttq_table(path: Path, doc: dict[str, Any]) -> str:
+    """One ``time_to_quality`` file as a table: per model and arm, the mean ratio to the faster
+    peer over seeds (their range where there are several) and the tuning minutes at each budget."""
+    summary: dict[str, Any] = doc.get("summary") or {}
+    budgets = sorted({row["budget"] for m in summary.values() for rows in (m.get("arms") or {}).values()
+                      for row in rows})  # fmt: skip
+    arch = str((doc.get("machine") or {}).get("arch") or "?")
+    title = (f"**`{path.name}`**: `{arch}`, {str(doc.get('date') or '')[:10]}; "
+             f"`{doc.get('command') or '(command not recorded)'}`")  # fmt: skip
+    lines = [title, "", cells(("model", "arm", *(f"{b} trials" for b in budgets))),
+             "|---|---|" + "---:|" * len(budgets)]  # fmt: skip
+    for model, entry in summary.items():
+        for arm, rows in (entry.get("arms") or {}).items():
+            at = {row["budget"]: row for row in rows}
+
+            def cell(budget: int, at: dict[int, Any] = at) -> str:
+                row = at.get(budget)
+                if row is None:
+                    return "-"
+                spread = f" ({row['ratio_min']:.2f}-{row['ratio_max']:.2f})" if row.get("seeds", 1) > 1 else ""
+                return f"{row['ratio_mean']:.2f}x{spread}, {row['tuning_min_mean']:.1f} min"
+
+            lines.append(cells((model, arm, *(cell(b) for b in budgets))))
+    seeds = max((row.get("seeds", 1) for m in summary.values() for rows in (m.get("arms") or {}).values()
+                 for row in rows), default=0)  # fmt: skip
+    lines += ["", f"Latency over the faster of {', '.join(PEERS.get(p, p) for p in doc.get('peers') or ())} "
+              f"timed in the same rounds (lower is better), mean of {seeds} seed(s); minutes of tuning."]  # fmt: skip
+    return "\n".join(lines)
+
+
+def ttq_tables(results: Path) -> str:
+    """Every ``time_to_quality`` file's table, newest first."""
+    docs = []
+    for path in sorted(results.glob("time_to_quality_*.json")):
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and doc.get("summary"):
+            docs.append((path, doc))
+    docs.sort(key=lambda d: (str(d[1].get("date") or ""), d[0].name), reverse=True)
+    return "\n\n".join(ttq_table(path, doc) for path, doc in docs) or "No time-to-quality result yet."
+
+
 def replace_block(text: str, table: str, start_mark: str = START, end_mark: str = END) -> str | None:
     """``text`` with the block between the markers replaced by ``table``; None without the markers."""
     start, end = text.find(start_mark), text.find(end_mark)
@@ -395,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = load(args.results)
     stale = missing = False
     blocks = ((README, readme_table(rows), START, END), (README, suite_tables(args.results), SUITE_START, SUITE_END),
+              (README, ttq_tables(args.results), TTQ_START, TTQ_END),
               (PERFORMANCE, performance_table(rows), START, END))  # fmt: skip
     for path, table, start_mark, end_mark in blocks:
         text = path.read_text() if path.exists() else ""

@@ -322,14 +322,23 @@ def main() -> None:
     device = parse_device("cpu")
     out = args.out or RESULTS / f"time_to_quality_{device.arch}.json"
     points: list[dict[str, Any]] = []
+    # A resumed file keeps the models, arms and budgets of its earlier runs beside this run's.
+    models: dict[str, str] = {}
+    arms: dict[str, list[str]] = {}
+    seen: list[int] = []
     if args.resume and out.is_file():
-        points = json.loads(out.read_text()).get("points", [])
+        earlier = json.loads(out.read_text())
+        points, models, arms = earlier.get("points", []), earlier.get("models", {}), earlier.get("arms", {})
+        seen = earlier.get("budgets", [])
+    models |= {m: SUITE.get(m, m) for m in args.models}
+    arms |= {a: ARMS[a] for a in args.arms}
+    every_budget = sorted({*seen, *budgets})
     load_before = os.getloadavg()
 
     def save() -> None:
         write_result(out, "time_to_quality", {
-            "models": {m: SUITE.get(m, m) for m in args.models}, "arms": {a: ARMS[a] for a in args.arms},
-            "seeds": args.seeds, "budgets": budgets, "peers": list(PEERS), "rounds": args.rounds,
+            "models": models, "arms": arms,
+            "seeds": args.seeds, "budgets": every_budget, "peers": list(PEERS), "rounds": args.rounds,
             "measurer": args.measurer, "warm_db": [str(path) for path in args.warm_db],
             "machine": machine(device, load_before),
             "summary": summarize(points), "points": points,

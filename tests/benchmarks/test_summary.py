@@ -39,7 +39,8 @@ def summary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
            "summary": {"tune_failures": 1, "wrong_outputs": 1}}  # fmt: skip
     (results / "model_suite_512trials_znver5.json").write_text(json.dumps(doc))
     readme = tmp_path / "README.md"
-    readme.write_text(f"x\n{module.START}\n{module.END}\ny\n{module.SUITE_START}\n{module.SUITE_END}\n")
+    readme.write_text(f"x\n{module.START}\n{module.END}\ny\n{module.SUITE_START}\n{module.SUITE_END}\n"
+                      f"{module.TTQ_START}\n{module.TTQ_END}\n")
     perf = tmp_path / "performance.md"
     perf.write_text(f"{module.START}\n{module.END}\n")
     monkeypatch.setattr(module, "README", readme)
@@ -89,3 +90,23 @@ def test_the_two_suite_budgets_keep_a_row_each_and_a_newer_run_replaces_its_own(
     (results / "model_suite_512trials_znver5_rerun.json").write_text(json.dumps(newer))
     rows = [r for r in module.latest(module.load(results), by_benchmark=False) if r.model == "a"]
     assert {r.trials: r.tvm_ms for r in rows} == {"20 min": 1.5, "512": 2.4}
+
+
+def test_the_time_to_quality_table_has_a_row_per_model_and_arm(summary) -> None:
+    module, results, readme = summary
+    rows = [{"budget": 64, "seeds": 2, "ratio_mean": 1.5, "ratio_min": 1.4, "ratio_max": 1.6, "trials_mean": 64,
+             "tuning_min_mean": 1.0, "tvm_ms_mean": 3.0}]  # fmt: skip
+    doc = {"benchmark": "time_to_quality", "date": "2026-12-07T10:00:00+00:00", "command": "time_to_quality.py",
+           "peers": ["onnxruntime", "openvino-f32"], "machine": {"arch": "znver3"},
+           "summary": {"m": {"peer_ms_median": 2.0, "arms": {
+               "random": rows, "evo-online": [rows[0] | {"budget": 128, "seeds": 1, "ratio_mean": 1.1}]}}}}  # fmt: skip
+    (results / "time_to_quality_znver3.json").write_text(json.dumps(doc))
+    assert module.main(["--results", str(results)]) == 0
+    text = readme.read_text()
+    block = text[text.index(module.TTQ_START) : text.index(module.TTQ_END)]
+    lines = [ln for ln in block.splitlines() if ln.startswith("| ")]
+    assert lines[0] == "| model | arm | 64 trials | 128 trials |"
+    assert lines[1] == "| m | random | 1.50x (1.40-1.60), 1.0 min | - |"
+    assert lines[2] == "| m | evo-online | - | 1.10x, 1.0 min |"
+    assert "ONNX Runtime, OpenVINO f32" in block
+    assert module.main(["--results", str(results), "--check"]) == 0
