@@ -386,7 +386,10 @@ def ttq_table(path: Path, doc: dict[str, Any]) -> str:
     summary: dict[str, Any] = doc.get("summary") or {}
     budgets = sorted({row["budget"] for m in summary.values() for rows in (m.get("arms") or {}).values()
                       for row in rows})  # fmt: skip
-    arch = str((doc.get("machine") or {}).get("arch") or "?")
+    try:  # the machine's TVM target, a JSON object (result_file.machine)
+        arch = str(json.loads((doc.get("machine") or {}).get("target") or "{}").get("mcpu") or "?")
+    except ValueError:
+        arch = "?"
     title = (f"**`{path.name}`**: `{arch}`, {str(doc.get('date') or '')[:10]}; "
              f"`{doc.get('command') or '(command not recorded)'}`")  # fmt: skip
     lines = [title, "", cells(("model", "arm", *(f"{b} trials" for b in budgets))),

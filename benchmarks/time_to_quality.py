@@ -260,7 +260,9 @@ def plot(summary: dict[str, Any], path: Path) -> None:
             y = [r["ratio_mean"] for r in rows]
             for ax, x in zip(row, ([r["trials_mean"] for r in rows], [r["tuning_min_mean"] for r in rows]),
                              strict=True):  # fmt: skip
-                (line,) = ax.plot(x, y, marker="o", label=arm)
+                # One colour per arm in every panel, whichever arms a model has.
+                color = f"C{list(ARMS).index(arm) % 10}" if arm in ARMS else None
+                (line,) = ax.plot(x, y, marker="o", label=arm, color=color)
                 ax.fill_between(x, [r["ratio_min"] for r in rows], [r["ratio_max"] for r in rows],
                                 color=line.get_color(), alpha=0.15)  # fmt: skip
         peer = f"faster peer ({m['peer_ms_median']:.3g} ms)" if m["peer_ms_median"] else "faster peer"

@@ -97,7 +97,8 @@ def test_the_time_to_quality_table_has_a_row_per_model_and_arm(summary) -> None:
     rows = [{"budget": 64, "seeds": 2, "ratio_mean": 1.5, "ratio_min": 1.4, "ratio_max": 1.6, "trials_mean": 64,
              "tuning_min_mean": 1.0, "tvm_ms_mean": 3.0}]  # fmt: skip
     doc = {"benchmark": "time_to_quality", "date": "2026-12-07T10:00:00+00:00", "command": "time_to_quality.py",
-           "peers": ["onnxruntime", "openvino-f32"], "machine": {"arch": "znver3"},
+           "peers": ["onnxruntime", "openvino-f32"],
+           "machine": {"target": json.dumps({"kind": "llvm", "mcpu": "znver3"})},
            "summary": {"m": {"peer_ms_median": 2.0, "arms": {
                "random": rows, "evo-online": [rows[0] | {"budget": 128, "seeds": 1, "ratio_mean": 1.1}]}}}}  # fmt: skip
     (results / "time_to_quality_znver3.json").write_text(json.dumps(doc))
@@ -105,7 +106,7 @@ def test_the_time_to_quality_table_has_a_row_per_model_and_arm(summary) -> None:
     text = readme.read_text()
     block = text[text.index(module.TTQ_START) : text.index(module.TTQ_END)]
     lines = [ln for ln in block.splitlines() if ln.startswith("| ")]
-    assert lines[0] == "| model | arm | 64 trials | 128 trials |"
+    assert lines[0] == "| model | arm | 64 trials | 128 trials |" and "`znver3`" in block
     assert lines[1] == "| m | random | 1.50x (1.40-1.60), 1.0 min | - |"
     assert lines[2] == "| m | evo-online | - | 1.10x, 1.0 min |"
     assert "ONNX Runtime, OpenVINO f32" in block
