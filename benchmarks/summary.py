@@ -305,17 +305,23 @@ def performance_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def suite_files(results: Path) -> list[tuple[Path, dict[str, Any]]]:
-    """The model suite's result files under ``results``, the largest budget and newest first."""
+def result_docs(results: Path, pattern: str, key: str, kind: type) -> list[tuple[Path, dict[str, Any]]]:
+    """The result files under ``results`` matching ``pattern`` whose ``key`` holds a ``kind``,
+    newest first (by the ``date`` inside, then the name)."""
     docs = []
-    for path in sorted(results.glob("model_suite_*.json")):
+    for path in sorted(results.glob(pattern)):
         try:
             doc = json.loads(path.read_text())
         except (OSError, ValueError):
             continue  # load() already said so
-        if isinstance(doc, dict) and isinstance(doc.get("models"), list):
+        if isinstance(doc, dict) and isinstance(doc.get(key), kind):
             docs.append((path, doc))
     return sorted(docs, key=lambda d: (str(d[1].get("date") or ""), d[0].name), reverse=True)
+
+
+def suite_files(results: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """The model suite's result files under ``results``, newest first."""
+    return result_docs(results, "model_suite_*.json", "models", list)
 
 
 def geomean(values: list[float]) -> float | None:
@@ -384,8 +390,8 @@ def ttq_table(path: Path, doc: dict[str, Any]) -> str:
     """One ``time_to_quality`` file as a table: per model and arm, the mean ratio to the faster
     peer over seeds (their range where there are several) and the tuning minutes at each budget."""
     summary: dict[str, Any] = doc.get("summary") or {}
-    budgets = sorted({row["budget"] for m in summary.values() for rows in (m.get("arms") or {}).values()
-                      for row in rows})  # fmt: skip
+    every = [row for m in summary.values() for rows in (m.get("arms") or {}).values() for row in rows]
+    budgets = sorted({row["budget"] for row in every})
     try:  # the machine's TVM target, a JSON object (result_file.machine)
         arch = str(json.loads((doc.get("machine") or {}).get("target") or "{}").get("mcpu") or "?")
     except ValueError:
@@ -406,8 +412,7 @@ def ttq_table(path: Path, doc: dict[str, Any]) -> str:
                 return f"{row['ratio_mean']:.2f}x{spread}, {row['tuning_min_mean']:.1f} min"
 
             lines.append(cells((model, arm, *(cell(b) for b in budgets))))
-    seeds = max((row.get("seeds", 1) for m in summary.values() for rows in (m.get("arms") or {}).values()
-                 for row in rows), default=0)  # fmt: skip
+    seeds = max((row.get("seeds", 1) for row in every), default=0)
     lines += ["", f"Latency over the faster of {', '.join(PEERS.get(p, p) for p in doc.get('peers') or ())} "
               f"timed in the same rounds (lower is better), mean of {seeds} seed(s); minutes of tuning."]  # fmt: skip
     return "\n".join(lines)
@@ -415,15 +420,8 @@ def ttq_table(path: Path, doc: dict[str, Any]) -> str:
 
 def ttq_tables(results: Path) -> str:
     """Every ``time_to_quality`` file's table, newest first."""
-    docs = []
-    for path in sorted(results.glob("time_to_quality_*.json")):
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(doc, dict) and doc.get("summary"):
-            docs.append((path, doc))
-    docs.sort(key=lambda d: (str(d[1].get("date") or ""), d[0].name), reverse=True)
+    docs = [(path, doc) for path, doc in result_docs(results, "time_to_quality_*.json", "summary", dict)
+            if doc["summary"]]  # fmt: skip
     return "\n\n".join(ttq_table(path, doc) for path, doc in docs) or "No time-to-quality result yet."
 
 
