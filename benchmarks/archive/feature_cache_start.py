@@ -70,10 +70,11 @@ def main() -> None:
             warm_s, warm_model = _start(db, device, str(cold))
             probe = load_dataset(db, device, max_records=256).features
             same = bool(np.allclose(off_model.predict(probe), warm_model.predict(probe), rtol=1e-5, atol=1e-6))
+            size = sum(f.stat().st_size for f in cold.glob("features.sqlite*"))
             rows.append({"round": r, "off_s": off_s, "cold_cache_s": cold_s, "warm_cache_s": warm_s,
-                         "records": off_model.num_samples, "same_predictions": same})  # fmt: skip
+                         "records": off_model.num_samples, "cache_bytes": size, "same_predictions": same})  # fmt: skip
             print(f"round {r}: off {off_s:.1f} s, cold cache {cold_s:.1f} s, warm cache {warm_s:.1f} s "
-                  f"({off_model.num_samples} records; same predictions: {same})")  # fmt: skip
+                  f"({off_model.num_samples} records, {size / 1e6:.1f} MB cached; same: {same})")  # fmt: skip
         db.close()
     summary = {k: statistics.median(row[k] for row in rows) for k in ("off_s", "cold_cache_s", "warm_cache_s")}
     summary["off_over_warm"] = summary["off_s"] / summary["warm_cache_s"]
