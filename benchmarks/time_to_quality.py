@@ -99,6 +99,14 @@ def progress(db: Path) -> tuple[int, float]:
         database.close()
 
 
+def resumed(earlier: dict[str, Any]) -> tuple[list, dict[str, str], dict[str, list[str]], list[int], list[str]]:
+    """What a resumed file keeps of its earlier runs: points, models, arms, budgets, and their
+    commands, oldest first (the file's ``command`` is the newest run's)."""
+    commands = [*earlier.get("earlier_commands", []), *([earlier["command"]] if "command" in earlier else [])]
+    return (earlier.get("points", []), earlier.get("models", {}), earlier.get("arms", {}), earlier.get("budgets", []),
+            commands)  # fmt: skip
+
+
 def seed_warm(db: Path, warm: list[Path]) -> int:
     """Copy this CPU family's records in the ``warm`` databases into the new database ``db``
     (``evo-warm``'s start), without their jobs; how many records were new."""
@@ -323,15 +331,8 @@ def main() -> None:
 
     device = parse_device("cpu")
     out = args.out or RESULTS / f"time_to_quality_{device.arch}.json"
-    points: list[dict[str, Any]] = []
-    # A resumed file keeps the models, arms and budgets of its earlier runs beside this run's.
-    models: dict[str, str] = {}
-    arms: dict[str, list[str]] = {}
-    seen: list[int] = []
-    if args.resume and out.is_file():
-        earlier = json.loads(out.read_text())
-        points, models, arms = earlier.get("points", []), earlier.get("models", {}), earlier.get("arms", {})
-        seen = earlier.get("budgets", [])
+    earlier = json.loads(out.read_text()) if args.resume and out.is_file() else {}
+    points, models, arms, seen, earlier_commands = resumed(earlier)
     models |= {m: SUITE.get(m, m) for m in args.models}
     arms |= {a: ARMS[a] for a in args.arms}
     every_budget = sorted({*seen, *budgets})
@@ -339,7 +340,7 @@ def main() -> None:
 
     def save() -> None:
         write_result(out, "time_to_quality", {
-            "models": models, "arms": arms,
+            "earlier_commands": earlier_commands, "models": models, "arms": arms,
             "seeds": args.seeds, "budgets": every_budget, "peers": list(PEERS), "rounds": args.rounds,
             "measurer": args.measurer, "warm_db": [str(path) for path in args.warm_db],
             "machine": machine(device, load_before),

@@ -13,6 +13,7 @@ from sqlalchemy import select
 from tvm.s_tir import Schedule
 from tvm.s_tir.meta_schedule.database import TuningRecord, Workload
 
+from cost_models.feature_cache import FeatureCache, feature_key
 from cost_models.features import StoreFeatures, extract_features
 
 logger = logging.getLogger(__name__)
@@ -162,10 +163,12 @@ def _space_kind(point: str) -> str:
 
 
 def _build(db, records: list, own_fingerprint: str | None, target: tvm.target.Target | None) -> Dataset:
-    """Replay ``(workload key, fingerprint, record)`` rows into a dataset."""
+    """Replay ``(workload key, fingerprint, record)`` rows into a dataset; features of records
+    rebuilt before on this host come from the feature cache (:mod:`cost_models.feature_cache`)."""
     start = time.perf_counter()
     targets = _device_targets(db)
     models = _job_models(db)
+    cache = FeatureCache.default()
     by_workload: dict[str, list] = {}
     for key, fingerprint, row in records:
         if row.error_class is None and (row.error_msg or "").startswith(EARLY_STOP_PREFIX):
@@ -178,33 +181,23 @@ def _build(db, records: list, own_fingerprint: str | None, target: tvm.target.Ta
     kinds: list[str] = []
     fps: list[str] = []
     names: dict[str, str] = {}
-    skipped = 0
+    skipped = rebuilt = 0
     for key, rows in sorted(by_workload.items()):
         stored = db.get_workload(key)
-        try:
-            workload = Workload.from_json(json.loads(stored.workload_json))
-        except (RuntimeError, ValueError, TypeError) as err:
-            logger.info("workload %s does not load on this TVM (%s); its %d records skipped", key, err, len(rows))
-            skipped += len(rows)
-            continue
         by_device: dict[str, list] = {}
         for fingerprint, row in sorted(rows, key=lambda r: r[1].id):
-            try:
-                record = TuningRecord.from_json(json.loads(row.record_json), workload)
-                sch = Schedule(workload.mod)
-                record.trace.apply_to_schedule(sch, remove_postproc=False)
-            except (RuntimeError, ValueError, TypeError, KeyError, IndexError, AttributeError) as err:
-                logger.debug("record %d does not replay: %s", row.id, str(err).splitlines()[0] if str(err) else err)
-                skipped += 1
-                continue
-            by_device.setdefault(fingerprint, []).append((row, sch))
-        for fingerprint, replayed in by_device.items():
+            by_device.setdefault(fingerprint, []).append(row)
+        for fingerprint, dev_rows in by_device.items():
             dev_target = target or targets.get(fingerprint)
             if dev_target is None:
-                skipped += len(replayed)
+                skipped += len(dev_rows)
                 continue
-            parts.append(extract_features(workload.mod, dev_target, [sch for _, sch in replayed]))
-            for row, _ in replayed:
+            feats, n_rebuilt = _features(stored, dev_target, dev_rows, cache)
+            rebuilt += n_rebuilt
+            kept = [(row, f) for row, f in zip(dev_rows, feats, strict=True) if f is not None]
+            skipped += len(dev_rows) - len(kept)
+            parts.append(StoreFeatures.from_list([f for _, f in kept]))
+            for row, _ in kept:
                 ys.append(_label(row, stored.flops))
                 group = key if fingerprint == own_fingerprint else f"{key}@{fingerprint}"
                 if row.timing != "warm":  # cold times rank among themselves, not with warm ones
@@ -214,10 +207,45 @@ def _build(db, records: list, own_fingerprint: str | None, target: tvm.target.Ta
                 srcs.append(models.get(row.job_id, "") if row.job_id is not None else "")
                 kinds.append(_space_kind(row.point))
                 fps.append(fingerprint)
-    logger.info("rebuilt features of %d records of %d workloads in %.1f s (%d skipped)", len(ys), len(by_workload),
-                time.perf_counter() - start, skipped)  # fmt: skip
+    if cache is not None:
+        cache.close()
+    logger.info("features of %d records of %d workloads in %.1f s: %d rebuilt, the rest cached (%d skipped)",
+                len(ys), len(by_workload), time.perf_counter() - start, rebuilt, skipped)  # fmt: skip
     return Dataset(StoreFeatures.concat(parts), np.asarray(ys, dtype=float), np.asarray(gs, dtype=str), names,
                    np.asarray(srcs, dtype=object), np.asarray(kinds, dtype=object), np.asarray(fps, dtype=object))
+
+
+def _features(stored, target: tvm.target.Target, rows: list, cache: FeatureCache | None,
+              ) -> tuple[list[np.ndarray | None], int]:  # fmt: skip
+    """Feature rows of each record of one workload on one target (None: it does not replay on
+    this TVM), from the cache where it has them, else replayed; and how many were replayed."""
+    keys = [feature_key(stored.key, target, row.record_json) for row in rows]
+    cached = cache.get_many(keys) if cache is not None else {}
+    feats: list[np.ndarray | None] = [cached.get(k) for k in keys]
+    missing = [i for i, k in enumerate(keys) if k not in cached]
+    if not missing:
+        return feats, 0
+    try:
+        workload = Workload.from_json(json.loads(stored.workload_json))
+    except (RuntimeError, ValueError, TypeError) as err:
+        logger.info("workload %s does not load on this TVM (%s); its %d records skipped", stored.key, err, len(rows))
+        return [None] * len(rows), 0
+    replayed: list[tuple[int, Schedule]] = []
+    for i in missing:
+        try:
+            record = TuningRecord.from_json(json.loads(rows[i].record_json), workload)
+            sch = Schedule(workload.mod)
+            record.trace.apply_to_schedule(sch, remove_postproc=False)
+        except (RuntimeError, ValueError, TypeError, KeyError, IndexError, AttributeError) as err:
+            logger.debug("record %d does not replay: %s", rows[i].id, str(err).splitlines()[0] if str(err) else err)
+            continue
+        replayed.append((i, sch))
+    extracted = extract_features(workload.mod, target, [sch for _, sch in replayed])
+    for j, (i, _) in enumerate(replayed):
+        feats[i] = extracted.candidate(j)
+    if cache is not None:
+        cache.put_many({keys[i]: feats[i] for i in missing})
+    return feats, len(missing)
 
 
 def _label(row, flops: float) -> float:

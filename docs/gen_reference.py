@@ -599,7 +599,10 @@ ENV_NIGHTSHIFT: dict[str, str] = {
     "NIGHTSHIFT_DB_FILE": "A file whose first line is the database URL, read when neither `--db` nor "
                           "`NIGHTSHIFT_DB` is set (keeps a password out of the command line and the environment).",
     "NIGHTSHIFT_CACHE": "Nightshift's cache folder (default `~/.cache/nightshift`): `--precision int8` keeps "
-                        "the QDQ files it quantizes float models into under its `quantized/`.",
+                        "the QDQ files it quantizes float models into under its `quantized/`, and a job's cost "
+                        "model the features it rebuilt from stored records in `features.sqlite`.",
+    "NIGHTSHIFT_FEATURE_CACHE": "`off` rebuilds the features of stored records at every job's start instead of "
+                                "reading the ones this host rebuilt before from `$NIGHTSHIFT_CACHE/features.sqlite`.",
     "NIGHTSHIFT_BF16_ARITHMETIC": "`bf16` or `fp32`: the arithmetic `--precision bf16` computes convs and "
                                   "matmuls in, instead of the one chosen for the CPU.",
     "NIGHTSHIFT_BIND": "docker/docker-compose.yml: the address its ports are published on (default 127.0.0.1).",

@@ -20,6 +20,18 @@ LIGHT_RESNET50 = (
 )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _own_cache(tmp_path_factory) -> Iterator[None]:
+    """Caches (rebuilt features, quantized models) in the session's temporary directory, not the
+    user's; processes the tests start (Ray workers, ``tune``) inherit it."""
+    if "NIGHTSHIFT_CACHE" in os.environ:
+        yield
+        return
+    os.environ["NIGHTSHIFT_CACHE"] = str(tmp_path_factory.mktemp("nightshift-cache"))
+    yield
+    os.environ.pop("NIGHTSHIFT_CACHE", None)
+
+
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[None]:
     """A real local Ray cluster for the whole session."""

@@ -18,7 +18,9 @@ MAIN_JOB = (
     "python3.11 -m venv .venv && .venv/bin/pip install -e . && "
     ".venv/bin/tune --model resnet50 --device cpu --trials 64 -o resnet50.so"
 )
-TESTS = "python3.11 -m venv .venv && .venv/bin/pip install -e '.[dev]' && .venv/bin/python -m pytest -q"
+# The fast tier in two processes, then the rest (Ray clusters, PostgreSQL, timings) one at a time.
+TESTS = ("python3.11 -m venv .venv && .venv/bin/pip install -e '.[dev]' && "
+         ".venv/bin/python -m pytest -q -m fast -n 2 && .venv/bin/python -m pytest -q -m 'not fast'")
 
 _FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.M | re.S)
 _CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1", re.S)

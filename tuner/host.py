@@ -8,8 +8,16 @@ runtime without the compiler) imports it too, so it must stay free of compiler i
 
 from __future__ import annotations
 
+import os
 from functools import cache
 from pathlib import Path
+
+
+def cache_root() -> Path:
+    """Where Nightshift keeps what it can rebuild (quantized models, features of stored records):
+    ``$NIGHTSHIFT_CACHE``, or ``~/.cache/nightshift``."""
+    root = os.environ.get("NIGHTSHIFT_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "nightshift"
 
 
 @cache

@@ -23,6 +23,7 @@ def _module():
 
 def _run(*args: str | Path, timeout: float) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "NIGHTSHIFT_"))}
+    env["NIGHTSHIFT_CACHE"] = os.environ["NIGHTSHIFT_CACHE"]  # the session's (tests/conftest.py), not ~/.cache
     return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=ROOT)  # fmt: skip
 

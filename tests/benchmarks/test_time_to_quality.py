@@ -31,6 +31,7 @@ def test_two_arms_grow_through_two_budgets(tmp_path):
     written where matplotlib is."""
     out = tmp_path / "ttq.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "NIGHTSHIFT_"))}
+    env["NIGHTSHIFT_CACHE"] = os.environ["NIGHTSHIFT_CACHE"]  # the session's (tests/conftest.py), not ~/.cache
     # The inline measurer: four Ray start-ups would double the test's time.
     cmd = [sys.executable, str(SCRIPT), "--models", "tiny", "--seeds", "1", "--budgets", "4", "8",
            "--arms", "random", "evo-online", "--rounds", "3", "--measurer", "inline", "--settle", "0",
@@ -107,3 +108,15 @@ def test_warm_arm_seeds_once_and_counts_only_its_jobs_trials(tmp_path, cpu_devic
     assert db.count_records() == 3 + 7
     db.close()
     assert ttq.ARMS[ttq.WARM] == ttq.ARMS["evo-pretrained"]
+
+
+def test_a_resumed_file_keeps_its_earlier_runs():
+    ttq = load_script("time_to_quality")
+    first = {"command": "time_to_quality.py --models a", "models": {"a": "tiny"}, "arms": {"random": []},
+             "budgets": [4], "points": [{"model": "a"}]}  # fmt: skip
+    points, models, arms, budgets, commands = ttq.resumed(first)
+    assert (points, models, arms, budgets) == ([{"model": "a"}], {"a": "tiny"}, {"random": []}, [4])
+    assert commands == ["time_to_quality.py --models a"]
+    second = first | {"command": "time_to_quality.py --resume --models b", "earlier_commands": commands}
+    assert ttq.resumed(second)[4] == ["time_to_quality.py --models a", "time_to_quality.py --resume --models b"]
+    assert ttq.resumed({}) == ([], {}, {}, [], [])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import re
 from pathlib import Path
 
 import numpy as np
@@ -102,6 +104,32 @@ def test_dataset_rebuilds_features_and_labels(filled, cpu_device):
     # Slower records (larger i) have lower throughput: labels follow the stored times.
     ok = data.throughputs > 0
     assert data.throughputs[ok].max() / data.throughputs[ok].min() > 3
+
+
+def test_features_are_rebuilt_once_per_host(filled, cpu_device, tmp_path, monkeypatch, caplog):
+    path, counts = filled
+    monkeypatch.setenv("NIGHTSHIFT_CACHE", str(tmp_path / "cache"))
+    db = TuningDatabase(str(path), create=False)
+
+    def load(**kw):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="cost_models.dataset"):
+            data = load_dataset(db, cpu_device, **kw)
+        (line,) = [r.getMessage() for r in caplog.records if "rebuilt" in r.getMessage()]
+        return data, int(re.search(r"(\d+) rebuilt", line).group(1))
+
+    first, rebuilt = load()
+    assert rebuilt == counts["ok"] + counts["failed"] and (tmp_path / "cache" / "features.sqlite").is_file()
+    again, rebuilt = load()
+    assert rebuilt == 0  # a later job's start reads them from the cache
+    np.testing.assert_array_equal(again.features.rows, first.features.rows)
+    np.testing.assert_array_equal(again.features.offsets, first.features.offsets)
+    np.testing.assert_array_equal(again.throughputs, first.throughputs)
+    assert again.groups.tolist() == first.groups.tolist()
+    # Features for another target are other features: rebuilt, not read.
+    other = tvm.target.Target({"kind": "llvm", "mcpu": "x86-64", "num-cores": 2})
+    _, rebuilt = load(target=other)
+    assert rebuilt == counts["ok"] + counts["failed"]
 
 
 def test_pretrain_trains_on_the_family_records(filled, cpu_device):

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import tempfile
 from pathlib import Path
 
@@ -30,6 +29,7 @@ import tvm_ffi
 from tvm import relax
 
 from tuner.errors import UserInputError
+from tuner.host import cache_root
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +57,7 @@ def has_qdq(mod: tvm.IRModule) -> bool:
 
 def cache_dir() -> Path:
     """Where quantized models are kept (``$NIGHTSHIFT_CACHE`` or ``~/.cache/nightshift``)."""
-    root = os.environ.get("NIGHTSHIFT_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "nightshift") / "quantized"
+    return cache_root() / "quantized"
 
 
 def parse_ops(text: str | None) -> tuple[str, ...] | None:
