@@ -38,7 +38,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).parent))
-from result_file import machine, write_result
+from result_file import machine, run_commands, write_result
 from settle import settle
 
 console = Console(width=150)  # the table is read in log files too
@@ -346,8 +346,10 @@ def main() -> None:
     out = args.out or RESULTS / f"model_suite_{label}_{device.arch}.json"
     budget_args = ["--trials", str(args.trials)] if args.trials else ["--time-budget", args.time_budget]
     rows: list[dict[str, Any]] = []
+    earlier_commands: list[str] = []  # the runs a --resume continues; the file's `command` is this one
     if args.resume and out.is_file():
-        rows = json.loads(out.read_text()).get("models", [])
+        earlier = json.loads(out.read_text())
+        rows, earlier_commands = earlier.get("models", []), run_commands(earlier)
     done = {r["model"] for r in rows}
     load_before = os.getloadavg()
     root = args.workdir or Path(tempfile.mkdtemp(prefix="nightshift-suite-"))
@@ -376,6 +378,7 @@ def main() -> None:
         rows.append(summarize(name, source, tuned, bench))
         ratios = [r["ratio_vs_fastest_peer"] for r in rows if r.get("ratio_vs_fastest_peer")]
         write_result(out, "model_suite", {
+            "earlier_commands": earlier_commands,
             "budget": budget_args, "peers": list(PEERS), "seq_len": args.seq_len, "rounds": args.rounds,
             "machine": machine(device, load_before),
             "summary": {"models": len(rows), "tune_failures": sum(r["tune"]["exit_code"] != 0 for r in rows),

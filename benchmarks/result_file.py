@@ -12,6 +12,12 @@ from pathlib import Path
 from typing import Any
 
 
+def run_commands(doc: dict[str, Any]) -> list[str]:
+    """Every command that wrote a result file, oldest first: the runs a ``--resume`` continued
+    (``earlier_commands``), then the last one (``command``)."""
+    return [*doc.get("earlier_commands", []), *([doc["command"]] if doc.get("command") else [])]
+
+
 def write_result(path: Path, benchmark: str, body: dict[str, Any]) -> None:
     """Write ``body`` to ``path`` after the benchmark's name, the UTC date and the command line."""
     doc = {

@@ -32,6 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).parent))
+from result_file import run_commands
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 README = ROOT / "benchmarks" / "README.md"
@@ -339,7 +342,7 @@ def suite_table(path: Path, doc: dict[str, Any]) -> str:
     budget = budget_of(doc, path.stem)
     budget = f"{budget} trials" if budget.replace(",", "").isdigit() else f"budget {budget}"
     title = (f"**`{path.name}`**: {budget}, `{arch}`, "
-             f"{str(doc.get('date') or '')[:10]}; `{doc.get('command') or '(command not recorded)'}`")  # fmt: skip
+             f"{str(doc.get('date') or '')[:10]}; {commands_text(doc)}")  # fmt: skip
     head = ("model", "TVM ms", "/ ONNX Runtime", "/ OpenVINO f32", "/ PyTorch", "/ faster peer", "max error",
             "input moves it", "tuning", "trials")  # fmt: skip
     lines = [title, "", cells(head), "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -380,6 +383,12 @@ def suite_table(path: Path, doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def commands_text(doc: dict[str, Any]) -> str:
+    """The commands that wrote a result file, oldest first, as Markdown code spans."""
+    commands = run_commands(doc)
+    return "; then ".join(f"`{c}`" for c in commands) if commands else "`(command not recorded)`"
+
+
 def suite_tables(results: Path) -> str:
     """Every model suite file's table, newest first."""
     tables = [suite_table(path, doc) for path, doc in suite_files(results)]
@@ -397,7 +406,7 @@ def ttq_table(path: Path, doc: dict[str, Any]) -> str:
     except ValueError:
         arch = "?"
     title = (f"**`{path.name}`**: `{arch}`, {str(doc.get('date') or '')[:10]}; "
-             f"`{doc.get('command') or '(command not recorded)'}`")  # fmt: skip
+             f"{commands_text(doc)}")  # fmt: skip
     lines = [title, "", cells(("model", "arm", *(f"{b} trials" for b in budgets))),
              "|---|---|" + "---:|" * len(budgets)]  # fmt: skip
     for model, entry in summary.items():

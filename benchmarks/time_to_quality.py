@@ -51,7 +51,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).parent))
 from model_suite import SUITE, _last_event, bench_in_child, bench_one, resolve, tune
-from result_file import machine, write_result
+from result_file import machine, run_commands, write_result
 from settle import settle
 
 console = Console(width=150)  # the table is read in log files too
@@ -102,9 +102,8 @@ def progress(db: Path) -> tuple[int, float]:
 def resumed(earlier: dict[str, Any]) -> tuple[list, dict[str, str], dict[str, list[str]], list[int], list[str]]:
     """What a resumed file keeps of its earlier runs: points, models, arms, budgets, and their
     commands, oldest first (the file's ``command`` is the newest run's)."""
-    commands = [*earlier.get("earlier_commands", []), *([earlier["command"]] if "command" in earlier else [])]
     return (earlier.get("points", []), earlier.get("models", {}), earlier.get("arms", {}), earlier.get("budgets", []),
-            commands)  # fmt: skip
+            run_commands(earlier))  # fmt: skip
 
 
 def seed_warm(db: Path, warm: list[Path]) -> int:

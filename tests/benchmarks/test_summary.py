@@ -111,3 +111,15 @@ def test_the_time_to_quality_table_has_a_row_per_model_and_arm(summary) -> None:
     assert lines[2] == "| m | evo-online | - | 1.10x, 1.0 min |"
     assert "ONNX Runtime, OpenVINO f32" in block
     assert module.main(["--results", str(results), "--check"]) == 0
+
+
+def test_a_resumed_suite_file_names_every_command_that_wrote_it(summary) -> None:
+    module, results, readme = summary
+    path = results / "model_suite_512trials_znver5.json"
+    doc = json.loads(path.read_text()) | {"earlier_commands": ["model_suite.py --trials 512 --models a"],
+                                          "command": "model_suite.py --trials 512 --resume --models b"}  # fmt: skip
+    path.write_text(json.dumps(doc))
+    assert module.main(["--results", str(results)]) == 0
+    text = readme.read_text()
+    block = text[text.index(module.SUITE_START) : text.index(module.SUITE_END)]
+    assert "`model_suite.py --trials 512 --models a`; then `model_suite.py --trials 512 --resume --models b`" in block
