@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 import zlib
@@ -20,7 +21,9 @@ def _rows(n: int, seed: int = 0) -> np.ndarray:
 
 def test_entries_read_back_in_a_new_process_view(tmp_path):
     path = tmp_path / "features.sqlite"
-    FeatureCache(path).put_many({"a": _rows(3), "b": NO_REPLAY, "c": _rows(0)})
+    first = FeatureCache(path)
+    first.put_many({"a": _rows(3), "b": NO_REPLAY, "c": _rows(0)})
+    first.close()
     cache = FeatureCache(path)  # a later job on the same host
     got = cache.get_many(["a", "b", "c", "d"])
     np.testing.assert_array_equal(got["a"], _rows(3))
@@ -28,6 +31,7 @@ def test_entries_read_back_in_a_new_process_view(tmp_path):
     assert got["c"].shape == (0, FEATURE_WIDTH)
     assert "d" not in got
     assert (cache.hits, cache.misses) == (3, 1)
+    cache.close()
 
 
 def test_keeps_the_newest_entries(tmp_path):
@@ -35,15 +39,20 @@ def test_keeps_the_newest_entries(tmp_path):
     for i in range(5):
         cache.put_many({f"k{i}": _rows(1, i)})
     assert sorted(cache.get_many([f"k{i}" for i in range(5)])) == ["k2", "k3", "k4"]
+    cache.close()
 
 
 def test_a_damaged_entry_is_a_miss(tmp_path):
     path = tmp_path / "f.sqlite"
-    FeatureCache(path).put_many({"good": _rows(2)})
-    with sqlite3.connect(path) as conn:
+    cache = FeatureCache(path)
+    cache.put_many({"good": _rows(2)})
+    cache.close()
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
         conn.execute("INSERT INTO features VALUES ('torn', 2, x'00ff', 0)")
         conn.execute("INSERT INTO features VALUES ('short', 5, ?, 0)", (zlib.compress(_rows(2).tobytes()),))
-    assert sorted(FeatureCache(path).get_many(["good", "torn", "short"])) == ["good"]
+    cache = FeatureCache(path)
+    assert sorted(cache.get_many(["good", "torn", "short"])) == ["good"]
+    cache.close()
 
 
 def test_an_unusable_file_degrades_to_rebuilding(tmp_path, caplog):
