@@ -65,6 +65,7 @@ class FeatureCache:
         self.misses = 0
         self._conn: sqlite3.Connection | None = None
         self._broken = False
+        self._written = False
 
     @classmethod
     def default(cls) -> FeatureCache | None:
@@ -119,7 +120,7 @@ class FeatureCache:
         return found
 
     def put_many(self, entries: Mapping[str, np.ndarray | None]) -> None:
-        """Store feature rows (or :data:`NO_REPLAY`) per key; keeps the newest ``max_entries``."""
+        """Store feature rows (or :data:`NO_REPLAY`) per key."""
         conn = self._connect()
         if conn is None or not entries:
             return
@@ -134,17 +135,28 @@ class FeatureCache:
         try:
             with conn:
                 conn.executemany("INSERT OR REPLACE INTO features VALUES (?, ?, ?, ?)", rows)
-                (count,) = conn.execute("SELECT count(*) FROM features").fetchone()
-                if count > self.max_entries:
-                    oldest = "SELECT key FROM features ORDER BY written LIMIT ?"
-                    conn.execute(f"DELETE FROM features WHERE key IN ({oldest})", (count - self.max_entries,))
+            self._written = True
         except sqlite3.Error as err:
             self._fail("write", err)
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        """Keep the newest ``max_entries`` (once, after a rebuild's writes: counting the table
+        scans it) and close the file."""
+        if self._conn is None:
+            return
+        try:
+            if self._written:
+                with self._conn:
+                    (count,) = self._conn.execute("SELECT count(*) FROM features").fetchone()
+                    if count > self.max_entries:
+                        oldest = "SELECT key FROM features ORDER BY written LIMIT ?"
+                        self._conn.execute(f"DELETE FROM features WHERE key IN ({oldest})", (count - self.max_entries,))
+        except sqlite3.Error as err:
+            self._fail("prune", err)
+        finally:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
 
 
 def _decode(stores: int, blob: bytes | None) -> np.ndarray | bool | None:

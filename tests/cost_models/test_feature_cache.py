@@ -35,9 +35,12 @@ def test_entries_read_back_in_a_new_process_view(tmp_path):
 
 
 def test_keeps_the_newest_entries(tmp_path):
-    cache = FeatureCache(tmp_path / "f.sqlite", max_entries=3)
+    path = tmp_path / "f.sqlite"
+    cache = FeatureCache(path, max_entries=3)
     for i in range(5):
         cache.put_many({f"k{i}": _rows(1, i)})
+    cache.close()  # a rebuild's end: the oldest go
+    cache = FeatureCache(path, max_entries=3)
     assert sorted(cache.get_many([f"k{i}" for i in range(5)])) == ["k2", "k3", "k4"]
     cache.close()
 
