@@ -277,7 +277,7 @@ class TuningJob:
         self.on_event = on_event
         # Replaced in run() by the model pre-trained on the database's records of this device family.
         self.model: cost_models.CostModel = cost_models.create("xgb", seed=config.seed)
-        self.scheduler = TaskScheduler(tasks, mode=config.scheduler)
+        self.scheduler = TaskScheduler(tasks, mode=config.scheduler, budget=config.trials)
         self.searches: dict[int, _TaskSearch] = {}
         self.inflight: deque[_Batch] = deque()
         # Seconds between batch completions (moving average): how long the batches in flight

@@ -15,7 +15,7 @@ import tvm
 from tvm import te
 
 from tuner.graph.tasks import Task
-from tuner.search.scheduler import NoTaskAvailable, TaskScheduler, op_kind
+from tuner.search.scheduler import MIN_FIRST_BATCH, NoTaskAvailable, TaskScheduler, op_kind
 
 Curve = Callable[[int], float | None]
 
@@ -185,6 +185,45 @@ def test_a_small_trial_cap_is_spread_over_every_first_batch(mod):
         left -= sizes[-1]
     assert left >= 0 and min(sizes) >= 2, sizes
     assert sched.first_batch_size(0, 16, 0) == 16  # measured: full batches from now on
+
+
+def test_a_trial_cap_sizes_first_batches_by_the_square_root_of_each_tasks_share(mod):
+    """Two heavy convs and twenty light ones under a 128-trial cap. Spread evenly (the rule
+    without a budget), the first round would take 110 trials at 5 a task; by square-root
+    shares the heavy convs keep their full batch, each light conv gets 3, and what is left
+    goes to the heavy convs' second batches by the gradient rule."""
+    specs = [(f"fused_conv2d{k}_add", 1, 1e9) for k in range(2)] + [(f"fused_conv2d{k}_add", 1, 1.5e7)
+                                                                    for k in range(2, 22)]  # fmt: skip
+    tasks = tasks_of(mod, *specs)
+    even = TaskScheduler(tasks)
+    assert {even.first_batch_size(i, 16, 128) for i in range(22)} == {16 * 128 // (22 * 16)}
+    sched = TaskScheduler(tasks, epsilon=0.0, patience=10**6, budget=128)
+    assert [sched.first_batch_size(i, 16, 128) for i in (0, 1, 2, 21)] == [16, 16, 3, 3]
+    curves = [power_law(0.01, 0.5)] * 2 + [power_law(1.5e-4, 0.5)] * 20
+    run(sched, curves, budget=128)
+    assert all(sched.trials[2:]) and max(sched.trials[2:]) == 3, sched.trials
+    assert sum(sched.trials[:2]) >= 128 - 20 * 3 and min(sched.trials[:2]) > 16, sched.trials
+
+
+def test_a_large_trial_cap_leaves_the_first_round_as_it_was(mod):
+    tasks = tasks_of(mod, *[(f"fused_conv2d{k}_add_relu", 1, 2e8) for k in range(4)], ("max_pool2d", 1, 8e5),
+                     ("reshape", 1, 0.0))  # fmt: skip
+    free, capped = TaskScheduler(tasks, tiny_first_batch=4), TaskScheduler(tasks, tiny_first_batch=4, budget=2048)
+    assert [capped.first_batch_size(i, 16, 2048) for i in range(5)] == [free.first_batch_size(i, 16) for i in range(5)]
+    # Only a task that costs next to nothing (a reshape of 64 bytes) gets less.
+    assert capped.first_batch_size(5, 16, 2048) == MIN_FIRST_BATCH < free.first_batch_size(5, 16)
+
+
+def test_a_memory_bound_task_is_weighed_by_the_bytes_it_moves(mod):
+    """A reshape does no FLOPs but moves 8 MB: under a short cap it gets more than the
+    minimum first batch; the same reshape of 64 bytes gets the minimum."""
+    a = te.placeholder((1 << 20,), name="a")
+    big = tvm.IRModule({"main": te.create_prim_func([a, te.compute((1 << 20,), lambda i: a[i], name="b")])})
+    tasks = [*tasks_of(mod, *[(f"fused_conv2d{k}_add", 1, 1e9) for k in range(8)]),
+             Task("reshape", big, 1, 0.0, "big"), Task("reshape1", mod, 1, 0.0, "small")]  # fmt: skip
+    sched = TaskScheduler(tasks, budget=96)
+    assert sched.first_batch_size(9, 16, 96) == MIN_FIRST_BATCH
+    assert MIN_FIRST_BATCH < sched.first_batch_size(8, 16, 96) <= sched.tiny_first_batch
 
 
 def test_first_round_in_order_skipping_excluded(mod):

@@ -2,8 +2,9 @@
 
 The allocation is Ansor's gradient task scheduler (Zheng et al., "Ansor: Generating
 High-Performance Tensor Programs for Deep Learning", OSDI 2020, section 6), written for
-Nightshift's batches of unequal size, with four additions: a small first batch for tasks
-that carry a negligible share of the model's FLOPs, a per-task convergence stop, a cap on
+Nightshift's batches of unequal size, with five additions: a small first batch for tasks
+that carry a negligible share of the model's FLOPs, a first round sized by each task's share
+when the trial cap cannot give every task a full batch, a per-task convergence stop, a cap on
 tasks that have never produced a working schedule, and alternatives: the layout variants of
 a conv (:attr:`tuner.graph.tasks.Task.choice`), of which the model runs only the best.
 Round-robin (``mode="round-robin"``) replaces the gradient choice, for the ablation that asks
@@ -13,6 +14,7 @@ what the gradient rule is worth.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import re
 import statistics
@@ -27,6 +29,16 @@ logger = logging.getLogger(__name__)
 # A TVM task name is the chain of fused ops, each with a counter that makes it unique
 # (``fused_conv2d15_subtract7_..._relu7``); the first op without its counter is the op kind.
 _COUNTER = re.compile(r"\d+$")
+
+#: The smallest first batch a task gets however short the budget: one schedule that fails
+#: would otherwise leave it with none.
+MIN_FIRST_BATCH = 2
+
+#: Flops that take as long as moving one byte, roughly: a 2-core AVX2 or AVX-512 server's
+#: float32 FMA peak (100-200 GFLOPS) over its memory bandwidth (15-25 GB/s). It weighs a
+#: memory-bound task (a reshape, a layout transform, a pool) against the convs in a short
+#: first round, where FLOPs alone would say it costs nothing.
+FLOPS_PER_BYTE = 8.0
 
 #: ``tune --scheduler`` choices (:attr:`tuner.job.TuneConfig.scheduler`), the default first.
 SCHEDULERS: tuple[str, ...] = ("gradient", "round-robin")
@@ -106,6 +118,12 @@ class TaskScheduler:
         mode: ``gradient``, the rule above; ``round-robin``, after the first round the live
             task with the fewest trials (ties by index), no epsilon: the ablation's baseline.
             The first round, convergence, failures and retiring are the same in both.
+        budget: the job's trial cap (None: a time budget, or no cap). With one, no first
+            batch is above the task's share of the cap, in proportion to the square root of
+            its ``weight x max(FLOPs, FLOPS_PER_BYTE x bytes)`` over the tasks owed a first
+            batch (no fewer than ``MIN_FIRST_BATCH``): a budget the first round would take
+            whole goes less to the light tasks and more, through the gradient rule, to the
+            heavy ones (:meth:`first_batch_size`).
 
     Alternatives. Tasks sharing a :attr:`~tuner.graph.tasks.Task.choice` compute the same convs in
     different layouts, and the model runs one of them: their contribution to the objective
@@ -149,6 +167,7 @@ class TaskScheduler:
         catch_up_share: float = 0.5,
         seed: int = 0,
         mode: str = "gradient",
+        budget: int | None = None,
     ) -> None:
         if not 0.0 <= alpha <= 1.0 or not 0.0 <= epsilon <= 1.0 or not 0.0 <= catch_up_share <= 1.0:
             raise ValueError(f"alpha, epsilon and catch_up_share must lie in [0, 1], got {alpha}, {epsilon} "
@@ -170,6 +189,7 @@ class TaskScheduler:
         self.probe_first_batch = probe_first_batch
         self.layout_probes = layout_probes
         self.catch_up_share = catch_up_share
+        self.budget = budget
         self.trials = [0] * len(self.tasks)
         self.best_sec: list[float | None] = [None] * len(self.tasks)
         self._rng = random.Random(seed)
@@ -195,6 +215,15 @@ class TaskScheduler:
         self._groups = [m for m in groups.values() if len(m) > 1]
         # Layout transform tasks measure what moving a tensor costs (see _bandwidth).
         self._moved = [io_bytes(t.mod) if "layout_transform" in t.name else 0 for t in self.tasks]
+        # The tasks owed a first batch from the start (not probes, not waiting for their plan):
+        # the first round the budget is shared out over.
+        self._owed = [j for j in range(len(self.tasks))
+                      if not self._is_probe(j) and not self._waits_for_its_plan(j, {0})]  # fmt: skip
+        roots = [math.sqrt(t.weight * max(t.flops, FLOPS_PER_BYTE * io_bytes(t.mod))) for t in self.tasks]
+        total_root = sum(roots[j] for j in self._owed)
+        #: Per task, the most of ``budget`` its first batch may take (inf without a budget).
+        self._budget_share = [budget * r / total_root if budget is not None and total_root > 0 else math.inf
+                              for r in roots]  # fmt: skip
 
     # --- what the job calls ------------------------------------------------------------------
 
@@ -242,10 +271,19 @@ class TaskScheduler:
         A task whose share of the model's FLOPs is negligible (pooling, reshapes,
         elementwise ops) gets a small first batch: enough for a working schedule, not
         enough to take trials from the operators that matter. Later batches are ``batch``.
-        With ``trials_left`` (a trial cap) too small for the first batches of every task
-        not yet measured, each such batch shrinks in proportion (to no fewer than 2), so
-        every task gets measured schedules before any gets a second batch; ``in_flight``:
-        tasks whose batch is out (already taken from ``trials_left``).
+
+        Under a ``budget`` (the job's trial cap), each first batch is at most the task's share
+        of it in proportion to ``sqrt(weight x cost)``, ``cost`` its FLOPs or, for a
+        memory-bound task, ``FLOPS_PER_BYTE`` x the bytes of its arguments: the split that
+        minimises ``sum(a_i / n_i)`` (a task's excess latency falling as ``1 / trials``,
+        Ansor's model) for a fixed ``sum(n_i)``; at least ``MIN_FIRST_BATCH``. A heavy task
+        whose share exceeds one batch gets its batch now and the rest through the gradient
+        rule; under a large budget only the lightest tasks' first batches change.
+
+        With ``trials_left`` (a trial cap) still too small for the first batches of every task
+        not yet measured, each such batch shrinks in proportion (to no fewer than
+        ``MIN_FIRST_BATCH``), so every task gets measured schedules before any gets a second
+        batch; ``in_flight``: tasks whose batch is out (already taken from ``trials_left``).
         """
         size = self._first_batch_size(index, batch)
         if trials_left is None or self._history[index]:
@@ -258,11 +296,17 @@ class TaskScheduler:
                                            or self._is_probe(j) or self._waits_for_its_plan(j, in_play)))  # fmt: skip
         if trials_left >= demand:
             return size
-        return min(size, max(2, size * trials_left // demand))
+        return min(size, max(MIN_FIRST_BATCH, size * trials_left // demand))
 
     def _first_batch_size(self, index: int, batch: int) -> int:
         if self._history[index]:
             return batch
+        size = self._full_first_batch(index, batch)
+        share = self._budget_share[index]
+        return size if share >= size else min(size, max(MIN_FIRST_BATCH, int(share)))
+
+    def _full_first_batch(self, index: int, batch: int) -> int:
+        """Task ``index``'s first batch without a trial cap."""
         if self._tiny[index]:
             return min(batch, self.tiny_first_batch)
         if self._is_probe(index):
