@@ -205,13 +205,14 @@ def test_a_trial_cap_sizes_first_batches_by_the_square_root_of_each_tasks_share(
     assert sum(sched.trials[:2]) >= 128 - 20 * 3 and min(sched.trials[:2]) > 16, sched.trials
 
 
-def test_a_large_trial_cap_leaves_the_first_round_as_it_was(mod):
+def test_a_trial_cap_the_first_round_fits_leaves_it_as_it_was(mod):
     tasks = tasks_of(mod, *[(f"fused_conv2d{k}_add_relu", 1, 2e8) for k in range(4)], ("max_pool2d", 1, 8e5),
                      ("reshape", 1, 0.0))  # fmt: skip
-    free, capped = TaskScheduler(tasks, tiny_first_batch=4), TaskScheduler(tasks, tiny_first_batch=4, budget=2048)
-    assert [capped.first_batch_size(i, 16, 2048) for i in range(5)] == [free.first_batch_size(i, 16) for i in range(5)]
-    # Only a task that costs next to nothing (a reshape of 64 bytes) gets less.
-    assert capped.first_batch_size(5, 16, 2048) == MIN_FIRST_BATCH < free.first_batch_size(5, 16)
+    free, capped = TaskScheduler(tasks, tiny_first_batch=4), TaskScheduler(tasks, tiny_first_batch=4, budget=72)
+    assert [capped.first_batch_size(i, 16, 72) for i in range(6)] == [free.first_batch_size(i, 16) for i in range(6)]
+    # One trial short of the first round's demand, the shares apply: a 64-byte reshape gets the least.
+    short = TaskScheduler(tasks, tiny_first_batch=4, budget=71)
+    assert short.first_batch_size(5, 16, 71) == MIN_FIRST_BATCH < free.first_batch_size(5, 16)
 
 
 def test_a_memory_bound_task_is_weighed_by_the_bytes_it_moves(mod):

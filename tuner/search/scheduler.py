@@ -118,12 +118,13 @@ class TaskScheduler:
         mode: ``gradient``, the rule above; ``round-robin``, after the first round the live
             task with the fewest trials (ties by index), no epsilon: the ablation's baseline.
             The first round, convergence, failures and retiring are the same in both.
-        budget: the job's trial cap (None: a time budget, or no cap). With one, no first
+        budget: the job's trial cap (None: a time budget, or no cap). Where it is below the
+            first round's demand (every task owed a first batch getting its full one), no first
             batch is above the task's share of the cap, in proportion to the square root of
             its ``weight x max(FLOPs, FLOPS_PER_BYTE x bytes)`` over the tasks owed a first
-            batch (no fewer than ``MIN_FIRST_BATCH``): a budget the first round would take
-            whole goes less to the light tasks and more, through the gradient rule, to the
-            heavy ones (:meth:`first_batch_size`).
+            batch (no fewer than ``MIN_FIRST_BATCH``): such a budget goes less to the light
+            tasks and more, through the gradient rule, to the heavy ones
+            (:meth:`first_batch_size`).
 
     Alternatives. Tasks sharing a :attr:`~tuner.graph.tasks.Task.choice` compute the same convs in
     different layouts, and the model runs one of them: their contribution to the objective
@@ -224,6 +225,7 @@ class TaskScheduler:
         #: Per task, the most of ``budget`` its first batch may take (inf without a budget).
         self._budget_share = [budget * r / total_root if budget is not None and total_root > 0 else math.inf
                               for r in roots]  # fmt: skip
+        self._short: dict[int, bool] = {}  # per nominal batch: whether budget is below the first round
 
     # --- what the job calls ------------------------------------------------------------------
 
@@ -272,13 +274,15 @@ class TaskScheduler:
         elementwise ops) gets a small first batch: enough for a working schedule, not
         enough to take trials from the operators that matter. Later batches are ``batch``.
 
-        Under a ``budget`` (the job's trial cap), each first batch is at most the task's share
-        of it in proportion to ``sqrt(weight x cost)``, ``cost`` its FLOPs or, for a
-        memory-bound task, ``FLOPS_PER_BYTE`` x the bytes of its arguments: the split that
-        minimises ``sum(a_i / n_i)`` (a task's excess latency falling as ``1 / trials``,
-        Ansor's model) for a fixed ``sum(n_i)``; at least ``MIN_FIRST_BATCH``. A heavy task
-        whose share exceeds one batch gets its batch now and the rest through the gradient
-        rule; under a large budget only the lightest tasks' first batches change.
+        Under a ``budget`` (the job's trial cap) below what the first round would take at
+        those sizes, each first batch is at most the task's share of it in proportion to
+        ``sqrt(weight x cost)``, ``cost`` its FLOPs or, for a memory-bound task,
+        ``FLOPS_PER_BYTE`` x the bytes of its arguments: the split that minimises
+        ``sum(a_i / n_i)`` (a task's excess latency falling as ``1 / trials``, Ansor's model)
+        for a fixed ``sum(n_i)``; at least ``MIN_FIRST_BATCH``. A heavy task whose share
+        exceeds one batch gets its batch now and the rest through the gradient rule. A budget
+        the first round fits keeps the sizes above: at 512 trials, shares there cost
+        MobileNet-V3 5% (one run each; ``benchmarks/archive/README.md``).
 
         With ``trials_left`` (a trial cap) still too small for the first batches of every task
         not yet measured, each such batch shrinks in proportion (to no fewer than
@@ -303,7 +307,9 @@ class TaskScheduler:
             return batch
         size = self._full_first_batch(index, batch)
         share = self._budget_share[index]
-        return size if share >= size else min(size, max(MIN_FIRST_BATCH, int(share)))
+        if share >= size or not self._short_of(batch):
+            return size
+        return min(size, max(MIN_FIRST_BATCH, int(share)))
 
     def _full_first_batch(self, index: int, batch: int) -> int:
         """Task ``index``'s first batch without a trial cap."""
@@ -312,6 +318,14 @@ class TaskScheduler:
         if self._is_probe(index):
             return min(batch, self.probe_first_batch)
         return batch
+
+    def _short_of(self, batch: int) -> bool:
+        """Whether ``budget`` is below the first round's demand at nominal batch ``batch``
+        (every task owed a first batch getting its full one)."""
+        if batch not in self._short:
+            demand = sum(self._full_first_batch(j, batch) for j in self._owed)
+            self._short[batch] = self.budget is not None and self.budget < demand
+        return self._short[batch]
 
     def _is_probe(self, index: int) -> bool:
         """Whether task ``index`` is an alternative in a layout the model does not prefer a priori."""
