@@ -215,12 +215,13 @@ class TaskScheduler:
                     self._alternatives[i] = members
         self._groups = [m for m in groups.values() if len(m) > 1]
         # Layout transform tasks measure what moving a tensor costs (see _bandwidth).
-        self._moved = [io_bytes(t.mod) if "layout_transform" in t.name else 0 for t in self.tasks]
+        moved = [io_bytes(t.mod) for t in self.tasks]
+        self._moved = [b if "layout_transform" in t.name else 0 for t, b in zip(self.tasks, moved, strict=True)]
         # The tasks owed a first batch from the start (not probes, not waiting for their plan):
         # the first round the budget is shared out over.
         self._owed = [j for j in range(len(self.tasks))
                       if not self._is_probe(j) and not self._waits_for_its_plan(j, {0})]  # fmt: skip
-        roots = [math.sqrt(t.weight * max(t.flops, FLOPS_PER_BYTE * io_bytes(t.mod))) for t in self.tasks]
+        roots = [math.sqrt(t.weight * max(t.flops, FLOPS_PER_BYTE * b)) for t, b in zip(self.tasks, moved, strict=True)]
         total_root = sum(roots[j] for j in self._owed)
         #: Per task, the most of ``budget`` its first batch may take (inf without a budget).
         self._budget_share = [budget * r / total_root if budget is not None and total_root > 0 else math.inf
@@ -281,8 +282,9 @@ class TaskScheduler:
         ``sum(a_i / n_i)`` (a task's excess latency falling as ``1 / trials``, Ansor's model)
         for a fixed ``sum(n_i)``; at least ``MIN_FIRST_BATCH``. A heavy task whose share
         exceeds one batch gets its batch now and the rest through the gradient rule. A budget
-        the first round fits keeps the sizes above: at 512 trials, shares there cost
-        MobileNet-V3 5% (one run each; ``benchmarks/archive/README.md``).
+        the first round fits keeps the sizes above: there, shares moved trials from mid-sized
+        convs to memory-bound tasks and cost a mobile CNN 5% at 512 trials
+        (``benchmarks/archive/README.md``, "First batches by share").
 
         With ``trials_left`` (a trial cap) still too small for the first batches of every task
         not yet measured, each such batch shrinks in proportion (to no fewer than
