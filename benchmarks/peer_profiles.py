@@ -137,11 +137,15 @@ def match(size: tuple[int, int, int, int], ops: dict[str, HeavyOp]) -> list[Heav
     copy from its producer counts the border), the same outputs and the nearest count of
     multiply-adds within 1.5x, then of those the nearest count of inputs (a 3x3/2 conv and
     the 3x3/1 ones after it have the same outputs and multiply-adds; the stride-2 one reads
-    4x the inputs)."""
+    4x the inputs). Where no op has the same outputs, those whose outputs TVM's padded to
+    whole blocks (up to an eighth more: zero filters, a dense layer's zero columns) count."""
     same = [o for o in ops.values() if o.size == size]
     if same:
         return same
     near = [o for o in ops.values() if o.outputs == size[0] and 1 / 1.5 <= size[1] / o.macs <= 1.5]
+    if not near:
+        near = [o for o in ops.values()
+                if o.outputs < size[0] <= o.outputs * 9 / 8 and 1 / 1.5 <= size[1] / o.macs <= 1.5]  # fmt: skip
     if not near:
         return []
     # An input whose shape inference left a dimension unknown (0) counts no inputs: no tie-break by them.

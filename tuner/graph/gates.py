@@ -28,15 +28,13 @@ import tvm
 from tvm import relax, topi
 from tvm.ir.expr import Constant
 
-from tuner.graph.layout.legalize import _static_shape
+from tuner.graph.layout.legalize import INJECTIVE, _static_shape
 from tuner.graph.layout.plan import _CONV2D
 
 #: How many times its own size a gate's broadcast must expand it (the spatial extent of the
 #: feature map it scales) before its multiply is kept out of the conv's function.
 MIN_EXPANSION = 4
 
-#: relax's ``OpPatternKind`` ``kInjective``: ``AnnotateTIROpPattern`` keeps a set pattern.
-_INJECTIVE = 2
 
 #: How many elementwise ops a gate may be from its conv (bias, the hard-sigmoid's add, clip
 #: and divide, a sigmoid).
@@ -82,7 +80,7 @@ def legalize_gate_multiply(gates: Collection[relax.Var]) -> Callable[[relax.Bloc
         out = _static_shape(call)
         if out is not None and any(_expands(a, out, gates) for a in call.args):
             return bb.call_te(topi.multiply, *call.args, primfunc_name_hint="gate_multiply",
-                              primfunc_attrs={"op_pattern": _INJECTIVE})  # fmt: skip
+                              primfunc_attrs={"op_pattern": INJECTIVE})  # fmt: skip
         return default(bb, call)
 
     return legalize

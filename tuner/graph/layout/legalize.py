@@ -16,6 +16,7 @@ from tuner.graph.layout.ops import (
     conv2d_nchwc_dot,
     depthwise_conv2d_nchwc,
     fast_softmax_last_axis,
+    first_columns,
     group_conv2d_nchwc,
     matmul_packed,
     row_taps,
@@ -28,10 +29,23 @@ from tuner.graph.layout.packing import (
     unblock_weight,
     widen_weight,
 )
-from tuner.graph.layout.plan import _constant, _widens, block_of, dense_block, dot_elements, out_dtype, row_taps_fit
+from tuner.graph.layout.plan import (
+    _constant,
+    _widens,
+    block_of,
+    dense_block,
+    dot_elements,
+    out_dtype,
+    padded_columns,
+    row_taps_fit,
+)
 from tuner.graph.pad_fusion import emit_padded, emit_subsampled
 
 logger = logging.getLogger(__name__)
+
+#: relax's ``OpPatternKind`` ``kInjective``: ``AnnotateTIROpPattern`` keeps a set pattern, and
+#: ``FuseOps`` fuses no injective function into the elementwise epilogue of the one before it.
+INJECTIVE = 2
 
 
 def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call,
@@ -144,20 +158,34 @@ def _legalize_matmul(lanes: int) -> Callable[[relax.BlockBuilder, relax.Call], r
     does. Row-major, a tile's K steps are a row of the weight apart (12 KiB in BERT's FFN);
     packed, they are adjacent. On BERT-base's dense shapes the best of 16 x86-dense points
     took 1-7% less time packed than row-major (copying panels at run time or not), and the
-    same tile 16-39% less than copying its panels at run time (benchmarks/dense_packing.py)."""
+    same tile 16-39% less than copying its panels at run time (benchmarks/dense_packing.py).
+    A weight whose columns come close to whole blocks is padded to them with zeros
+    (:func:`padded_columns`), and an injective function of its own drops the padding
+    columns from the output (``FuseOps`` fuses no injective consumer into the matmul, whose
+    epilogue must be elementwise over its own output for the x86-dense template)."""
 
     def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
         weight = _constant(bb, call.args[1])
         shape = _static_shape(call.args[0])
         out_dtype = str(call.attrs.out_dtype) if call.attrs.out_dtype not in (None, "", "void") else "float32"
-        block = None
+        block = padded = None
         if (weight is not None and len(weight.ty.shape.values) == 2 and shape is not None and len(shape) >= 2
                 and str(weight.ty.dtype) == str(call.args[0].ty.dtype) == out_dtype == "float32"):  # fmt: skip
-            block = dense_block(int(weight.ty.shape.values[1]), lanes)
+            n = int(weight.ty.shape.values[1])
+            block = dense_block(n, lanes)
+            padded = None if block is not None else padded_columns(n, lanes)
+            block = block or (padded and dense_block(padded, lanes))
         if weight is None or block is None:
             return relax.transform.legalize_ops.linear_algebra._matmul(bb, call)
-        packed = relax.const(pack_dense_weight(weight.value.numpy(), block), "float32")
-        return bb.call_te(matmul_packed, call.args[0], packed, primfunc_name_hint="matmul")
+        w = weight.value.numpy()
+        if padded is not None:
+            w = np.pad(w, ((0, 0), (0, padded - w.shape[1])))
+        packed = relax.const(pack_dense_weight(w, block), "float32")
+        out = bb.call_te(matmul_packed, call.args[0], packed, primfunc_name_hint="matmul")
+        if padded is None:
+            return out
+        return bb.call_te(first_columns, bb.emit(out), int(weight.ty.shape.values[1]),
+                          primfunc_name_hint="first_columns", primfunc_attrs={"op_pattern": INJECTIVE})  # fmt: skip
 
     return legalize
 
