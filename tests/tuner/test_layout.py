@@ -649,8 +649,10 @@ def test_dense_weights_are_packed_at_compile_time_and_compute_the_same(n, packed
     mod = prepare(bb.get(), target, LayoutPlan.parse("NCHW", target))
     assert padded_columns(n, 8) == (packed if packed != n else None)
     shapes = {c.value.numpy().shape for c in _constants(mod)}
-    assert ((packed or 0) // 32, 48, 32) in shapes if packed else (48, n) in shapes
-    assert all(len(s) != 3 for s in shapes) if not packed else (48, n) not in shapes
+    if packed:
+        assert (packed // 32, 48, 32) in shapes and (48, n) not in shapes
+    else:
+        assert (48, n) in shapes and all(len(s) != 3 for s in shapes)
     data = rng.normal(size=(1, 16, 48)).astype("float32")
     ex = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"}))
     got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(data)).numpy()

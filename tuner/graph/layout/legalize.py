@@ -16,7 +16,6 @@ from tuner.graph.layout.ops import (
     conv2d_nchwc_dot,
     depthwise_conv2d_nchwc,
     fast_softmax_last_axis,
-    first_columns,
     group_conv2d_nchwc,
     matmul_packed,
     row_taps,
@@ -160,31 +159,29 @@ def _legalize_matmul(lanes: int) -> Callable[[relax.BlockBuilder, relax.Call], r
     took 1-7% less time packed than row-major (copying panels at run time or not), and the
     same tile 16-39% less than copying its panels at run time (benchmarks/dense_packing.py).
     A weight whose columns come close to whole blocks is padded to them with zeros
-    (:func:`padded_columns`), and an injective function of its own drops the padding
-    columns from the output (``FuseOps`` fuses no injective consumer into the matmul, whose
-    epilogue must be elementwise over its own output for the x86-dense template)."""
+    (:func:`padded_columns`), and a ``strided_slice`` in an injective function of its own
+    drops the padding columns from the output, as the bf16 path's padded classifier does
+    (``FuseOps`` fuses no injective consumer into the matmul, whose epilogue must be
+    elementwise over its own output for the x86-dense template)."""
 
     def legalize(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
         weight = _constant(bb, call.args[1])
         shape = _static_shape(call.args[0])
         out_dtype = str(call.attrs.out_dtype) if call.attrs.out_dtype not in (None, "", "void") else "float32"
-        block = padded = None
+        columns = None
         if (weight is not None and len(weight.ty.shape.values) == 2 and shape is not None and len(shape) >= 2
                 and str(weight.ty.dtype) == str(call.args[0].ty.dtype) == out_dtype == "float32"):  # fmt: skip
             n = int(weight.ty.shape.values[1])
-            block = dense_block(n, lanes)
-            padded = None if block is not None else padded_columns(n, lanes)
-            block = block or (padded and dense_block(padded, lanes))
-        if weight is None or block is None:
+            columns = n if dense_block(n, lanes) else padded_columns(n, lanes)
+        if weight is None or columns is None:
             return relax.transform.legalize_ops.linear_algebra._matmul(bb, call)
         w = weight.value.numpy()
-        if padded is not None:
-            w = np.pad(w, ((0, 0), (0, padded - w.shape[1])))
-        packed = relax.const(pack_dense_weight(w, block), "float32")
+        w = np.pad(w, ((0, 0), (0, columns - w.shape[1])))
+        packed = relax.const(pack_dense_weight(w, dense_block(columns, lanes)), "float32")
         out = bb.call_te(matmul_packed, call.args[0], packed, primfunc_name_hint="matmul")
-        if padded is None:
+        if columns == n:
             return out
-        return bb.call_te(first_columns, bb.emit(out), int(weight.ty.shape.values[1]),
+        return bb.call_te(topi.strided_slice, bb.emit(out), [0], [n], [1], axes=[len(shape) - 1],
                           primfunc_name_hint="first_columns", primfunc_attrs={"op_pattern": INJECTIVE})  # fmt: skip
 
     return legalize

@@ -140,12 +140,6 @@ def matmul_packed(a: te.Tensor, w: te.Tensor) -> te.Tensor:
     return te.compute((*a.shape[:-1], int(w.shape[0]) * block), body, name="matmul")
 
 
-def first_columns(x: te.Tensor, n: int) -> te.Tensor:
-    """The first ``n`` elements of ``x``'s last axis: a padded matmul's output without its
-    padding (:func:`tuner.graph.layout.plan.padded_columns`)."""
-    return te.compute((*x.shape[:-1], n), lambda *i: x(*i), name="T_first_columns")
-
-
 def fast_softmax_last_axis(x: te.Tensor) -> te.Tensor:
     """TOPI's ``fast_softmax`` over the last axis (the same blocks and names), but normalized by
     the reciprocal of each row's sum, ``T_softmax_rcp``, instead of a division per element. On
